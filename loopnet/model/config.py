@@ -1,0 +1,152 @@
+"""LoopConfig: every hyperparameter of a looped Transformer in one typed, documented place.
+
+Symbols follow the papers: K = `n_blocks` physical blocks applied for R = `n_rounds` rounds,
+unrolled depth N = K·R, M = 2N sublayer visits. N and M are derived, never stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional, get_args
+
+from .scales import SCHEMES, residual_scales
+
+Residual = Literal["preln", "postln", "deepnorm", "deeploop", "scaled"]
+Wiring = Literal["lt", "inject", "flt"]
+Injection = Literal["add", "attention"]
+InjectInto = Literal["first", "every"]
+Positions = Literal["learned", "rope"]
+Norm = Literal["rmsnorm", "layernorm"]
+LossRounds = Literal["last", "all", "last_third"]
+
+assert get_args(Residual) == SCHEMES
+_CHOICES = {
+    "residual": Residual,
+    "wiring": Wiring,
+    "injection": Injection,
+    "inject_into": InjectInto,
+    "positions": Positions,
+    "norm": Norm,
+    "loss_rounds": LossRounds,
+}
+
+
+@dataclass
+class LoopConfig:
+    """Configuration of a `LoopedTransformer`.
+
+    Args:
+        vocab_size: Vocabulary size; GPT-2's 50257 padded to a multiple of 64.
+        seq_len: Longest sequence the model accepts (size of the position table).
+        d_model: Residual stream width d.
+        n_heads: Attention heads; must divide d_model.
+        n_blocks: K, physical blocks stored.
+        n_rounds: R, rounds the K-block stack is applied in training (N = K·R).
+        mlp_ratio: FFN hidden width as a multiple of d_model.
+        dropout: Dropout on attention weights, branch outputs and embeddings.
+        bias: Biases in linear layers.
+        tie_embeddings: Share the token embedding with the LM head.
+        positions: "learned" absolute positions or "rope" rotary embeddings.
+        norm: "rmsnorm" (DeepLoop's choice) or "layernorm".
+        residual: Residual scheme: "preln", "postln", "deepnorm" (p = 1/4), "deeploop" (p = 1/2),
+            or "scaled" with exponent `p`.
+        p: Exponent for residual="scaled": α = (2N)^p, β = (8N)^-p.
+        sandwich: Post-LN family only: add an inner Norm on the branch input, x ← Norm(α·x + f(Norm(x))).
+        wiring: Loop wiring: "lt" carries the stream from round to round (FLT paper's LT);
+            "inject" restarts every round from Norm(e) and injects the previous round's
+            h = Norm(x_end) (see `injection`, `inject_into`); "flt" is the Fully Looped
+            Transformer (= inject by attention into every block).
+        injection: For wiring="inject": "add" does x ← Norm(x + h) before the block; "attention"
+            makes the block's attention take its query from h (K/V from the current stream).
+        inject_into: For wiring="inject": the "first" block only (LT_i, LT_ia) or "every" block (FLT_res).
+        loss_rounds: Train on the "last" round (default), the mean over "all" rounds, or over the
+            "last_third" of rounds.
+        checkpoint_rounds: Activation checkpointing per round, so stored activations grow with K, not K·R.
+        truncate_rounds: Run the first n rounds without grad (truncated backprop through rounds).
+        init_std: Standard deviation of the standard (β = 1) normal initialisation.
+    """
+
+    vocab_size: int = 50304
+    seq_len: int = 1024
+    d_model: int = 768
+    n_heads: int = 12
+    n_blocks: int = 2
+    n_rounds: int = 6
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = True
+    positions: Positions = "learned"
+    norm: Norm = "rmsnorm"
+    residual: Residual = "deeploop"
+    p: Optional[float] = None
+    sandwich: bool = False
+    wiring: Wiring = "lt"
+    injection: Injection = "add"
+    inject_into: InjectInto = "first"
+    loss_rounds: LossRounds = "last"
+    checkpoint_rounds: bool = False
+    truncate_rounds: int = 0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():  # name the field and the allowed values
+            allowed = get_args(choices)
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"LoopConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {', '.join(allowed)}"
+                )
+        for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_blocks", "n_rounds"):
+            if getattr(self, name) < 1:
+                hint = " (R < 1 means no round is run)" if name == "n_rounds" else ""
+                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}{hint}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"LoopConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                f"pick n_heads among the divisors of d_model"
+            )
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"positions='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoopConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"LoopConfig.mlp_ratio must be > 0, got {self.mlp_ratio}")
+        if not 0 <= self.truncate_rounds < self.n_rounds:
+            raise ValueError(
+                f"LoopConfig.truncate_rounds={self.truncate_rounds} must be in [0, n_rounds={self.n_rounds}) "
+                f"so that at least one round trains"
+            )
+        if self.residual == "scaled" and (self.p is None or not self.p > 0):
+            raise ValueError(f"LoopConfig.residual='scaled' needs p > 0 (e.g. p: 0.4), got p={self.p}")
+        if self.residual != "scaled" and self.p is not None:
+            raise ValueError(f"LoopConfig.p is only used with residual='scaled'; remove it or set residual: scaled")
+        if self.sandwich and self.residual == "preln":
+            raise ValueError("LoopConfig.sandwich applies to the Post-LN family; Pre-LN already normalises the branch input")
+
+    # Derived quantities: computed, never stored twice.
+    @property
+    def n_unrolled(self) -> int:
+        """N = K·R, the unrolled depth."""
+        return self.n_blocks * self.n_rounds
+
+    @property
+    def n_visits(self) -> int:
+        """M = 2N sublayer visits per forward pass."""
+        return 2 * self.n_unrolled
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def d_ff(self) -> int:
+        return int(self.mlp_ratio * self.d_model)
+
+    @property
+    def scales(self) -> tuple[float, float]:
+        """(α, β) of the training depth N; kept fixed when evaluating at another R'."""
+        return residual_scales(self.residual, self.n_unrolled, self.p)
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.residual == "preln"

@@ -1,0 +1,157 @@
+"""LoopedTransformer: K physical blocks applied for R rounds, with the residual schemes and loop
+wirings of `LoopConfig`.
+
+Notation (DeepLoop / loopnet): K physical blocks, R rounds, N = K·R unrolled depth. The FLT paper
+calls the loop count K; here it is R. With e = embedding(tokens) and Norm the parameter-free
+RMSNorm used between rounds:
+
+    round 1 starts from x = Norm(e)
+    lt:      round r+1 starts from the stream x where round r ended
+    inject:  round r+1 restarts from x = Norm(e), and h = Norm(x_end of round r) enters the first
+             (or every) block, by x ← Norm(x + h) ("add") or as that block's attention query
+             ("attention"); round 1 is plain self-attention
+    flt:     inject by attention into every block (Fully Looped Transformer)
+
+Logits come from LM_head(Norm_final(x_end)). α and β always belong to the *training* depth
+N = K·config.n_rounds, also when `forward(..., rounds=R')` runs another round count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
+
+from .config import LoopConfig
+from .layers import Block, Rotary, Sublayer, make_norm, unit_rms
+from .scales import BETA_SCALED
+from .visits import Visit, VisitObserver, VisitTrace
+
+
+class LoopedTransformer(nn.Module):
+    def __init__(self, config: LoopConfig):
+        super().__init__()
+        self.config = cfg = config
+        self.alpha, self.beta = cfg.scales
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.positions == "learned" else None
+        self.rotary = Rotary(cfg.head_dim, cfg.seq_len) if cfg.positions == "rope" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_blocks))
+        self.final_norm = make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.observer: VisitObserver | None = None
+        self.reset_parameters()
+
+    # ----------------------------------------------------------------------------- init
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Standard init W̃ ~ N(0, init_std²), then W = β·W̃ for the DeepNorm set (value, output,
+        fc1, fc2). β is applied here once and never again at run time."""
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+                module.reset_parameters()
+        for name, param in self.named_parameters():
+            if name.rsplit(".", 2)[-2] in BETA_SCALED and name.endswith("weight"):
+                param.mul_(self.beta)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Stored parameters (independent of R); minus the position table if `non_embedding`."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.wpe is not None:
+            n -= self.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None, rounds: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward ≈ 3 × forward), PaLM/nanoGPT style,
+        counting every visit: 6·(R·K·block_params + head_params) + 12·N·d·T for attention."""
+        cfg = self.config
+        R, T = rounds or cfg.n_rounds, seq_len or cfg.seq_len
+        block = sum(p.numel() for p in self.blocks[0].parameters())
+        head = self.lm_head.weight.numel()
+        return 6.0 * (R * cfg.n_blocks * block + head) + 12.0 * R * cfg.n_blocks * cfg.d_model * T
+
+    # ----------------------------------------------------------------------------- probes
+    def attach_observer(self, observer: VisitObserver | None) -> None:
+        """Let `observer.on_visit(visit, trace)` see every visit of the next forward passes.
+        While attached, each visit reads its weights through its own views (per-visit gradients)
+        and activation checkpointing is bypassed so hooks see one forward. None detaches."""
+        self.observer = observer
+
+    def _visit(self, visit: Visit, sub: Sublayer, x, q_src):
+        if self.observer is None:
+            return sub(x, self.alpha, q_src, self.rotary)[0]
+        views = {name: p.view_as(p) for name, p in sub.named_parameters()}
+        new, stream, branch = functional_call(sub, views, (x, self.alpha, q_src, self.rotary))
+        self.observer.on_visit(visit, VisitTrace(x, self.alpha, branch, stream, new, views))
+        return new
+
+    # ----------------------------------------------------------------------------- forward
+    def _round(self, r: int, x, h):
+        cfg = self.config
+        injecting = h is not None and cfg.wiring != "lt"
+        attention_inject = cfg.wiring == "flt" or cfg.injection == "attention"
+        every = cfg.wiring == "flt" or cfg.inject_into == "every"
+        for k, block in enumerate(self.blocks, start=1):
+            q_src = None
+            if injecting and (every or k == 1):
+                if attention_inject:
+                    q_src = h
+                else:
+                    x = unit_rms(x + h)
+            x = self._visit(Visit(r, k, "attn"), block.attn, x, q_src)
+            x = self._visit(Visit(r, k, "ffn"), block.ffn, x, None)
+        return x
+
+    def loss_round_indices(self, rounds: int) -> range:
+        """Rounds (1-based) whose logits enter the loss."""
+        mode = self.config.loss_rounds
+        if mode == "all":
+            return range(1, rounds + 1)
+        if mode == "last_third":
+            return range(rounds - max(1, math.ceil(rounds / 3)) + 1, rounds + 1)
+        return range(rounds, rounds + 1)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, rounds: int | None = None):
+        """Return (logits of the last round, loss or None). `rounds` = R' ≥ 1 evaluates the same
+        weights at another round count (α, β stay those of the training N)."""
+        cfg = self.config
+        R = cfg.n_rounds if rounds is None else rounds
+        if R < 1:
+            raise ValueError(f"rounds must be >= 1, got {R}")
+        T = idx.size(1)
+        if T > cfg.seq_len:
+            raise ValueError(f"sequence length {T} exceeds the position table (LoopConfig.seq_len={cfg.seq_len}); "
+                             f"shorten the input or train with a larger seq_len")
+        e = self.wte(idx)
+        if self.wpe is not None:
+            e = e + self.wpe(torch.arange(T, device=idx.device))
+        x0 = unit_rms(self.drop(e))
+        loss_rounds = self.loss_round_indices(R) if targets is not None else range(R, R + 1)
+        use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled()
+        x, h, losses, logits = x0, None, [], None
+        for r in range(1, R + 1):
+            start = x if cfg.wiring == "lt" else x0
+            with torch.set_grad_enabled(torch.is_grad_enabled() and r > cfg.truncate_rounds):
+                if use_ckpt and r > cfg.truncate_rounds:
+                    x = checkpoint(self._round, r, start, h, use_reentrant=False)
+                else:
+                    x = self._round(r, start, h)
+            h = unit_rms(x)
+            if r in loss_rounds:
+                logits = self.lm_head(self.final_norm(x))
+                if targets is not None:
+                    losses.append(F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1))
+        loss = torch.stack(losses).mean() if losses else None
+        return logits, loss

@@ -1,0 +1,235 @@
+import itertools
+import math
+
+import pytest
+import torch
+
+from loopnet.model import LoopConfig, LoopedTransformer, Visit, residual_scales, visit_order
+
+SCHEMES = ["preln", "postln", "deepnorm", "deeploop", "scaled"]
+WIRINGS = [dict(wiring="lt"), dict(wiring="flt"),
+           dict(wiring="inject", injection="add", inject_into="first"),
+           dict(wiring="inject", injection="add", inject_into="every"),
+           dict(wiring="inject", injection="attention", inject_into="first")]
+
+
+def tiny(**kw) -> LoopConfig:
+    base = dict(vocab_size=97, seq_len=16, d_model=32, n_heads=4, n_blocks=2, n_rounds=3)
+    base.update(kw)
+    if base.get("residual") == "scaled":
+        base.setdefault("p", 0.4)
+    return LoopConfig(**base)
+
+
+class Recorder:
+    def __init__(self):
+        self.traces = {}
+
+    def on_visit(self, visit, trace):
+        self.traces[visit] = trace
+
+
+@pytest.mark.parametrize("scheme,K,R", [("deepnorm", 2, 6), ("deeploop", 2, 6), ("deeploop", 12, 1),
+                                        ("deepnorm", 4, 3), ("preln", 2, 6), ("postln", 3, 4)])
+def test_scales_match_formulas(scheme, K, R):
+    N = K * R
+    p = {"deepnorm": 0.25, "deeploop": 0.5}.get(scheme)
+    alpha, beta = residual_scales(scheme, N)
+    if p is None:
+        assert (alpha, beta) == (1.0, 1.0)
+    else:
+        assert alpha == pytest.approx((2 * N) ** p) and beta == pytest.approx((8 * N) ** -p)
+
+
+def test_deeploop_k2_r6_published_example():
+    alpha, beta = residual_scales("deeploop", 2 * 6)
+    assert alpha == pytest.approx(math.sqrt(24)) and beta == pytest.approx(96 ** -0.5)
+    assert residual_scales("scaled", 12, p=0.35) == pytest.approx((24 ** 0.35, 96 ** -0.35))
+    cfg = LoopConfig(n_blocks=2, n_rounds=6)
+    assert cfg.n_unrolled == 12 and cfg.n_visits == 24 and cfg.scales == pytest.approx((24 ** 0.5, 96 ** -0.5))
+
+
+def test_parameter_count_independent_of_rounds():
+    counts = {R: LoopedTransformer(tiny(n_rounds=R)).num_params() for R in (1, 3, 6, 12)}
+    assert len(set(counts.values())) == 1
+
+
+def test_beta_scales_exactly_value_output_and_ffn_init():
+    kw = dict(vocab_size=64, seq_len=8, d_model=256, n_heads=4, n_blocks=1, n_rounds=6)
+    torch.manual_seed(0)
+    ref = LoopedTransformer(LoopConfig(residual="postln", **kw))  # β = 1, same α-free init
+    torch.manual_seed(0)
+    deep = LoopedTransformer(LoopConfig(residual="deeploop", **kw))
+    beta = deep.beta
+    assert beta == pytest.approx(48 ** -0.5)
+    for name, p in deep.named_parameters():
+        if p.dim() < 2 or "blocks" not in name:
+            continue
+        ratio = p.std().item() / dict(ref.named_parameters())[name].std().item()
+        scaled = any(f".{m}." in name for m in ("v_proj", "o_proj", "fc1", "fc2"))
+        assert ratio == pytest.approx(beta if scaled else 1.0, rel=0.03), name
+    assert deep.wte.weight.std().item() == pytest.approx(0.02, rel=0.03)
+
+
+@pytest.mark.parametrize("scheme,wiring", list(itertools.product(SCHEMES, range(len(WIRINGS)))))
+def test_causality(scheme, wiring):
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny(residual=scheme, positions="rope" if wiring % 2 else "learned", **WIRINGS[wiring])).eval()
+    idx = torch.randint(0, 97, (1, 12))
+    t = 7
+    changed = idx.clone()
+    changed[0, t] = (idx[0, t] + 1) % 97
+    with torch.no_grad():
+        a, _ = model(idx)
+        b, _ = model(changed)
+    assert torch.allclose(a[:, :t], b[:, :t], atol=1e-5)
+    assert not torch.allclose(a[:, t:], b[:, t:], atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", ["postln", "deepnorm", "deeploop"])
+def test_postln_family_visits_have_unit_rms_at_init(scheme):
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny(residual=scheme, d_model=64))
+    rec = Recorder()
+    model.attach_observer(rec)
+    model(torch.randint(0, 97, (2, 16)))
+    assert list(rec.traces) == visit_order(2, 3)
+    for trace in rec.traces.values():
+        rms = trace.state.pow(2).mean(-1).sqrt()
+        assert torch.allclose(rms, torch.ones_like(rms), atol=1e-3)
+
+
+def test_flt_first_round_is_plain_self_attention():
+    torch.manual_seed(0)
+    flt = LoopedTransformer(tiny(wiring="flt"))
+    lt = LoopedTransformer(tiny(wiring="lt"))
+    lt.load_state_dict(flt.state_dict())
+    idx = torch.randint(0, 97, (2, 16))
+    recs = Recorder(), Recorder()
+    for model, rec in zip((flt, lt), recs):
+        model.attach_observer(rec)
+        model(idx)
+    last_of_round1 = Visit(1, 2, "ffn")
+    assert torch.equal(recs[0].traces[last_of_round1].state, recs[1].traces[last_of_round1].state)
+    assert not torch.allclose(recs[0].traces[Visit(2, 1, "attn")].state, recs[1].traces[Visit(2, 1, "attn")].state)
+    # rounds=1 FLT equals LT at R = 1
+    with torch.no_grad():
+        assert torch.equal(flt(idx, rounds=1)[0], lt(idx, rounds=1)[0])
+
+
+def test_rounds_override_runs_any_round_count():
+    model = LoopedTransformer(tiny())
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        outs = [model(idx, idx, rounds=r) for r in (1, 2, 5, 8)]
+    assert all(o[0].shape == (2, 16, 97) for o in outs)
+    assert len({round(o[1].item(), 6) for o in outs}) == 4
+    assert model.alpha == pytest.approx(math.sqrt(12))  # α of the training N = 6
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        model(idx, rounds=0)
+
+
+@pytest.mark.parametrize("wiring", ["lt", "flt"])
+def test_activation_checkpointing_same_loss_and_grads(wiring):
+    idx = torch.randint(0, 97, (2, 16))
+    results = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = LoopedTransformer(tiny(wiring=wiring, checkpoint_rounds=ckpt))
+        _, loss = model(idx, idx)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert torch.allclose(results[0][0], results[1][0])
+    for name, g in results[0][1].items():
+        assert torch.allclose(g, results[1][1][name], atol=1e-6), name
+
+
+def test_truncated_rounds_contribute_no_gradient():
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny(n_rounds=4, truncate_rounds=2, residual="deeploop"))
+    rec, grads = Recorder(), {}
+    model.attach_observer(rec)
+    idx = torch.randint(0, 97, (2, 16))
+    _, loss = model(idx, idx)
+    for visit, trace in rec.traces.items():
+        assert trace.state.requires_grad == (visit.round > 2), visit
+        w = trace.params["f.fc1.weight" if visit.sublayer == "ffn" else "f.v_proj.weight"]
+        if w.requires_grad:
+            w.register_hook(lambda g, v=visit: grads.__setitem__(v, g))
+    loss.backward()
+    assert {v.round for v in grads} == {3, 4}
+    for k, block in enumerate(model.blocks, 1):  # the weight's grad is rounds 3 + 4 alone
+        total = grads[Visit(3, k, "ffn")] + grads[Visit(4, k, "ffn")]
+        assert torch.allclose(total, block.ffn.f.fc1.weight.grad, rtol=1e-6, atol=1e-9)
+
+
+def test_loss_round_modes():
+    idx = torch.randint(0, 97, (2, 16))
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny(n_rounds=6, loss_rounds="all"))
+    assert list(model.loss_round_indices(6)) == [1, 2, 3, 4, 5, 6]
+    model.config.loss_rounds = "last_third"
+    assert list(model.loss_round_indices(6)) == [5, 6]
+    model.config.loss_rounds = "last"
+    assert list(model.loss_round_indices(6)) == [6]
+    with torch.no_grad():
+        _, last = model(idx, idx)
+        model.config.loss_rounds = "all"
+        _, mean_all = model(idx, idx)
+        per_round = [model(idx, idx, rounds=r)[1] for r in range(1, 7)]
+    model.config.loss_rounds = "last"
+    assert torch.allclose(mean_all, torch.stack(per_round).mean(), atol=1e-6)
+    assert torch.allclose(last, per_round[-1])
+
+
+def test_per_visit_views_sum_to_weight_grad():
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny(residual="deeploop"))
+    rec, grads = Recorder(), {}
+    model.attach_observer(rec)
+    _, loss = model(*(2 * [torch.randint(0, 97, (2, 16))]))
+    for visit, trace in rec.traces.items():
+        trace.params["f.fc1.weight" if visit.sublayer == "ffn" else "f.v_proj.weight"].register_hook(
+            lambda g, v=visit: grads.__setitem__(v, g))
+    loss.backward()
+    for k, block in enumerate(model.blocks, 1):
+        for s, weight in (("attn", block.attn.f.v_proj.weight), ("ffn", block.ffn.f.fc1.weight)):
+            total = sum(grads[Visit(r, k, s)] for r in (1, 2, 3))
+            assert torch.allclose(total, weight.grad, rtol=1e-6, atol=1e-9)
+
+
+def test_visit_tags_round_trip():
+    v = Visit(3, 1, "attn")
+    assert v.tag == "r03_k1_attn" and Visit.parse(v.tag) == v and v.physical == "k1_attn"
+    with pytest.raises(ValueError):
+        Visit.parse("round3")
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(residual="deepnet"), "residual='deepnet' is not allowed; choose one of preln, postln"),
+    (dict(wiring="loop"), "wiring='loop' is not allowed; choose one of lt, inject, flt"),
+    (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
+    (dict(n_rounds=0), "n_rounds must be >= 1"),
+    (dict(residual="scaled", p=0.0), "needs p > 0"),
+    (dict(residual="scaled", p=-1), "needs p > 0"),
+    (dict(p=0.3), "only used with residual='scaled'"),
+    (dict(truncate_rounds=3), "truncate_rounds=3 must be in"),
+])
+def test_bad_configs_raise_clear_errors(kw, match):
+    base = dict(vocab_size=97, seq_len=16, d_model=32, n_heads=4, n_blocks=2, n_rounds=3)
+    base.update(kw)
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")):
+        LoopConfig(**base)
+
+
+def test_sequence_longer_than_position_table():
+    model = LoopedTransformer(tiny())
+    with pytest.raises(ValueError, match="exceeds the position table"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_compiles_without_graph_breaks():
+    model = LoopedTransformer(tiny(wiring="flt", positions="rope"))
+    idx = torch.randint(0, 97, (2, 16))
+    explanation = torch._dynamo.explain(model)(idx, idx)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
