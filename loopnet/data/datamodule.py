@@ -1,0 +1,184 @@
+"""TokenStreamDataModule: stream documents, tokenize with GPT-2 BPE, pack into training windows."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from loopnet.data.errors import DataConfigError
+from loopnet.data.sources import (
+    HUB_VAL_FRACTION,
+    OPENWEBTEXT,
+    SHAKESPEARE_VAL_FRACTION,
+    ValSelector,
+    builder_for,
+    load_documents,
+    resolve_files,
+)
+from loopnet.data.stream import ResumableLoader, TrainStream, WindowBatches, val_windows
+from loopnet.data.tokenizer import gpt2_encoding
+
+
+class TokenStreamDataModule(L.LightningDataModule):
+    """GPT-2-tokenized text streamed through `datasets`, packed into (inputs, targets) windows.
+
+    Training batches are infinite (the corpus is cycled, reshuffled per epoch from `seed`);
+    validation and test iterate the same finite held-out split in a fixed order. Documents are
+    held out by a stable hash of their text, so the split does not depend on order or world size.
+    Both are sharded by rank under DDP; training is also sharded by DataLoader worker.
+
+    Exact resume: the training DataLoader has `state_dict`/`load_state_dict`, which Lightning
+    stores in checkpoints; a run resumed with `ckpt_path` continues with exactly the batch after
+    the last one trained on, for any `num_workers`, provided the data settings, `num_workers`
+    and the number of devices are unchanged (otherwise resuming raises `DataConfigError`).
+
+    Args:
+        seq_len: tokens per training sequence (each window holds seq_len + 1 tokens).
+        batch_size: sequences per batch (per device).
+        num_workers: DataLoader worker processes for the training stream (0: main process).
+        seed: seed of the per-epoch shard order and the window shuffle.
+        source: `shakespeare` (embedded corpus, offline), `files` (local files/globs) or `hub`
+            (a Hugging Face hub dataset, or a local dataset folder).
+        path: for `files`: a path or glob or a list of them (.txt/.md, .json/.jsonl, .parquet);
+            for `hub`: a dataset id or local folder (default Skylion007/openwebtext).
+        name: dataset configuration name (`hub` only).
+        split: dataset split to read (`hub` only).
+        text_column: column holding the document text.
+        sample_by: how .txt/.md files are cut into documents: `document` (whole file),
+            `paragraph` (blank-line separated) or `line`.
+        val_fraction: fraction of documents held out for validation; default 0.05 for
+            `shakespeare` (one play, ~45k tokens), 0.0005 (nanoGPT's) otherwise.
+        val_max_tokens: keep only the first windows of the held-out split, up to this many
+            tokens (None: all). Finding held-out documents means reading the whole stream once,
+            so this bounds the first validation's cost on large streamed corpora.
+        shuffle_buffer: windows shuffled together (in seeded blocks); 1 disables shuffling.
+    """
+
+    def __init__(
+        self,
+        seq_len: int,
+        batch_size: int,
+        num_workers: int = 0,
+        seed: int = 1337,
+        source: Literal["shakespeare", "files", "hub"] = "shakespeare",
+        path: str | list[str] | None = None,
+        name: str | None = None,
+        split: str = "train",
+        text_column: str = "text",
+        sample_by: Literal["document", "paragraph", "line"] = "document",
+        val_fraction: float | None = None,
+        val_max_tokens: int | None = None,
+        shuffle_buffer: int = 1024,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        for arg, value, low in (("seq_len", seq_len, 1), ("batch_size", batch_size, 1), ("num_workers", num_workers, 0), ("shuffle_buffer", shuffle_buffer, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise DataConfigError(f"{arg} must be an integer ≥ {low}, got {value!r}")
+        if val_max_tokens is not None and val_max_tokens < 1:
+            raise DataConfigError(f"val_max_tokens must be ≥ 1 or None, got {val_max_tokens!r}")
+        if source not in ("shakespeare", "files", "hub"):
+            raise DataConfigError(f"Unknown source {source!r}; choose shakespeare, files or hub")
+        if source == "files":
+            builder_for(resolve_files(path if path is not None else []))  # fail now on a bad path or type
+        if val_fraction is None:
+            val_fraction = SHAKESPEARE_VAL_FRACTION if source == "shakespeare" else HUB_VAL_FRACTION
+        self.val = ValSelector(val_fraction)
+        self.seq_len, self.batch_size, self.num_workers, self.seed = seq_len, batch_size, num_workers, seed
+        self.source, self.path, self.text_column = source, path, text_column
+        self.docs = None
+        self._train_loader = lambda: None  # weak reference to the last training loader
+        self._val_windows: torch.Tensor | None = None
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _rank_world(self) -> tuple[int, int]:
+        if self.trainer is not None:
+            return self.trainer.global_rank, self.trainer.world_size
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.docs is None:
+            gpt2_encoding()  # load once here, before workers fork, and fail early on bad files
+            hp = self.hparams
+            path = OPENWEBTEXT if self.source == "hub" and self.path is None else self.path
+            self.docs = load_documents(self.source, path, hp.name, hp.split, hp.sample_by)
+
+    def _config(self) -> dict:
+        hp = self.hparams
+        keys = ("seq_len", "batch_size", "seed", "source", "path", "name", "split", "text_column", "sample_by", "shuffle_buffer")
+        return {k: hp[k] for k in keys} | {"val_fraction": self.val.fraction}
+
+    # -- loaders -------------------------------------------------------------------------------
+
+    def train_dataloader(self) -> ResumableLoader:
+        """Infinite (inputs, targets) LongTensor batches [batch_size, seq_len], resumable."""
+        self.setup("fit")
+        rank, world = self._rank_world()
+        stream = TrainStream(
+            self.docs,
+            text_column=self.text_column,
+            seq_len=self.seq_len,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            val=self.val,
+            shuffle_buffer=self.hparams.shuffle_buffer,
+            rank=rank,
+            world_size=world,
+            num_slots=max(1, self.num_workers),
+            config=self._config(),
+        )
+        loader = ResumableLoader(
+            stream,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=self.num_workers > 0,
+        )
+        # Under a Trainer, count batches as consumed when they reach the training step
+        # (Lightning prefetches one more); see on_before_batch_transfer.
+        loader.count_consumed = self.trainer is not None
+        # Weak: a data module sits in reference cycles, and a DataLoader freed by the cyclic
+        # garbage collector instead of by reference counting stalls 5 s per worker on shutdown.
+        self._train_loader = weakref.ref(loader)
+        return loader
+
+    def val_windows(self) -> torch.Tensor:
+        """This rank's held-out windows [n, seq_len + 1], computed once and kept in memory."""
+        if self._val_windows is None:
+            self.setup("validate")
+            rank, world = self._rank_world()
+            self._val_windows = val_windows(
+                self.docs,
+                text_column=self.text_column,
+                seq_len=self.seq_len,
+                val=self.val,
+                rank=rank,
+                world_size=world,
+                max_tokens=self.hparams.val_max_tokens,
+            )
+        return self._val_windows
+
+    def val_dataloader(self) -> DataLoader:
+        """The held-out split, finite and in a fixed order (the same on every run)."""
+        # In memory already, so no worker processes are needed.
+        return DataLoader(
+            WindowBatches(self.val_windows(), self.batch_size), batch_size=None, pin_memory=torch.cuda.is_available()
+        )
+
+    def test_dataloader(self) -> DataLoader:
+        """The same held-out split as val_dataloader (test reports loss on the split training validated on)."""
+        return self.val_dataloader()
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Called by the Trainer right before a batch goes to the training step: that, not the
+        # DataLoader's yield (Lightning prefetches), is when a batch is consumed.
+        loader = self._train_loader()
+        if loader is not None and self.trainer is not None and self.trainer.training:
+            loader.mark_consumed()
+        return batch

@@ -1,0 +1,327 @@
+"""Token streams: documents → tokens → windows → batches, for training (infinite) and validation (finite).
+
+Scale-out: the documents are split with `datasets.distributed.split_dataset_by_node`, first by
+rank and world size, then again by DataLoader worker, so every (rank, worker) "slot" reads a
+disjoint part of the corpus. Each slot cycles over its part epoch after epoch, with the shard
+order reshuffled per epoch from the seed, and emits windows in seeded shuffled blocks.
+
+Resume: a slot's whole state is small — where its current block of windows starts (a `datasets`
+state dict, a row and a token offset), the block number and how many windows of the block were
+already emitted — so it travels with every batch, and `ResumableLoader` turns the states of the
+batches the trainer consumed into a checkpointable state dict.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from datasets.distributed import split_dataset_by_node
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from loopnet.data.errors import DataConfigError
+from loopnet.data.packing import Packer, block_permutation
+from loopnet.data.sources import ValSelector
+from loopnet.data.tokenizer import EOT_ID, gpt2_encoding
+
+DOC_BATCH = 64  # documents fetched from `datasets` at a time (its batched reader is much faster)
+
+
+def split_strategy(docs: datasets.IterableDataset, parts: int) -> str:
+    """Whole shards to each of `parts` when there are enough shards (uneven counts are fine: each
+    part cycles on its own); otherwise every part reads all and keeps every parts-th document."""
+    return "shards" if docs.num_shards >= parts else "examples"
+
+
+def split_docs(docs: datasets.IterableDataset, rank: int, world_size: int) -> datasets.IterableDataset:
+    """This rank's part of `docs`, with `split_dataset_by_node`."""
+    return split_dataset_by_node(docs, rank=rank, world_size=world_size, strategy=split_strategy(docs, world_size))
+
+
+def encode(text: str) -> np.ndarray:
+    """GPT-2 tokens of one document followed by end-of-text."""
+    ids = gpt2_encoding().encode_ordinary(text)
+    ids.append(EOT_ID)
+    return np.asarray(ids, dtype=np.int32)
+
+
+def iter_texts(
+    docs: datasets.IterableDataset, column: str, epoch: int = 0, ds_state: dict | None = None, row: int = 0
+) -> Iterator[tuple[dict, str | None]]:
+    """(position, text) of every document of `docs`, starting at a position from a previous run.
+
+    A position is {"epoch", "ds": the `datasets` state before the batch holding it, "row": index in that batch}.
+    """
+    if ds_state is not None:
+        docs.load_state_dict(copy.deepcopy(ds_state))
+    before = ds_state
+    try:
+        for batch in docs.iter(batch_size=DOC_BATCH):
+            if column not in batch:
+                raise DataConfigError(
+                    f"No text column {column!r} in the data; its columns are {sorted(batch)}. "
+                    "Fix: set `text_column:` to one of them"
+                )
+            texts = batch[column]
+            for i in range(row, len(texts)):
+                text = texts[i]
+                if text is not None and not isinstance(text, str):
+                    raise DataConfigError(
+                        f"Column {column!r} holds {type(text).__name__} values, not text. Fix: set `text_column:`"
+                    )
+                yield {"epoch": epoch, "ds": before, "row": i}, text
+            row = 0
+            before = docs.state_dict()
+    except UnicodeDecodeError as e:
+        raise DataConfigError(
+            f"A data file is not valid UTF-8 ({e}). Fix: re-encode it as UTF-8 (e.g. with iconv)"
+        ) from e
+
+
+def _epoch_key(seed: int, epoch: int) -> int:
+    # `datasets` reshuffles the shard order from its epoch number (and only when it is non-zero),
+    # so feed it one derived from both our seed and the epoch.
+    return int(np.random.SeedSequence([seed % 2**32, epoch]).generate_state(1)[0]) + 1
+
+
+class TrainStream(IterableDataset):
+    """Infinite training batches ``(windows, meta)`` for one rank; one slot per DataLoader worker.
+
+    `windows`: int32 array [batch_size, seq_len + 1] (NumPy: cheaper to pass between processes
+    than tensors); `meta` = {"slot", "state"}: the slot that made the batch and its state after it.
+    Set `start` (see `ResumableLoader.load_state_dict`) to continue from saved slot states.
+    """
+
+    def __init__(
+        self,
+        docs: datasets.IterableDataset,
+        *,
+        text_column: str,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        val: ValSelector,
+        shuffle_buffer: int,
+        rank: int = 0,
+        world_size: int = 1,
+        num_slots: int = 1,
+        config: dict | None = None,
+    ):
+        self.docs, self.text_column, self.val = docs, text_column, val
+        self.seq_len, self.batch_size, self.seed, self.shuffle_buffer = seq_len, batch_size, seed, shuffle_buffer
+        self.rank, self.world_size, self.num_slots = rank, world_size, num_slots
+        self.config = dict(config or {}, num_slots=num_slots, world_size=world_size)
+        self.start: dict[str, Any] = {"next_slot": 0, "slots": [None] * num_slots}
+
+    def slot_docs(self, slot: int, epoch: int) -> datasets.IterableDataset:
+        """The documents slot `slot` of this rank reads in `epoch`, in order."""
+        # Split by rank, then by worker: `datasets` composes the two into one split over all slots.
+        strategy = split_strategy(self.docs, self.world_size * self.num_slots)
+        node = split_dataset_by_node(self.docs, rank=self.rank, world_size=self.world_size, strategy=strategy)
+        part = split_dataset_by_node(node, rank=slot, world_size=self.num_slots, strategy=strategy)
+        part.set_epoch(_epoch_key(self.seed, epoch))
+        return part
+
+    def documents(self, slot: int, pos: dict | None = None) -> Iterator[tuple[dict, np.ndarray]]:
+        """(position, tokens) of the slot's training documents, cycling over epochs forever."""
+        epoch, ds_state, row = (0, None, 0) if pos is None else (pos["epoch"], pos["ds"], pos["row"])
+        while True:
+            full_epoch, n_tokens = ds_state is None and row == 0, 0
+            for p, text in iter_texts(self.slot_docs(slot, epoch), self.text_column, epoch, ds_state, row):
+                if not text or self.val(text):  # empty documents are skipped, no lone end-of-text
+                    continue
+                tokens = encode(text)
+                n_tokens += len(tokens)
+                yield p, tokens
+            if full_epoch and n_tokens < self.seq_len + 1:
+                where = f"rank {self.rank}/{self.world_size}, worker {slot}/{self.num_slots}: " if self.num_slots * self.world_size > 1 else ""
+                raise DataConfigError(
+                    f"{where}the training split has {n_tokens} tokens per epoch, fewer than one window of "
+                    f"seq_len + 1 = {self.seq_len + 1}. Fix: add data, lower seq_len"
+                    + (", or use fewer workers/devices" if where else "")
+                )
+            epoch, ds_state, row = epoch + 1, None, 0
+
+    def windows(self, slot: int, state: dict | None = None) -> Iterator[tuple[np.ndarray, dict]]:
+        """(window, state after it): windows in seeded shuffled blocks of `shuffle_buffer`.
+
+        The yielded array is reused once the next block is built: copy it before asking for more.
+        """
+        size, packer = self.shuffle_buffer, Packer(self.seq_len)
+        if state is None:
+            block, skip, docs, offset = 0, 0, self.documents(slot), 0
+        else:
+            block, skip, offset = state["block"], state["emitted"], state["offset"]
+            docs = self.documents(slot, state["pos"])
+        rows = np.empty((size, self.seq_len + 1), dtype=np.int32)
+        while True:
+            for i in range(size):
+                while packer.available < self.seq_len + 1:
+                    p, tokens = next(docs)
+                    packer.push(p, tokens, offset)  # offset ≠ 0 only for the first document of a resume
+                    offset = 0
+                if i == 0:
+                    start_pos, start_offset = packer.position()
+                rows[i] = packer.pop()
+            order = block_permutation(size, self.seed, self.rank, self.world_size, slot, self.num_slots, block)
+            for j in range(skip, size):
+                yield rows[order[j]], {"pos": start_pos, "offset": int(start_offset), "block": block, "emitted": j + 1}
+            block, skip = block + 1, 0
+
+    def batches(self, slot: int, state: dict | None = None) -> Iterator[tuple[np.ndarray, dict]]:
+        """(windows [batch_size, seq_len + 1] int32, state after the batch)."""
+        buf, i = np.empty((self.batch_size, self.seq_len + 1), dtype=np.int32), 0
+        for window, st in self.windows(slot, state):
+            buf[i] = window
+            i += 1
+            if i == self.batch_size:
+                yield buf.copy(), st
+                i = 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        n_workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        if n_workers != self.num_slots:
+            raise DataConfigError(f"TrainStream was built for {self.num_slots} workers but runs in {n_workers}")
+        # After a resume, worker 0 must serve the slot whose batch comes next.
+        slot = (self.start["next_slot"] + worker) % self.num_slots
+        for windows, st in self.batches(slot, self.start["slots"][slot]):
+            yield windows, {"slot": slot, "state": st}
+
+
+def val_windows(
+    docs: datasets.IterableDataset,
+    *,
+    text_column: str,
+    seq_len: int,
+    val: ValSelector,
+    rank: int = 0,
+    world_size: int = 1,
+    max_tokens: int | None = None,
+) -> torch.Tensor:
+    """This rank's held-out windows, in the source's natural order: LongTensor [n, seq_len + 1].
+
+    The final partial window is dropped; `max_tokens` keeps only the first windows (≥ that many tokens).
+    """
+    packer, rows = Packer(seq_len), []
+    for _, text in iter_texts(split_docs(docs, rank, world_size), text_column):
+        if not text or not val(text):
+            continue
+        packer.push(None, encode(text))
+        while (w := packer.pop()) is not None:
+            rows.append(w.copy())
+        if max_tokens is not None and len(rows) * seq_len >= max_tokens:
+            break
+    if not rows:
+        raise DataConfigError(
+            f"The validation split{f' of rank {rank}/{world_size}' if world_size > 1 else ''} holds "
+            f"{packer.available} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}. "
+            "Fix: raise val_fraction, lower seq_len, or add data"
+        )
+    return torch.from_numpy(np.stack(rows)).long()
+
+
+class WindowBatches(IterableDataset):
+    """Fixed-order batches (inputs, targets) over precomputed windows; the last batch may be smaller."""
+
+    def __init__(self, windows: torch.Tensor, batch_size: int):
+        self.windows, self.batch_size = windows, batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self.windows) // self.batch_size)
+
+    def __iter__(self):
+        for i in range(0, len(self.windows), self.batch_size):
+            w = self.windows[i : i + self.batch_size]
+            yield w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class ResumableLoader(DataLoader):
+    """DataLoader over a `TrainStream`: (inputs, targets) LongTensors [batch_size, seq_len], and a
+    `state_dict()` that resumes at the next unconsumed batch.
+
+    Lightning (≥ 2.3) saves `state_dict()` of a training DataLoader that has one into every
+    checkpoint and calls `load_state_dict()` before iterating on resume. Batches are counted as
+    consumed when `mark_consumed()` is called (the data module does it from `on_before_batch_transfer`,
+    so batches Lightning prefetched but did not train on are not skipped); without it, every
+    yielded batch counts. Workers serve batches round-robin, so the slot states of the last
+    consumed batch of each worker are the exact place to resume, for any `num_workers`.
+    """
+
+    def __init__(self, dataset: TrainStream, *, pin_memory: bool = False, **kwargs: Any):
+        # TrainStream yields whole batches as NumPy arrays; they become tensors (and are pinned)
+        # here in the main process: a tensor made in a worker costs a shared-memory segment.
+        kwargs.update(batch_size=None, collate_fn=_identity)
+        super().__init__(dataset, **kwargs)
+        self.pin = pin_memory
+        self.count_consumed = False
+        self._base = 0  # global index of the first batch of this run (batches consumed before it)
+        self._yielded = self._consumed = 0
+        self._history: deque = deque(maxlen=2 * dataset.num_slots + 16)
+
+    def __iter__(self):
+        self._yielded = self._consumed = 0
+        self._history.clear()
+        for windows, meta in super().__iter__():
+            self._history.append((self._base + self._yielded, meta["slot"], meta["state"]))
+            self._yielded += 1
+            w = torch.from_numpy(windows).long()
+            x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+            yield (x.pin_memory(), y.pin_memory()) if self.pin else (x, y)
+
+    def mark_consumed(self) -> None:
+        self._consumed += 1
+
+    def _local_state(self) -> dict:
+        stream: TrainStream = self.dataset
+        done = self._consumed if self.count_consumed else self._yielded
+        n = self._base + done
+        slots = list(stream.start["slots"])
+        if self._history and done and self._history[0][0] > max(self._base, n - stream.num_slots):
+            raise RuntimeError("ResumableLoader lost track of consumed batches (more than its history prefetched)")
+        for g, slot, state in self._history:
+            if g < n:
+                slots[slot] = state
+        return {
+            "version": 1,
+            "config": stream.config,
+            "consumed": n,
+            "next_slot": (stream.start["next_slot"] + done) % stream.num_slots,
+            "slots": slots,
+        }
+
+    def state_dict(self) -> dict:
+        """{"ranks": [state of rank 0, rank 1, ...]}; under DDP every rank must call it (Lightning does)."""
+        local = self._local_state()
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.dataset.world_size > 1:
+            gathered: list = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, local)
+            return {"ranks": gathered}
+        return {"ranks": [local]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        stream: TrainStream = self.dataset
+        ranks = state_dict["ranks"]
+        if len(ranks) != stream.world_size:
+            raise DataConfigError(
+                f"The checkpoint's data state is for {len(ranks)} ranks, this run has {stream.world_size}. "
+                "Exact data resume needs the same number of devices"
+            )
+        local = ranks[stream.rank]
+        if local["config"] != stream.config:
+            diff = {k: (local["config"].get(k), v) for k, v in stream.config.items() if local["config"].get(k) != v}
+            raise DataConfigError(
+                f"The checkpoint's data stream differs from this run's (checkpoint, now): {diff}. "
+                "Exact data resume needs the same data settings, num_workers and devices"
+            )
+        stream.start = {"next_slot": local["next_slot"], "slots": list(local["slots"])}
+        self._base = local["consumed"]

@@ -1,0 +1,194 @@
+"""VisitDiagnostics: the Lightning callback that logs per-visit stability diagnostics.
+
+On a logging step (``global_step % every_n_steps == 0``) it attaches a `VisitProbe` to the
+`LoopedTransformer` before the forward, and
+
+    forward + backward      the probe records per-visit norms and gradient contributions g_{r,j}
+    on_before_optimizer_step    detach the probe; global gradient norm (Lightning calls this hook
+                            *before* gradient clipping: precision plugin `_after_closure`), the
+                            κ̂_R terms from ``.grad``, and a copy of each sublayer's weights
+    on_train_batch_end      ‖ΔW‖/‖W‖ of the step just taken; one device→host copy of every
+                            number; write the scalars, histograms and keep `last_stats`
+
+Between logging steps no observer is attached, so the model computes nothing extra and nothing
+is synchronised: the callback costs one modulo per step. Tag names: `loopnet.diagnostics.tags`.
+While the probe is attached the model bypasses activation checkpointing (`checkpoint_rounds`),
+so a logging step needs the memory of an uncheckpointed step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from loopnet.model import SUBLAYERS, Visit
+
+from .probe import VisitProbe, alignment
+from .tags import HIST_QUANTITIES, custom_scalars_layout, hist_tag, sublayer_tag, visit_tag
+
+FORWARD_QUANTITIES = ("resid_norm", "state_norm", "branch_ratio")  # the order of VisitProbe.fwd
+
+
+def find_looped_model(pl_module: torch.nn.Module):
+    """The module that emits visits (a `LoopedTransformer`): ``pl_module.model`` or the first
+    submodule with ``attach_observer``."""
+    model = getattr(pl_module, "model", None)
+    if model is not None and hasattr(model, "attach_observer"):
+        return model
+    for module in pl_module.modules():
+        if hasattr(module, "attach_observer") and hasattr(module, "blocks"):
+            return module
+    raise TypeError(f"{type(pl_module).__name__} holds no LoopedTransformer (no submodule with attach_observer)")
+
+
+def physical_sublayers(model) -> dict[str, dict[str, torch.nn.Parameter]]:
+    """Physical sublayer j (named by ``Visit.physical``) -> its parameters, by the names the
+    model's visits use in ``VisitTrace.params``."""
+    return {Visit(1, k, s).physical: dict(getattr(block, s).named_parameters())
+            for k, block in enumerate(model.blocks, start=1) for s in SUBLAYERS}
+
+
+def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of all `tensors` together, as a 0-d tensor (no host sync)."""
+    if not tensors:
+        return torch.tensor(0.0)
+    if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6: foreach kernels
+        return torch.nn.utils.get_total_norm(tensors, 2.0).float()
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
+
+
+class VisitDiagnostics(Callback):
+    """Per-visit stability diagnostics in TensorBoard: residual and state norms, branch-to-skip
+    ratio, activation- and parameter-gradient norms of every sublayer visit (round r, block k,
+    attn|ffn); the measured visit alignment κ̂_R and the update-to-weight ratio of every physical
+    sublayer; the global gradient norm before clipping; per-round histograms.
+
+    Args:
+        every_n_steps: Measure and log on steps whose global step is a multiple of this (step 0
+            included). Steps in between attach nothing and cost nothing. 0 turns it off.
+        histograms: Also log per-round histograms of the round's final state (``hist/state/r03``)
+            and of the per-token RMS of its pre-Norm stream (``hist/token_rms/r03``).
+        hist_samples: About how many values each histogram samples (a fixed stride over the batch).
+    """
+
+    def __init__(self, every_n_steps: int = 50, histograms: bool = True, hist_samples: int = 16384):
+        if every_n_steps < 0:
+            raise ValueError(f"diagnostics.every_n_steps must be >= 0 (0 turns it off), got {every_n_steps}")
+        if hist_samples < 1:
+            raise ValueError(f"diagnostics.hist_samples must be >= 1, got {hist_samples}")
+        self.every_n_steps = every_n_steps
+        self.histograms = histograms
+        self.hist_samples = hist_samples
+        # The last measured step, for the run summary: {"step", "visits": {tag: {q: v}}, "kappa": {j: v}}.
+        self.last_stats: dict[str, Any] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._probe: VisitProbe | None = None
+        self._step = -1
+        self._grad_side: dict[str, Any] | None = None  # tensors from on_before_optimizer_step
+        self._weights_before: dict[str, list[torch.Tensor]] = {}
+
+    def _detach(self, pl_module) -> None:
+        if self._probe is None:
+            return
+        model = find_looped_model(pl_module)
+        if model.observer is self._probe:
+            model.attach_observer(None)
+
+    # ------------------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        find_looped_model(pl_module)  # fail early, with a clear message, on a module without visits
+        if not self.every_n_steps or not trainer.is_global_zero:
+            return
+        rounds = find_looped_model(pl_module).config.n_rounds
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_custom_scalars(custom_scalars_layout(rounds))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if not self.every_n_steps or trainer.global_step % self.every_n_steps:
+            return  # the common case: nothing attached, nothing computed
+        if self._probe is None or self._step != trainer.global_step:
+            self._reset()
+            # Exact per-visit sums over micro-batches (accumulation) and a per-process κ̂ under DDP
+            # need the g_{r,j} tensors themselves; otherwise their squared norms suffice.
+            keep = trainer.accumulate_grad_batches > 1 or trainer.world_size > 1
+            self._probe = VisitProbe(keep_grads=keep, hist_samples=self.hist_samples if self.histograms else 0)
+            self._step = trainer.global_step
+        find_looped_model(pl_module).attach_observer(self._probe)
+
+    @torch.no_grad()
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self._probe is None or self._grad_side is not None:
+            return
+        self._detach(pl_module)
+        # Lightning clips after this hook, so these are the unclipped gradients.
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        physical = physical_sublayers(find_looped_model(pl_module))
+        num, den = self._probe.alignment_terms(physical)
+        self._grad_side = {"global_norm": total_norm(grads), "num": num, "den": den}
+        self._weights_before = {j: [p.detach().clone() for p in ps.values()] for j, ps in physical.items()}
+
+    @torch.no_grad()
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._probe is None:
+            return
+        self._detach(pl_module)  # reattached by on_train_batch_start for the next micro-batch
+        if self._grad_side is None:
+            return  # more micro-batches of this step to come
+        probe, side, step = self._probe, self._grad_side, self._step
+        physical = physical_sublayers(find_looped_model(pl_module))
+        device = next(iter(pl_module.parameters())).device
+
+        # Every number as a 0-d tensor under its tag, then one device->host copy.
+        named: dict[str, torch.Tensor] = {}
+        for v in probe.visits:
+            fwd = probe.forward_stats(v)
+            for q, value in zip(FORWARD_QUANTITIES, fwd):
+                named[visit_tag(q, v)] = value
+            named[visit_tag("act_grad_norm", v)] = probe.act_grad_norm(v)
+            named[visit_tag("param_grad_norm", v)] = probe.visit_grad_sq(v).sqrt()
+        num, den = side["num"], side["den"]
+        kappas = {j: alignment(num[j], den[j]) for j in num}
+        for j, params in physical.items():
+            before = self._weights_before[j]
+            delta = total_norm([p.detach() - b for p, b in zip(params.values(), before)])
+            named[sublayer_tag("kappa", j)] = kappas[j]
+            named[sublayer_tag("grad_norm", j)] = num[j].sqrt()
+            named[sublayer_tag("update_ratio", j)] = delta / total_norm(before).clamp_min(1e-30)
+        named["grad/global_norm"] = side["global_norm"]
+        named["grad/kappa_model"] = alignment(sum(num.values()), sum(den.values()))
+        values = torch.stack([t.to(device=device, dtype=torch.float32) for t in named.values()]).tolist()
+        scalars = dict(zip(named, values))
+
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+        if self.histograms and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    for r, samples in sorted(probe.hist.items()):
+                        for q in HIST_QUANTITIES:
+                            logger.experiment.add_histogram(hist_tag(q, r), samples[q].float().cpu(), global_step=step)
+
+        self.last_stats = {
+            "step": step,
+            "visits": {v.tag: {q: scalars[visit_tag(q, v)] for q in (*FORWARD_QUANTITIES, "act_grad_norm", "param_grad_norm")}
+                       for v in probe.visits},
+            "kappa": {**{j: scalars[sublayer_tag("kappa", j)] for j in physical}, "model": scalars["grad/kappa_model"]},
+            "update_ratio": {j: scalars[sublayer_tag("update_ratio", j)] for j in physical},
+            "global_grad_norm": scalars["grad/global_norm"],
+        }
+        self._reset()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._detach(pl_module)
+        self._reset()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._detach(pl_module)
+        self._reset()

@@ -1,0 +1,192 @@
+"""DivergenceGuard: stop a diverging run cleanly, keep its last good checkpoint, write its summary.
+
+A run diverges when, at some step S,
+- the global gradient norm (before clipping) is not finite — checked in `on_before_optimizer_step`,
+  and that step's update is skipped (all gradients set to None), so the weights in memory stay
+  those of step S; or
+- the training loss is not finite, or above `max_loss` once S ≥ `after_step` — checked in
+  `on_train_batch_end`, after the update.
+
+Then the guard sets ``trainer.should_stop`` and turns every `ModelCheckpoint` off (``save_top_k =
+0``, ``save_last = False``, ``save_on_exception = False``): Lightning still runs the validation it
+runs on a stop and calls its end-of-fit hooks, but no checkpoint is written or removed from then
+on, so ``last.ckpt`` (and the best one) stay those saved before step S. (``save_last="link"`` is
+covered too: the link is not touched.) Checkpoint callbacks always run after the other callbacks
+(Lightning moves them last), so a divergence found in ``on_train_batch_end`` precedes that step's save.
+
+When fit ends — completed, diverged, or interrupted by an exception — the guard writes the run
+summary (`loopnet.diagnostics.summary`) to ``<trainer.log_dir>/summary.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
+
+from .callback import VisitDiagnostics, total_norm
+from .summary import SUMMARY_NAME, write_summary
+
+
+def _float(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    value = float(value.detach().float() if isinstance(value, torch.Tensor) else value)
+    return value if math.isfinite(value) else None
+
+
+class DivergenceGuard(Callback):
+    """Detects a diverging run (non-finite loss or gradient, or a loss above a bound after warm-up),
+    stops it cleanly keeping the last good checkpoint, and records the outcome (completed, or
+    diverged at step S) with the final validation loss in a JSON run summary beside the logs.
+
+    Args:
+        max_loss: After `after_step`, a training loss above this counts as divergence (a uniform
+            guess over GPT-2's vocabulary scores ln 50257 ≈ 10.8).
+        after_step: Warm-up: before this global step only a non-finite loss or gradient counts.
+        check_grads: Check at every step that the global gradient norm (before clipping) is finite,
+            and skip the update when it is not. Skipped under 16-bit mixed precision, whose gradient
+            scaler meets non-finite gradients by design and skips those updates itself.
+        val_metric: The validation loss recorded in the summary.
+        summary_name: File name of the run summary, written in the trainer's log_dir.
+    """
+
+    def __init__(
+        self,
+        max_loss: float = 20.0,
+        after_step: int = 100,
+        check_grads: bool = True,
+        val_metric: str = "val/loss",
+        summary_name: str = SUMMARY_NAME,
+    ):
+        if not max_loss > 0:
+            raise ValueError(f"divergence.max_loss must be > 0, got {max_loss}")
+        if after_step < 0:
+            raise ValueError(f"divergence.after_step must be >= 0, got {after_step}")
+        self.max_loss = max_loss
+        self.after_step = after_step
+        self.check_grads = check_grads
+        self.val_metric = val_metric
+        self.summary_name = summary_name
+        self._start_fit()
+
+    def _start_fit(self) -> None:
+        self.diverged_at_step: Optional[int] = None
+        self.reason: Optional[str] = None
+        self.last_good_checkpoint: Optional[str] = None
+        self.summary_path: Optional[str] = None
+        self._step = 0
+        self._train_loss: Optional[float] = None
+        self._val_history: list[list[float]] = []
+        self._t0 = time.monotonic()
+
+    @property
+    def diverged(self) -> bool:
+        return self.diverged_at_step is not None
+
+    # ------------------------------------------------------------------------------ detection
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start_fit()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    @torch.no_grad()
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self.check_grads or self.diverged or getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return
+        params = [p for p in pl_module.parameters() if p.grad is not None]
+        norm = total_norm([p.grad for p in params])
+        if not bool(torch.isfinite(norm)):  # one host sync per step; gradients are all-reduced, so ranks agree
+            self._diverge(trainer, f"non-finite gradient norm ({float(norm)})")
+            for p in params:  # skip this update: the optimiser ignores parameters without a gradient
+                p.grad = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if self.diverged or not isinstance(loss, torch.Tensor):
+            return
+        if pl_module.automatic_optimization:  # Lightning hands back loss / accumulate_grad_batches
+            loss = loss * trainer.accumulate_grad_batches
+        value = float(loss.detach().float())
+        self._train_loss = value
+        reason = None
+        if not math.isfinite(value):
+            reason = f"non-finite training loss ({value})"
+        elif self._step >= self.after_step and value > self.max_loss:
+            reason = f"training loss {value:.4g} > max_loss {self.max_loss:g} after step {self.after_step}"
+        bad = reason is not None
+        if trainer.world_size > 1:  # losses differ between ranks; stop all of them together
+            bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
+            reason = reason or "divergence on another rank"
+        if bad:
+            self._diverge(trainer, reason)
+
+    def _diverge(self, trainer: pl.Trainer, reason: str) -> None:
+        self.diverged_at_step, self.reason = self._step, reason
+        trainer.should_stop = True
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint):
+                self.last_good_checkpoint = cb.last_model_path or cb.best_model_path or self.last_good_checkpoint
+                # No save, no removal from now on: the files on disk stay those of the last good step.
+                cb.save_top_k, cb.save_last, cb.save_on_exception = 0, False, False
+        rank_zero_warn(
+            f"loopnet: the run diverged at step {self._step}: {reason}. Stopping; the last good checkpoint "
+            f"({self.last_good_checkpoint or 'none was saved'}) is kept.",
+            category=RuntimeWarning,
+        )
+
+    # ------------------------------------------------------------------------------ summary
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or self.val_metric not in trainer.callback_metrics:
+            return
+        value = float(trainer.callback_metrics[self.val_metric].detach().float())
+        self._val_history.append([trainer.global_step, value])
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write(trainer, pl_module, "diverged" if self.diverged else "completed")
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._write(trainer, pl_module, "diverged" if self.diverged else "interrupted", error=repr(exception))
+
+    def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str, error: Optional[str] = None) -> dict:
+        """The run summary as a dict (schema: `loopnet.diagnostics.summary`)."""
+        finite = [v for _, v in self._val_history if math.isfinite(v)]
+        ckpt = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+        diagnostics = next((cb for cb in trainer.callbacks if isinstance(cb, VisitDiagnostics)), None)
+        stats = diagnostics.last_stats if diagnostics is not None else None
+        hparams = dict(pl_module.hparams)
+        return {
+            "status": status,
+            "diverged_at_step": self.diverged_at_step,
+            "reason": self.reason,
+            "global_step": trainer.global_step,
+            "max_steps": trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
+            "final_train_loss": _float(self._train_loss),
+            "final_val_loss": _float(self._val_history[-1][1]) if self._val_history else None,
+            "best_val_loss": min(finite) if finite else None,
+            "val_history": self._val_history,
+            "last_checkpoint": self.last_good_checkpoint if self.diverged else (ckpt.last_model_path or None) if ckpt else None,
+            "best_checkpoint": (ckpt.best_model_path or None) if ckpt else None,
+            "config": hparams.get("config"),
+            "hparams": hparams,
+            "last_visit_stats": stats["visits"] if stats else None,
+            "kappa": stats["kappa"] if stats else None,
+            "diagnostics_step": stats["step"] if stats else None,
+            "log_dir": trainer.log_dir,
+            "error": error,
+            "wall_time_s": round(time.monotonic() - self._t0, 3),
+        }
+
+    def _write(self, trainer, pl_module, status: str, error: Optional[str] = None) -> None:
+        if not trainer.is_global_zero:
+            return
+        path = self.summary_name if os.path.isabs(self.summary_name) else os.path.join(trainer.log_dir or ".", self.summary_name)
+        self.summary_path = str(write_summary(path, self.summary(trainer, pl_module, status, error)))

@@ -1,0 +1,158 @@
+"""VisitProbe: the visit observer that measures one training step, and the κ̂_R estimator.
+
+Attached to a `LoopedTransformer` (``model.attach_observer(probe)``) it sees every sublayer visit
+i = (r, j) of the forward pass through `VisitTrace` and
+
+- in the forward, keeps three 0-d tensors per visit (no host sync): RMS of the pre-Norm stream
+  α·x + f(x), RMS of the state after the Norm, and ‖f(x)‖ / ‖α·x‖;
+- hooks the visit's output to get ‖∂L/∂x‖ in the backward;
+- hooks the visit's own parameter views to get the per-visit gradient contribution g_{r,j}
+  (Σ_r g_{r,j} is the shared parameter's ``.grad``) and keeps ‖g_{r,j}‖² per parameter, or the
+  tensors themselves when `keep_grads` (needed to sum micro-batches exactly under gradient
+  accumulation, and by the tests).
+
+With several micro-batches per step (gradient accumulation) forward statistics are averaged over
+micro-batches and per-visit gradients summed, like ``.grad`` itself.
+
+The visit-alignment estimator (reference §2, "Measuring κ_R") for a physical sublayer j is
+
+    κ̂_R(j) = ‖Σ_r g_{r,j}‖² / Σ_r ‖g_{r,j}‖²
+
+with g_{r,j} the concatenation of the visit's contributions to *all* the sublayer's parameters
+(weight matrices, norm gains, biases): numerator and denominator are sums over parameters. κ̂ = 1
+when the visits' gradients are orthogonal, κ̂ = R when they are identical. The model-wide κ̂
+concatenates every sublayer the same way.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from loopnet.model import Visit, VisitTrace
+
+
+def _sq(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().float().square().sum()
+
+
+def alignment(total_sq: torch.Tensor | float, per_visit_sq: torch.Tensor | float) -> torch.Tensor:
+    """κ̂ = ‖Σ_r g_r‖² / Σ_r ‖g_r‖², given both squared norms (0 when no gradient flowed)."""
+    total_sq, per_visit_sq = torch.as_tensor(total_sq), torch.as_tensor(per_visit_sq)
+    return torch.where(per_visit_sq > 0, total_sq / per_visit_sq.clamp_min(1e-38), torch.zeros_like(total_sq))
+
+
+class VisitProbe:
+    """Records the per-visit statistics of one training step (see the module docstring).
+
+    Args:
+        keep_grads: Keep the per-visit gradient tensors g_{r,j} (summed over micro-batches) in
+            `grads` instead of only their squared norms. Costs R times the block parameters in memory.
+        hist_samples: Keep about this many values of each round's final state and its per-token
+            RMS for histograms (0: none).
+    """
+
+    def __init__(self, keep_grads: bool = False, hist_samples: int = 0):
+        self.keep_grads = keep_grads
+        self.hist_samples = hist_samples
+        self.visits: list[Visit] = []  # in execution order, each once
+        self.fwd: dict[Visit, torch.Tensor] = {}  # [resid_rms, state_rms, branch_ratio], summed over micro-batches
+        self.n_fwd: dict[Visit, int] = defaultdict(int)
+        self.act_grad: dict[Visit, torch.Tensor] = {}  # ‖∂L/∂x‖ summed over micro-batches
+        self.n_act: dict[Visit, int] = defaultdict(int)
+        self.param_sq: dict[Visit, dict[str, torch.Tensor]] = defaultdict(dict)  # ‖g_{r,j,p}‖² (keep_grads=False)
+        self.grads: dict[Visit, dict[str, torch.Tensor]] = defaultdict(dict)  # g_{r,j,p} (keep_grads=True)
+        self.hist: dict[int, dict[str, torch.Tensor]] = {}  # round -> {"state": values, "token_rms": values}
+        self._last_visit_of_round: dict[int, Visit] = {}
+
+    # ------------------------------------------------------------------------ forward / backward
+    def on_visit(self, visit: Visit, trace: VisitTrace) -> None:
+        if visit not in self.fwd:
+            self.visits.append(visit)
+        with torch.no_grad():
+            stream, state = trace.stream.detach().float(), trace.state.detach().float()
+            skip = trace.alpha * torch.linalg.vector_norm(trace.x.detach().float())
+            stats = torch.stack([
+                stream.square().mean().sqrt(),
+                state.square().mean().sqrt(),
+                torch.linalg.vector_norm(trace.branch.detach().float()) / skip.clamp_min(1e-30),
+            ])
+            self.fwd[visit] = self.fwd[visit] + stats if visit in self.fwd else stats
+            self.n_fwd[visit] += 1
+            if self.hist_samples:
+                self._sample_for_histograms(visit, stream, state)
+        if trace.state.requires_grad:
+            trace.state.register_hook(lambda g, v=visit: self._on_act_grad(v, g))
+        for name, view in trace.params.items():
+            if view.requires_grad:
+                view.register_hook(lambda g, v=visit, n=name: self._on_param_grad(v, n, g))
+
+    def _sample_for_histograms(self, visit: Visit, stream: torch.Tensor, state: torch.Tensor) -> None:
+        # The last visit seen in a round is the round's output; later visits overwrite earlier ones.
+        last = self._last_visit_of_round.get(visit.round)
+        if last is not None and (last.block, last.sublayer) > (visit.block, visit.sublayer):
+            return
+        self._last_visit_of_round[visit.round] = visit
+        flat = state.flatten()
+        token_rms = stream.square().mean(-1).sqrt().flatten()
+        stride = lambda t: t[:: max(1, t.numel() // self.hist_samples)]  # noqa: E731 (deterministic sample)
+        self.hist[visit.round] = {"state": stride(flat).clone(), "token_rms": stride(token_rms).clone()}
+
+    def _on_act_grad(self, visit: Visit, grad: torch.Tensor) -> None:
+        norm = torch.linalg.vector_norm(grad.detach().float())
+        self.act_grad[visit] = self.act_grad[visit] + norm if visit in self.act_grad else norm
+        self.n_act[visit] += 1
+
+    def _on_param_grad(self, visit: Visit, name: str, grad: torch.Tensor) -> None:
+        if self.keep_grads:
+            store = self.grads[visit]
+            # Our own copy: autograd may accumulate into the tensor it hands to the hook.
+            store[name] = store[name].add_(grad) if name in store else grad.detach().clone()
+        else:
+            self.param_sq[visit][name] = _sq(grad)
+
+    # ------------------------------------------------------------------------ results
+    def forward_stats(self, visit: Visit) -> torch.Tensor:
+        """[resid_norm, state_norm, branch_ratio] averaged over micro-batches."""
+        return self.fwd[visit] / self.n_fwd[visit]
+
+    def act_grad_norm(self, visit: Visit) -> torch.Tensor:
+        if visit not in self.act_grad:
+            return torch.tensor(float("nan"))
+        return self.act_grad[visit] / self.n_act[visit]
+
+    def visit_grad_sq(self, visit: Visit) -> torch.Tensor:
+        """‖g_{r,j}‖² over all parameters of the visited sublayer (0 when no gradient flowed)."""
+        if self.keep_grads:
+            terms = [_sq(g) for g in self.grads.get(visit, {}).values()]
+        else:
+            terms = list(self.param_sq.get(visit, {}).values())
+        return torch.stack(terms).sum() if terms else torch.tensor(0.0)
+
+    def alignment_terms(self, physical_params: dict[str, dict[str, torch.Tensor]]):
+        """(‖Σ_r g_{r,j}‖², Σ_r ‖g_{r,j}‖²) per physical sublayer j, as 0-d tensors. Without
+        `keep_grads` the first comes from the parameters' ``.grad`` (= Σ_r g_{r,j} in one process),
+        so call this before anything (clipping, the optimiser) touches the gradients; with
+        `keep_grads` from the kept per-visit sums (this process's gradient, also under DDP). `physical_params` maps a physical
+        sublayer name (``Visit.physical``) to its parameters by the names of `VisitTrace.params`."""
+        num, den = {}, {}
+        for j, params in physical_params.items():
+            if self.keep_grads:  # Σ_r g_{r,j} from our own sums: this process's gradient, before any all-reduce
+                visits = [v for v in self.visits if v.physical == j]
+                grads = [sum(self.grads[v][n] for v in visits if n in self.grads[v]) for n in params]
+                grads = [g for g in grads if isinstance(g, torch.Tensor)]
+            else:
+                grads = [p.grad for p in params.values() if p.grad is not None]
+            num[j] = torch.stack([_sq(g) for g in grads]).sum() if grads else torch.tensor(0.0)
+            den[j] = sum((self.visit_grad_sq(v).to(num[j].device) for v in self.visits if v.physical == j),
+                         torch.zeros((), device=num[j].device))
+        return num, den
+
+    def kappa(self, physical_params: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """κ̂_R per physical sublayer, and for the whole model under the key ``"model"``."""
+        num, den = self.alignment_terms(physical_params)
+        out = {j: alignment(num[j], den[j]) for j in num}
+        if num:
+            out["model"] = alignment(sum(num.values()), sum(den.values()))
+        return out

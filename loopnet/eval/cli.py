@@ -1,0 +1,154 @@
+"""`loopnet eval`: run lm-evaluation-harness tasks on a checkpoint at several round counts R'.
+
+    loopnet eval --ckpt_path runs/.../last.ckpt --tasks deeploop --rounds 1,3,6
+    python -m loopnet.eval --ckpt_path X --tasks my_task --include_path tasks/ --limit 100
+
+One harness run per R' on the same loaded weights; the table task × R' (acc and acc_norm, ± stderr)
+is written beside the checkpoint as ``eval_<ckpt-stem>.json`` and ``.md`` (or under --output_dir),
+under a new name (``-2``, ``-3``, ...) if those files already exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from loopnet.eval.tasks import PRESETS, TaskSetupError, check_datasets, expand_tasks, make_task_manager
+
+
+def parse_rounds(text: str) -> list[int]:
+    """"1,3,6" -> [1, 3, 6] (order kept, duplicates dropped); each R' must be >= 1."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rounds takes comma-separated integers like 1,3,6, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"--rounds must list round counts >= 1, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def parse_limit(text: str) -> int | float:
+    """As in the harness: a count of examples per task, or a fraction of each task if < 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--limit takes a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--limit must be > 0, got {text!r}")
+    return int(value) if value >= 1 and value.is_integer() else value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    presets = "; ".join(f"{k} = {','.join(v)}" for k, v in PRESETS.items())
+    parser = argparse.ArgumentParser(
+        prog="loopnet eval",
+        description="Evaluate a loopnet checkpoint with lm-evaluation-harness at one or more round counts R'.",
+    )
+    parser.add_argument("--ckpt_path", required=True, help="LoopedLM checkpoint (.ckpt) to evaluate")
+    parser.add_argument(
+        "--tasks", required=True,
+        help=f"comma-separated lm-eval task, group or tag names, or presets ({presets})",
+    )
+    parser.add_argument("--rounds", type=parse_rounds, default=None,
+                        help="comma-separated round counts R' (default: the training R)")
+    parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass (default 16)")
+    parser.add_argument("--limit", type=parse_limit, default=None,
+                        help="examples per task (or a fraction < 1); for quick checks only")
+    parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: the task's, 0 for the preset)")
+    parser.add_argument("--include_path", action="append", default=None, metavar="DIR",
+                        help="folder of extra task YAMLs, e.g. tasks on local JSON lines (repeatable)")
+    parser.add_argument("--output_dir", default=None, help="where to write the results (default: beside the checkpoint)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    return parser
+
+
+def run_eval(
+    ckpt_path: str | Path,
+    tasks: str | list[str],
+    rounds: list[int] | None = None,
+    batch_size: int = 16,
+    limit: int | float | None = None,
+    num_fewshot: int | None = None,
+    include_path: list[str] | None = None,
+    output_dir: str | Path | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Run the harness for each R', write the JSON and markdown table, return the report.
+
+    The report holds the table ``{task: {metric: {R': {"value", "stderr"}}}}``, the harness's raw
+    per-task results for each R', and under "files" the two paths written.
+    """
+    ckpt = Path(ckpt_path).expanduser()
+    if not ckpt.is_file():  # before importing the harness, which takes seconds
+        raise FileNotFoundError(f"checkpoint not found: {ckpt}")
+    if batch_size < 1:
+        raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
+    names = expand_tasks(tasks)
+    try:
+        import lm_eval
+        import torch
+    except ImportError as err:
+        raise ImportError(f"loopnet eval needs lm-evaluation-harness ({err}); install it with: pip install lm-eval") from None
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device} requested but CUDA is not available; use --device cpu")
+
+    from loopnet.eval.adapter import LoopnetLM, load_checkpoint
+
+    manager = make_task_manager(names, include_path)
+    check_datasets(manager, names)
+    model = load_checkpoint(ckpt, device)
+    train_rounds = model.config.n_rounds
+    rounds = rounds or [train_rounds]
+
+    outputs: dict[int, dict[str, Any]] = {}
+    for r in rounds:
+        print(f"loopnet eval: R'={r} on {', '.join(names)}", file=sys.stderr)
+        lm = LoopnetLM(ckpt_path=str(ckpt), model=model, rounds=r, batch_size=batch_size, device=device)
+        outputs[r] = lm_eval.simple_evaluate(
+            model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+            batch_size=batch_size, device=device, log_samples=False,
+        )
+
+    from loopnet.eval.results import build_table, write_report
+
+    report: dict[str, Any] = {
+        "checkpoint": str(ckpt.resolve()),
+        "train_rounds": train_rounds,
+        "rounds": list(rounds),
+        "tasks": names,
+        "limit": limit,
+        "num_fewshot": num_fewshot,
+        "lm_eval_version": lm_eval.__version__,
+        "model_config": asdict(model.config),
+        "table": build_table(outputs),
+        "harness": {
+            str(r): {k: out.get(k) for k in ("results", "groups", "n-samples", "versions")}
+            for r, out in outputs.items()
+        },
+    }
+    folder = Path(output_dir).expanduser() if output_dir is not None else ckpt.parent
+    json_path, md_path = write_report(report, folder, f"eval_{ckpt.stem}")
+    report["files"] = {"json": str(json_path), "markdown": str(md_path)}
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``loopnet eval`` / ``python -m loopnet.eval``; errors exit with status 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        report = run_eval(
+            ckpt_path=args.ckpt_path, tasks=args.tasks, rounds=args.rounds, batch_size=args.batch_size,
+            limit=args.limit, num_fewshot=args.num_fewshot, include_path=args.include_path,
+            output_dir=args.output_dir, device=args.device,
+        )
+    except (TaskSetupError, ValueError, FileNotFoundError, ImportError) as err:
+        if os.environ.get("LOOPNET_DEBUG"):
+            raise
+        print(f"loopnet eval: error: {err} (set LOOPNET_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(2)
+    print(Path(report["files"]["markdown"]).read_text(encoding="utf-8"))
+    print(f"loopnet eval: wrote {report['files']['json']} and {report['files']['markdown']}", file=sys.stderr)

@@ -1,0 +1,219 @@
+"""LoopedLM: the LightningModule that says *what* to compute for a looped language model.
+
+The Trainer and callbacks decide *how* to run it (precision, clipping, devices, checkpoints,
+diagnostics). Evaluation loss is the cross-entropy of the last round, token-weighted, and
+`eval_rounds` re-evaluates the same weights at other round counts R'.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanMetric
+
+from loopnet.model import LoopConfig, LoopedTransformer
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay.
+
+    Args:
+        lr: Peak learning rate.
+        min_lr_ratio: Final learning rate as a fraction of `lr`.
+        weight_decay: Decoupled weight decay, applied to ≥ 2-D weights only (not norms, biases).
+        betas: AdamW (β1, β2).
+        eps: AdamW ε.
+        warmup_steps: Linear warm-up steps.
+        decay_steps: Steps of the cosine decay; None uses the Trainer's max_steps.
+    """
+
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    warmup_steps: int = 200
+    decay_steps: Optional[int] = None
+
+
+@dataclass
+class GenerateConfig:
+    """Text continuation for `loopnet predict`.
+
+    Args:
+        prompt: Text to continue.
+        max_new_tokens: Tokens to generate.
+        temperature: Softmax temperature; 0 means greedy.
+        top_k: Sample among the k most likely tokens (None: all).
+        rounds: Round count R' used to generate (None: the training R).
+    """
+
+    prompt: str = "ROMEO:"
+    max_new_tokens: int = 64
+    temperature: float = 0.8
+    top_k: Optional[int] = 50
+    rounds: Optional[int] = None
+
+
+# LoopConfig fields that may differ between a checkpoint and the run that loads it.
+RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "loss_rounds"})
+
+
+def check_checkpoint_config(saved: dict | None, current: dict) -> None:
+    """Raise a clear error when a checkpoint's model config differs from the current one."""
+    if saved is None:
+        return
+    diff = [f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
+            for k, v in current.items() if k not in RUNTIME_FIELDS and saved.get(k) != v]
+    if diff:
+        raise ValueError(
+            "the checkpoint was trained with another model config (" + "; ".join(diff) + "); "
+            "run with the config saved beside it (runs/<run>/version_N/config.yaml), and use "
+            "--model.eval_rounds to evaluate other round counts"
+        )
+
+
+def _as(cls, value):
+    """Accept a dataclass instance (from the CLI) or a plain dict (from a checkpoint's hparams)."""
+    return value if isinstance(value, cls) else cls(**(value or {}))
+
+
+class LoopedLM(L.LightningModule):
+    """A looped GPT-style language model.
+
+    Args:
+        config: The model's hyperparameters (K, R, residual scheme, wiring, ...).
+        optim: Optimiser and learning-rate schedule.
+        eval_rounds: Extra test-time round counts R' at which validation and test also report loss,
+            e.g. [1, 2, 4, 6, 8, 12]. The training R is always reported.
+        compile: Compile the model with torch.compile.
+        generate: Settings of `loopnet predict`.
+    """
+
+    def __init__(
+        self,
+        config: LoopConfig = LoopConfig(),
+        optim: OptimConfig = OptimConfig(),
+        eval_rounds: Optional[list[int]] = None,
+        compile: bool = False,
+        generate: GenerateConfig = GenerateConfig(),
+    ):
+        super().__init__()
+        self.config, self.optim, self.gen = _as(LoopConfig, config), _as(OptimConfig, optim), _as(GenerateConfig, generate)
+        if eval_rounds and min(eval_rounds) < 1:
+            raise ValueError(f"model.eval_rounds must all be >= 1, got {eval_rounds}")
+        self.eval_rounds = sorted(set(eval_rounds or []) - {self.config.n_rounds})
+        # Plain dicts in the checkpoint, so it loads with torch's weights_only unpickler.
+        self.save_hyperparameters(
+            {"config": asdict(self.config), "optim": asdict(self.optim), "eval_rounds": eval_rounds,
+             "compile": compile, "generate": asdict(self.gen)}
+        )
+        self.model = LoopedTransformer(self.config)
+        if compile:
+            self.model.compile()
+        self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor
+        self.eval_loss = torch.nn.ModuleDict(
+            {str(r): MeanMetric() for r in [self.config.n_rounds, *self.eval_rounds]}
+        )
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Refuse a checkpoint trained with another model config, naming the differing fields."""
+        check_checkpoint_config(checkpoint.get("hyper_parameters", {}).get("config"), asdict(self.config))
+
+    # ----------------------------------------------------------------------------- train
+    def on_train_batch_start(self, batch, batch_idx):
+        if self.flops_per_batch is None:
+            B, T = batch[0].shape
+            self.flops_per_batch = self.model.flops_per_token(seq_len=T) * B * T
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        _, loss = self.model(inputs, targets)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    # ----------------------------------------------------------------------------- evaluate
+    def _evaluate(self, batch):
+        inputs, targets = batch
+        for rounds, metric in self.eval_loss.items():
+            logits, _ = self.model(inputs, rounds=int(rounds))
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+            metric.update(loss, weight=(targets != -1).sum())
+
+    def _log_eval(self, stage: str):
+        for rounds, metric in self.eval_loss.items():
+            loss = metric.compute()
+            suffix = "" if int(rounds) == self.config.n_rounds else f"_r{int(rounds)}"
+            self.log(f"{stage}/loss{suffix}", loss, prog_bar=not suffix, sync_dist=False)
+            self.log(f"{stage}/ppl{suffix}", torch.exp(loss), sync_dist=False)
+            metric.reset()
+
+    def validation_step(self, batch, batch_idx):
+        self._evaluate(batch)
+
+    def on_validation_epoch_end(self):
+        self._log_eval("val")
+
+    def test_step(self, batch, batch_idx):
+        self._evaluate(batch)
+
+    def on_test_epoch_end(self):
+        self._log_eval("test")
+
+    # ----------------------------------------------------------------------------- predict
+    def predict_dataloader(self):
+        from loopnet.data import gpt2_encoding
+
+        ids = gpt2_encoding().encode_ordinary(self.gen.prompt) or [50256]
+        return [torch.tensor([ids[-self.config.seq_len:]])]
+
+    @torch.no_grad()
+    def predict_step(self, batch, batch_idx=0):
+        from loopnet.data import gpt2_encoding
+
+        idx, g = batch, self.gen
+        for _ in range(g.max_new_tokens):
+            logits, _ = self.model(idx[:, -self.config.seq_len:], rounds=g.rounds)
+            logits = logits[:, -1, : min(50257, self.config.vocab_size)].float()
+            if g.temperature <= 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / g.temperature
+                if g.top_k:
+                    kth = torch.topk(logits, min(g.top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, -float("inf"))
+                nxt = torch.multinomial(F.softmax(logits, -1), 1)
+            idx = torch.cat([idx, nxt], dim=1)
+        text = gpt2_encoding().decode(idx[0].tolist())
+        print(text)
+        return text
+
+    # ----------------------------------------------------------------------------- optimiser
+    def configure_optimizers(self):
+        o = self.optim
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = self.device.type == "cuda"
+        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, fused=fused)
+        total = o.decay_steps or self.trainer.max_steps
+        if total is None or total < 1:
+            raise ValueError("set trainer.max_steps (or model.optim.decay_steps) so the cosine schedule has a length")
+
+        def lr_lambda(step: int) -> float:
+            if step < o.warmup_steps:
+                return (step + 1) / o.warmup_steps
+            progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+            return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

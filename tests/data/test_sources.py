@@ -1,0 +1,127 @@
+import json
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loopnet.data import DataConfigError, TokenStreamDataModule
+from loopnet.data import sources
+from loopnet.data.sources import ValSelector, load_documents
+from loopnet.data.stream import iter_texts, val_windows
+
+
+def texts_of(ds, column="text"):
+    return [t for _, t in iter_texts(ds, column)]
+
+
+def test_shakespeare_is_38_plays_one_document_each():
+    docs = load_documents("shakespeare")
+    assert docs.num_shards == 38
+    texts = texts_of(docs)
+    assert len(texts) == 38 and texts[0].startswith("# ")
+
+
+def test_txt_jsonl_parquet_files(tmp_path, txt_corpus, jsonl_corpus):
+    glob_txt, texts = txt_corpus
+    assert sorted(texts_of(load_documents("files", glob_txt))) == sorted(texts)
+    glob_jsonl, jtexts = jsonl_corpus
+    assert texts_of(load_documents("files", glob_jsonl), "body") == jtexts
+    pq.write_table(pa.table({"text": jtexts[:7]}), tmp_path / "a.parquet")
+    assert texts_of(load_documents("files", [str(tmp_path / "a.parquet")])) == jtexts[:7]
+
+
+def test_sample_by_line(tmp_path):
+    (tmp_path / "a.txt").write_text("one\ntwo\nthree\n")
+    assert texts_of(load_documents("files", str(tmp_path / "a.txt"), sample_by="line")) == ["one", "two", "three"]
+
+
+def test_local_dataset_folder_through_hub_path(tmp_path):
+    # The hub code path (load_dataset(path, name, split, streaming=True)) on a local dataset folder.
+    d = tmp_path / "mydata" / "data"
+    d.mkdir(parents=True)
+    for k in range(2):
+        pq.write_table(pa.table({"text": [f"doc {k} {i}" for i in range(5)]}), d / f"train-0000{k}-of-00002.parquet")
+    docs = load_documents("hub", str(tmp_path / "mydata"), split="train")
+    assert sorted(texts_of(docs)) == sorted(f"doc {k} {i}" for k in range(2) for i in range(5))
+
+
+def test_hub_offline_fails_fast_naming_alternatives():
+    start = time.perf_counter()
+    with pytest.raises(DataConfigError, match="offline mode.*source: shakespeare.*source: files"):
+        load_documents("hub", "Skylion007/openwebtext")
+    assert time.perf_counter() - start < 5
+
+
+def test_hub_unreachable_fails_fast(monkeypatch):
+    import huggingface_hub
+
+    def unreachable(self, repo_id, timeout=None, **kw):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(sources, "hub_offline", lambda: False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", unreachable)
+    with pytest.raises(DataConfigError, match="Cannot stream 'Skylion007/openwebtext'.*source: shakespeare"):
+        TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub").setup("fit")
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(DataConfigError, match="No file matches"):
+        load_documents("files", str(tmp_path / "*.txt"))
+    with pytest.raises(DataConfigError, match="needs `path:`"):
+        load_documents("files", None)
+    (tmp_path / "a.csv").write_text("x")
+    with pytest.raises(DataConfigError, match="Unsupported file type '.csv'"):
+        load_documents("files", str(tmp_path / "a.csv"))
+    (tmp_path / "b.txt").write_text("x")
+    (tmp_path / "c.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(DataConfigError, match="Mixed file types"):
+        load_documents("files", [str(tmp_path / "b.txt"), str(tmp_path / "c.jsonl")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataConfigError, match="is empty"):
+        load_documents("hub", str(tmp_path / "empty"))
+
+
+def test_missing_text_column(jsonl_corpus):
+    glob_jsonl, _ = jsonl_corpus
+    with pytest.raises(DataConfigError, match=r"No text column 'text'.*\['body', 'id'\]"):
+        texts_of(load_documents("files", glob_jsonl))
+    with pytest.raises(DataConfigError, match="holds int values"):
+        texts_of(load_documents("files", glob_jsonl), "id")
+
+
+def test_non_utf8_file(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"fine text \xff\xfe then junk")
+    with pytest.raises(DataConfigError, match="not valid UTF-8"):
+        texts_of(load_documents("files", str(tmp_path / "bad.txt")))
+
+
+def test_val_selector_is_stable_and_about_the_fraction():
+    sel = ValSelector(0.1)
+    texts = [f"document number {i}" for i in range(5000)]
+    picked = [t for t in texts if sel(t)]
+    assert 400 < len(picked) < 600
+    assert picked == [t for t in texts if ValSelector(0.1)(t)]
+    assert sel("document number 7") == sel("document number 7")
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(DataConfigError, match="val_fraction"):
+            ValSelector(bad)
+
+
+def test_empty_files_give_an_error_not_an_empty_epoch(tmp_path):
+    for i in range(3):
+        (tmp_path / f"e{i}.txt").write_text("")
+    dm = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="files", path=str(tmp_path / "*.txt"))
+    with pytest.raises(DataConfigError, match="0 tokens per epoch"):
+        next(iter(dm.train_dataloader()))
+    with pytest.raises(DataConfigError, match="validation split holds 0 tokens"):
+        dm.val_dataloader()
+
+
+def test_empty_documents_are_skipped(tmp_path):
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in ["", "hello there", None, "x"]))
+    docs = load_documents("files", str(tmp_path / "a.jsonl"))
+    sel = ValSelector(0.999999)
+    w = val_windows(docs, text_column="text", seq_len=2, val=sel)
+    # "hello there" + EOT + "x" + EOT, no end-of-text for the empty/null documents
+    assert w.tolist() == [[31373, 612, 50256], [50256, 87, 50256]]  # windows share a token

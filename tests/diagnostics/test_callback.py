@@ -1,0 +1,154 @@
+"""VisitDiagnostics in a real (tiny) Lightning fit: tags in the event files, read back with
+TensorBoard's EventAccumulator and over a real `tensorboard` server's HTTP API."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from loopnet.diagnostics import VisitDiagnostics, expected_scalar_tags, parse_tag
+from loopnet.model import Visit
+from loopnet.training.module import LoopedLM
+
+from .helpers import random_tokens, tiny_module, trainer
+
+K, R, EVERY, STEPS, CLIP = 2, 3, 2, 5, 1e-4
+
+
+class SpyLM(LoopedLM):
+    """Records, per step, whether an observer was attached during the forward."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.attached_at: dict[int, bool] = {}
+        self.attached_in_validation = False
+
+    def training_step(self, batch, batch_idx):
+        self.attached_at[self.global_step] = self.model.observer is not None
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.attached_in_validation |= self.model.observer is not None
+        return super().validation_step(batch, batch_idx)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("diag")
+    module = tiny_module(SpyLM)
+    diagnostics = VisitDiagnostics(every_n_steps=EVERY)
+    t = trainer(tmp, [diagnostics], max_steps=STEPS, gradient_clip_val=CLIP)
+    t.fit(module, random_tokens(), random_tokens(8, seed=1))
+    acc = EventAccumulator(t.log_dir, size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    return t, module, diagnostics, acc
+
+
+def test_observer_only_on_logging_steps(fitted):
+    _, module, _, _ = fitted
+    assert module.attached_at == {s: s % EVERY == 0 for s in range(STEPS)}
+    assert not module.attached_in_validation and module.model.observer is None
+
+
+def test_event_files_hold_every_expected_tag(fitted):
+    _, _, _, acc = fitted
+    scalars = set(acc.Tags()["scalars"])
+    expected = expected_scalar_tags(K, R)
+    assert len(expected) == 5 * 2 * K * R + 3 * 2 * K + 2
+    assert set(expected) <= scalars, sorted(set(expected) - scalars)
+    for tag in expected:
+        assert [e.step for e in acc.Scalars(tag)] == [0, 2, 4], tag
+    assert "visits/resid_norm/r03_k1_attn" in scalars
+    hists = set(acc.Tags()["histograms"])
+    assert {f"hist/{q}/r{r:02d}" for q in ("state", "token_rms") for r in (1, 2, 3)} <= hists
+    for tag in expected:
+        parse_tag(tag)  # the report can parse every tag back
+
+
+def test_logged_values_are_sane(fitted):
+    _, _, diagnostics, acc = fitted
+    last = lambda tag: acc.Scalars(tag)[-1].value  # noqa: E731
+    for j in ("k1_attn", "k1_ffn", "k2_attn", "k2_ffn"):
+        assert 0 < last(f"sublayers/kappa/{j}") <= R + 1e-4
+        assert last(f"sublayers/update_ratio/{j}") > 0
+    # Gradients were clipped to CLIP: the logged global norm is the one before clipping.
+    assert last("grad/global_norm") > 100 * CLIP
+    # DeepLoop's Norm after every visit: the state has unit RMS at init (RMSNorm gain 1).
+    assert last("visits/state_norm/r02_k1_ffn") == pytest.approx(1.0, abs=0.05)
+    stats = diagnostics.last_stats
+    assert stats["step"] == 4 and set(stats["visits"]) == {v.tag for v in map(Visit.parse, stats["visits"])}
+    assert len(stats["visits"]) == 2 * K * R and stats["kappa"]["model"] == pytest.approx(last("grad/kappa_model"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_tensorboard_server_lists_the_tags(fitted):
+    t, _, _, _ = fitted
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(t.logger.save_dir), "--host", "127.0.0.1",
+         "--port", str(port), "--load_fast", "false", "--reload_interval", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    base, expected = f"http://127.0.0.1:{port}", set(expected_scalar_tags(K, R))
+    try:
+        deadline, seen = time.monotonic() + 90, set()
+        while time.monotonic() < deadline:
+            try:
+                runs = _get(f"{base}/data/plugin/scalars/tags")
+                seen = {tag for tags in runs.values() for tag in tags}
+                if expected <= seen:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            time.sleep(1)
+        assert expected <= seen, sorted(expected - seen)[:10]
+        hists = {tag for tags in _get(f"{base}/data/plugin/histograms/tags").values() for tag in tags}
+        assert "hist/state/r03" in hists
+        layout = _get(f"{base}/data/plugin/custom_scalars/layout")
+        titles = {c["title"] for c in layout["category"]}
+        assert {"visits", "sublayers", "training"} <= titles
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_off_and_bad_arguments(tmp_path):
+    module = tiny_module()
+    t = trainer(tmp_path, [VisitDiagnostics(every_n_steps=0)], max_steps=2, limit_val_batches=0)
+    t.fit(module, random_tokens(8))
+    acc = EventAccumulator(t.log_dir)
+    acc.Reload()
+    assert not [tag for tag in acc.Tags()["scalars"] if tag.startswith(("visits/", "sublayers/", "grad/"))]
+    with pytest.raises(ValueError, match="every_n_steps must be >= 0"):
+        VisitDiagnostics(every_n_steps=-1)
+
+
+def test_gradient_accumulation(tmp_path):
+    module = tiny_module()
+    diagnostics = VisitDiagnostics(every_n_steps=1, histograms=False)
+    t = trainer(tmp_path, [diagnostics], max_steps=2, accumulate_grad_batches=2, limit_val_batches=0)
+    t.fit(module, random_tokens(16))
+    stats = diagnostics.last_stats
+    assert stats["step"] == 1 and len(stats["visits"]) == 2 * K * R
+    assert all(0 < v <= R + 1e-4 for v in stats["kappa"].values())
+    assert all(torch.isfinite(torch.tensor(q)).all() for s in stats["visits"].values() for q in s.values())

@@ -1,0 +1,158 @@
+"""VisitProbe and the κ̂_R estimator, on the real LoopedTransformer and on toy visits."""
+
+import pytest
+import torch
+from torch import nn
+
+from loopnet.diagnostics import VisitProbe, alignment
+from loopnet.diagnostics.callback import physical_sublayers
+from loopnet.model import LoopedTransformer, Visit, VisitTrace, visit_order
+
+from .helpers import VOCAB, T, tiny_config
+
+
+def step(model, probe, seed=0, backward=True):
+    g = torch.Generator().manual_seed(seed)
+    idx, tgt = torch.randint(0, VOCAB, (2, T), generator=g), torch.randint(0, VOCAB, (2, T), generator=g)
+    model.attach_observer(probe)
+    _, loss = model(idx, tgt)
+    model.attach_observer(None)
+    if backward:
+        loss.backward()
+    return loss
+
+
+def test_per_visit_contributions_sum_to_weight_grad():
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config(residual="deeploop"))
+    probe = VisitProbe(keep_grads=True)
+    step(model, probe)
+    assert probe.visits == visit_order(2, 3)
+    for j, params in physical_sublayers(model).items():
+        visits = [v for v in probe.visits if v.physical == j]
+        assert len(visits) == 3
+        for name, weight in params.items():
+            total = sum(probe.grads[v][name] for v in visits)
+            err = torch.linalg.vector_norm(total - weight.grad) / torch.linalg.vector_norm(weight.grad)
+            assert err <= 1e-6, (j, name, err)
+
+
+def test_kappa_from_norms_equals_kappa_from_kept_gradients():
+    kappas = []
+    for keep in (False, True):
+        torch.manual_seed(0)
+        model = LoopedTransformer(tiny_config(residual="postln"))
+        probe = VisitProbe(keep_grads=keep)
+        step(model, probe)
+        kappas.append(probe.kappa(physical_sublayers(model)))
+    assert kappas[0].keys() == kappas[1].keys() == {"k1_attn", "k1_ffn", "k2_attn", "k2_ffn", "model"}
+    for j in kappas[0]:
+        assert 0 <= kappas[0][j] <= 3 + 1e-5
+        assert torch.allclose(kappas[0][j], kappas[1][j], rtol=1e-5)
+
+
+def test_gradient_accumulation_sums_micro_batches():
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config(residual="deepnorm"))
+    probe = VisitProbe(keep_grads=True)
+    step(model, probe, seed=0)
+    step(model, probe, seed=1)  # .grad now holds two micro-batches
+    num, _ = probe.alignment_terms(physical_sublayers(model))
+    for j, params in physical_sublayers(model).items():
+        direct = sum(p.grad.square().sum() for p in params.values())
+        assert torch.allclose(num[j], direct, rtol=1e-5)
+    v = Visit(2, 1, "attn")
+    assert probe.n_fwd[v] == 2 and probe.n_act[v] == 2
+
+
+def test_identical_visits_give_kappa_R():
+    """Pre-LN with zero output projections (o_proj, fc2): every branch adds 0, so every visit reads
+    the same stream x0 and receives the same ∂L/∂x; each visit's gradient is the same g, κ̂ = R."""
+    torch.manual_seed(0)
+    R = 3
+    model = LoopedTransformer(tiny_config(residual="preln", n_rounds=R))
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.f.o_proj.weight.zero_()
+            block.ffn.f.fc2.weight.zero_()
+    probe = VisitProbe()
+    step(model, probe)
+    kappa = probe.kappa(physical_sublayers(model))
+    for j, value in kappa.items():
+        assert abs(float(value) - R) < 1e-4, (j, float(value))
+
+
+class ToyLoop(nn.Module):
+    """One shared weight W read by R visits through its own view; visit r sees input xs[r]."""
+
+    def __init__(self, rounds: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(5, rounds))
+        self.observer = None
+
+    def forward(self, xs, c):
+        loss = 0.0
+        for r, x in enumerate(xs, start=1):
+            view = self.w.view_as(self.w)
+            y = view @ x
+            self.observer.on_visit(Visit(r, 1, "ffn"), VisitTrace(x, 1.0, y, y, y, {"weight": view}))
+            loss = loss + (y * c).sum()
+        return loss
+
+
+@pytest.mark.parametrize("case,expected", [("orthogonal", 1.0), ("identical", 4.0)])
+def test_toy_visits_kappa(case, expected):
+    R = 4
+    torch.manual_seed(0)
+    toy, c = ToyLoop(R), torch.randn(5)
+    eye = torch.eye(R)
+    xs = [eye[r] for r in range(R)] if case == "orthogonal" else [eye[0] * 2.0 for _ in range(R)]
+    for keep in (False, True):
+        toy.zero_grad()
+        toy.observer = probe = VisitProbe(keep_grads=keep)
+        toy(xs, c).backward()
+        kappa = probe.kappa({"k1_ffn": {"weight": toy.w}})
+        assert abs(float(kappa["k1_ffn"]) - expected) < 1e-5
+        assert abs(float(kappa["model"]) - expected) < 1e-5
+
+
+def test_alignment_edge_cases():
+    assert float(alignment(0.0, 0.0)) == 0.0  # no gradient flowed (e.g. truncated rounds)
+    assert float(alignment(9.0, 3.0)) == 3.0
+
+
+def test_forward_statistics_match_their_definitions():
+    class Keep(VisitProbe):
+        def on_visit(self, visit, trace):
+            super().on_visit(visit, trace)
+            self.traces = {**getattr(self, "traces", {}), visit: trace}
+
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config(residual="deeploop"))
+    probe = Keep(hist_samples=100)
+    step(model, probe, backward=False)
+    for v in probe.visits:
+        t = probe.traces[v]
+        resid, state, ratio = probe.forward_stats(v).tolist()
+        assert resid == pytest.approx(t.stream.square().mean().sqrt().item(), rel=1e-5)
+        assert state == pytest.approx(t.state.square().mean().sqrt().item(), rel=1e-5)
+        assert ratio == pytest.approx((t.branch.norm() / (t.alpha * t.x.norm())).item(), rel=1e-5)
+    assert sorted(probe.hist) == [1, 2, 3]
+    assert probe.hist[3]["state"].numel() >= 100 and probe.hist[3]["token_rms"].numel() == 2 * T
+    # The histogram of round 3 samples the round's last visit (k2 ffn).
+    last = probe.traces[Visit(3, 2, "ffn")].state.flatten()
+    assert torch.equal(probe.hist[3]["state"], last[:: last.numel() // 100])
+
+
+def test_preln_state_is_the_stream_and_truncated_rounds_have_no_gradient():
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config(residual="preln", truncate_rounds=1))
+    probe = VisitProbe()
+    step(model, probe)
+    for v in probe.visits:
+        resid, state, _ = probe.forward_stats(v).tolist()
+        assert resid == state
+        if v.round == 1:  # run without grad: no hooks, no contribution
+            assert float(probe.visit_grad_sq(v)) == 0.0 and probe.act_grad_norm(v).isnan()
+        else:
+            assert float(probe.visit_grad_sq(v)) > 0 and probe.act_grad_norm(v) > 0

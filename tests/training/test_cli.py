@@ -1,0 +1,101 @@
+"""End to end through the real `loopnet` CLI, in subprocesses, on the embedded corpus."""
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name not in ("cpu.yaml",))
+TINY = [
+    "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
+    "--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "32",
+    "--model.config.n_rounds", "3", "--data.batch_size", "4",
+    "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
+    "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2", "--trainer.log_every_n_steps", "1",
+]
+
+
+def loopnet(*args, cwd, check=True):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"loopnet {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("fit")
+    loopnet("fit", *TINY, cwd=cwd)
+    (run,) = glob.glob(str(cwd / "runs/deeploop_lt_k2_r3/version_0"))
+    return cwd, Path(run)
+
+
+def test_fit_writes_checkpoint_events_and_config(fitted):
+    cwd, run = fitted
+    assert (run / "checkpoints/last.ckpt").is_file()
+    assert list((run / "checkpoints").glob("best-step*.ckpt"))
+    assert (run / "config.yaml").is_file()
+    acc = EventAccumulator(str(run)).Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"train/loss", "val/loss", "val/ppl"} <= set(tags)
+    assert len(acc.Scalars("val/loss")) == 2  # validated at steps 3 and 6
+
+
+def test_test_reproduces_validation_loss(fitted):
+    cwd, run = fitted
+    logged = EventAccumulator(str(run)).Reload().Scalars("val/loss")[-1].value
+    out = loopnet("test", *TINY, "--ckpt_path", str(run / "checkpoints/last.ckpt"),
+                  "--model.eval_rounds", "[1,2,6]", cwd=cwd).stdout
+    line = next(l for l in out.splitlines() if "test/loss " in l or "test/loss" in l.split())
+    reported = float(line.replace("│", " ").split()[-1])
+    assert reported == pytest.approx(logged, rel=1e-5)
+    for r in (1, 2, 6):
+        assert f"test/loss_r{r}" in out
+
+
+def test_checkpoint_from_another_config_is_refused(fitted):
+    cwd, run = fitted
+    proc = loopnet("test", *TINY, "--model.config.n_rounds", "4", "--ckpt_path", str(run / "checkpoints/last.ckpt"),
+                   cwd=cwd, check=False)
+    assert proc.returncode != 0
+    assert "another model config (n_rounds: checkpoint 3 vs config 4)" in proc.stderr
+
+
+def test_checkpoint_is_safe_to_load(fitted):
+    _, run = fitted
+    ckpt = torch.load(run / "checkpoints/last.ckpt", weights_only=True)
+    assert ckpt["hyper_parameters"]["config"]["n_rounds"] == 3
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_parses(name, tmp_path):
+    out = loopnet("fit", "--config", str(ROOT / "configs" / name), "--print_config", cwd=tmp_path).stdout
+    assert "residual:" in out and "d_model: 768" in out
+
+
+def test_cpu_overlay_composes(tmp_path):
+    out = loopnet("fit", "--config", str(ROOT / "configs/flt_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
+                  "--print_config", cwd=tmp_path).stdout
+    assert "wiring: flt" in out and "d_model: 128" in out and "accelerator: cpu" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model.config.residual", "deepnet"], "residual"),
+    (["--model.config.wiring", "loop"], "wiring"),
+    (["--model.config.n_rounds", "0"], "n_rounds must be >= 1"),
+    (["--model.config.d_model", "33"], "not divisible by n_heads"),
+    (["--model.config.not_a_key", "1"], "not_a_key"),
+])
+def test_bad_input_fails_before_training(args, message, tmp_path):
+    proc = loopnet("fit", *TINY, *args, cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.ckpt"))
