@@ -1,14 +1,15 @@
 """Cost of the diagnostics: training step time with `VisitDiagnostics` (every 50 steps) against no
 callback, and the extra time of one logging step.
 
-    python -m loopnet.bench.diagnostics_overhead [--steps 200] [--reps 3] [--every 50]
+    python -m loopnet.bench.diagnostics_overhead [--steps 150] [--reps 3] [--every 50] [--threads 1]
 
 A tiny LoopedLM (K = 2, R = 3, d = 64, DeepLoop) trains on random tokens on the CPU, with the same
 Trainer and TensorBoardLogger in every variant. A step's time is the wall time from one
 `on_train_batch_start` to the next (forward, backward, optimiser, every callback and logger).
 Variants run interleaved, in alternating order, `reps` times; the figures are medians over reps of
 per-run means, the first `warmup` steps of each run left out. The DivergenceGuard, which checks the
-loss and the gradient norm at every step, is measured too.
+loss and the gradient norm at every step, is measured too. One intra-op thread by default: a tiny
+model gains nothing from more, and on a busy machine oversubscribed threads make timings noise.
 """
 
 from __future__ import annotations
@@ -68,11 +69,13 @@ def run(variant: str, steps: int, every: int, root: str) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=200, help="steps per run")
+    p.add_argument("--steps", type=int, default=150, help="steps per run")
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each variant")
     p.add_argument("--every", type=int, default=50, help="VisitDiagnostics.every_n_steps")
     p.add_argument("--warmup", type=int, default=10, help="first steps of each run left out")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     variants = ["none", "diagnostics", "guard"]
     times: dict[str, list[list[float]]] = {v: [] for v in variants}

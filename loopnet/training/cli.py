@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from loopnet.data import TokenStreamDataModule
+from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
 from loopnet.training.callbacks import GracefulInterrupt, TokenThroughput
 from loopnet.training.module import LoopedLM, check_checkpoint_config
 
@@ -80,6 +81,8 @@ class LoopnetCLI(LightningCLI):
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.add_lightning_class_args(TokenThroughput, "throughput")
+        parser.add_lightning_class_args(VisitDiagnostics, "diagnostics")
+        parser.add_lightning_class_args(DivergenceGuard, "divergence")
 
     def _parse_ckpt_path(self) -> None:
         """Check `--ckpt_path` before anything is built. Unlike LightningCLI's default, the
@@ -109,7 +112,23 @@ class LoopnetCLI(LightningCLI):
             cfg.weights_only = True
 
 
+# Subcommands that are not Trainer entry points, each with its own parser.
+TOOLS = {
+    "sweep": ("loopnet.study.sweep", "run a grid of fits (resumable)"),
+    "report": ("loopnet.study.report", "turn a sweep folder into a markdown report with plots"),
+    "eval": ("loopnet.eval.cli", "downstream tasks through lm-evaluation-harness at several R'"),
+    "bench": ("loopnet.bench.run", "training throughput, MFU and memory benchmarks"),
+}
+
+
 def main(args: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] in TOOLS:
+        import importlib
+
+        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
+    if argv and argv[0] in ("-h", "--help"):
+        print("loopnet tools: " + "; ".join(f"{name}: {help}" for name, (_, help) in TOOLS.items()))
     try:
         LoopnetCLI(
             LoopedLM,
@@ -118,7 +137,8 @@ def main(args: list[str] | None = None) -> None:
             subclass_mode_data=False,
             trainer_defaults=TRAINER_DEFAULTS,
             save_config_kwargs={"overwrite": True},
-            args=args,
+            auto_configure_optimizers=False,  # LoopedLM.configure_optimizers owns AdamW and the schedule
+            args=None if args is None else argv,
         )
     except (ValueError, FileNotFoundError, PermissionError) as err:
         if os.environ.get("LOOPNET_DEBUG"):
