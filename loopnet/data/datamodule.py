@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from typing import Any, Literal
 
@@ -75,7 +76,10 @@ class TokenStreamDataModule(L.LightningDataModule):
         shuffle_buffer: int = 1024,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        # Same as save_hyperparameters(), but handing over this frame inline: Lightning's default
+        # stores inspect.currentframe() in a local, a cycle that keeps the caller's whole stack
+        # (and any DataLoader workers in it) alive until the cyclic garbage collector runs.
+        self.save_hyperparameters(frame=inspect.currentframe())
         for arg, value, low in (("seq_len", seq_len, 1), ("batch_size", batch_size, 1), ("num_workers", num_workers, 0), ("shuffle_buffer", shuffle_buffer, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise DataConfigError(f"{arg} must be an integer ≥ {low}, got {value!r}")

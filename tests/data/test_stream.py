@@ -69,14 +69,8 @@ def test_epochs_are_reshuffled_from_the_seed(txt_corpus):
     assert epoch_texts(stream(docs), 0, 0) == e0
 
 
-def make_dm(**kwargs) -> TokenStreamDataModule:
-    # Built in its own frame: save_hyperparameters() keeps the caller's frame alive in a reference
-    # cycle, and a DataLoader kept until the cyclic GC runs stalls 5 s per worker on shutdown.
-    return TokenStreamDataModule(**kwargs)
-
-
 def draw(dm_kwargs, n, state=None):
-    loader = make_dm(**dm_kwargs).train_dataloader()
+    loader = TokenStreamDataModule(**dm_kwargs).train_dataloader()
     if state is not None:
         loader.load_state_dict(state)
     it = iter(loader)
@@ -154,3 +148,21 @@ def test_val_windows_fixed_order_and_max_tokens(jsonl_corpus):
     assert len(b) * 8 >= 40 and torch.equal(b, a[: len(b)]) and len(b) < len(a)
     parts = [val_windows(docs, text_column="body", seq_len=8, val=sel, rank=r, world_size=2) for r in range(2)]
     assert abs(sum(map(len, parts)) - len(a)) <= 2  # same tokens, packed per rank
+
+
+def test_loader_is_freed_without_the_cyclic_gc(txt_corpus):
+    # A DataLoader whose workers are shut down by the cyclic GC stalls 5 s per worker.
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        dm = TokenStreamDataModule(seq_len=16, batch_size=2, seed=0, source="files", path=txt_corpus[0])
+        loader = dm.train_dataloader()
+        it = iter(loader)
+        next(it)
+        refs = weakref.ref(dm), weakref.ref(loader)
+        del dm, loader, it
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()
