@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from loopnet.data import TokenStreamDataModule, gpt2_encoding  # noqa: E402
-from loopnet.data.sources import ValSelector, SHAKESPEARE_VAL_FRACTION, shakespeare_files  # noqa: E402
+from loopnet.data.sources import SHAKESPEARE_VAL_FRACTION, ValSelector, shakespeare_files  # noqa: E402
 
 
 def train_texts() -> list[str]:
@@ -58,14 +58,17 @@ def main() -> None:
     args = p.parse_args()
 
     texts = train_texts()
-    print(f"corpus: embedded Shakespeare, training split, {sum(map(len, texts)) / 1e6:.1f}M characters; "
-          f"{os.cpu_count()} CPUs; seq_len {args.seq_len}, batch {args.batch_size}")
+    print(
+        f"corpus: embedded Shakespeare, training split, {sum(map(len, texts)) / 1e6:.1f}M characters; "
+        f"{os.cpu_count()} CPUs; seq_len {args.seq_len}, batch {args.batch_size}"
+    )
     print("(raw is re-measured next to each pipeline run, so the ratio is immune to drifting machine load)")
     print(f"{'num_workers':>11} {'pipeline tok/s':>15} {'raw tok/s':>10} {'ratio':>6}")
     for w in args.workers:
         raw = raw_tokens_per_s(texts)
         tps = pipeline_tokens_per_s(w, args.tokens, args.seq_len, args.batch_size)
         print(f"{w:>11} {tps / 1e6:>14.2f}M {raw / 1e6:>9.2f}M {tps / raw:>5.2f}x")
+
 
 if __name__ == "__main__":
     main()

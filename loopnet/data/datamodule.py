@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from loopnet.data.errors import DataConfigError
@@ -30,7 +31,9 @@ class TokenStreamDataModule(L.LightningDataModule):
     Training batches are infinite (the corpus is cycled, reshuffled per epoch from `seed`);
     validation and test iterate the same finite held-out split in a fixed order. Documents are
     held out by a stable hash of their text, so the split does not depend on order or world size.
-    Both are sharded by rank under DDP; training is also sharded by DataLoader worker.
+    Training documents are sharded by rank under DDP and by DataLoader worker; the held-out
+    windows are sharded by rank (equal counts). Every rank reads the whole stream once to find
+    the held-out documents (cheap for files; bound it with `val_max_tokens` on OpenWebText).
 
     Exact resume: the training DataLoader has `state_dict`/`load_state_dict`, which Lightning
     stores in checkpoints; a run resumed with `ckpt_path` continues with exactly the batch after
@@ -80,7 +83,12 @@ class TokenStreamDataModule(L.LightningDataModule):
         # stores inspect.currentframe() in a local, a cycle that keeps the caller's whole stack
         # (and any DataLoader workers in it) alive until the cyclic garbage collector runs.
         self.save_hyperparameters(frame=inspect.currentframe())
-        for arg, value, low in (("seq_len", seq_len, 1), ("batch_size", batch_size, 1), ("num_workers", num_workers, 0), ("shuffle_buffer", shuffle_buffer, 1)):
+        for arg, value, low in (
+            ("seq_len", seq_len, 1),
+            ("batch_size", batch_size, 1),
+            ("num_workers", num_workers, 0),
+            ("shuffle_buffer", shuffle_buffer, 1),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise DataConfigError(f"{arg} must be an integer ≥ {low}, got {value!r}")
         if val_max_tokens is not None and val_max_tokens < 1:
@@ -116,7 +124,18 @@ class TokenStreamDataModule(L.LightningDataModule):
 
     def _config(self) -> dict:
         hp = self.hparams
-        keys = ("seq_len", "batch_size", "seed", "source", "path", "name", "split", "text_column", "sample_by", "shuffle_buffer")
+        keys = (
+            "seq_len",
+            "batch_size",
+            "seed",
+            "source",
+            "path",
+            "name",
+            "split",
+            "text_column",
+            "sample_by",
+            "shuffle_buffer",
+        )
         return {k: hp[k] for k in keys} | {"val_fraction": self.val.fraction}
 
     # -- loaders -------------------------------------------------------------------------------
@@ -185,4 +204,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         loader = self._train_loader()
         if loader is not None and self.trainer is not None and self.trainer.training:
             loader.mark_consumed()
+        # Lightning calls only the data module's hook when both define it: run the model's too.
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        if model is not None and is_overridden("on_before_batch_transfer", model, parent=L.LightningModule):
+            batch = model.on_before_batch_transfer(batch, dataloader_idx)
         return batch

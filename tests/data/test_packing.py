@@ -12,7 +12,9 @@ def drain(packer):
 
 def test_windows_cover_stream_and_drop_only_final_partial():
     rng = np.random.default_rng(0)
-    docs = [rng.integers(0, 100, size=n).astype(np.int32) for n in (1, 3, 17, 2, 40, 5)]  # shorter and longer than a window
+    docs = [
+        rng.integers(0, 100, size=n).astype(np.int32) for n in (1, 3, 17, 2, 40, 5)
+    ]  # shorter and longer than a window
     seq_len = 8
     p = Packer(seq_len)
     windows = []

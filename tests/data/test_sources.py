@@ -5,8 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loopnet.data import DataConfigError, TokenStreamDataModule
-from loopnet.data import sources
+from loopnet.data import DataConfigError, TokenStreamDataModule, sources
 from loopnet.data.sources import ValSelector, load_documents
 from loopnet.data.stream import iter_texts, val_windows
 
@@ -114,7 +113,7 @@ def test_empty_files_give_an_error_not_an_empty_epoch(tmp_path):
     dm = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="files", path=str(tmp_path / "*.txt"))
     with pytest.raises(DataConfigError, match="0 tokens per epoch"):
         next(iter(dm.train_dataloader()))
-    with pytest.raises(DataConfigError, match="validation split holds 0 tokens"):
+    with pytest.raises(DataConfigError, match="validation split holds 0 windows"):
         dm.val_dataloader()
 
 

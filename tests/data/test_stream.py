@@ -6,15 +6,23 @@ import torch
 
 from loopnet.data import EOT_ID, DataConfigError, TokenStreamDataModule, gpt2_encoding
 from loopnet.data.sources import ValSelector, load_documents
-from loopnet.data.stream import TrainStream, iter_texts, split_docs, val_windows
-
-from .conftest import make_docs
+from loopnet.data.stream import TrainStream, iter_texts, val_windows
 
 
-def stream(docs, *, rank=0, world=1, slots=1, seq_len=16, batch_size=2, shuffle_buffer=5, seed=0, column="text", val=0.2):
+def stream(
+    docs, *, rank=0, world=1, slots=1, seq_len=16, batch_size=2, shuffle_buffer=5, seed=0, column="text", val=0.2
+):
     return TrainStream(
-        docs, text_column=column, seq_len=seq_len, batch_size=batch_size, seed=seed, val=ValSelector(val),
-        shuffle_buffer=shuffle_buffer, rank=rank, world_size=world, num_slots=slots,
+        docs,
+        text_column=column,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        seed=seed,
+        val=ValSelector(val),
+        shuffle_buffer=shuffle_buffer,
+        rank=rank,
+        world_size=world,
+        num_slots=slots,
     )
 
 
@@ -42,9 +50,16 @@ def test_val_split_is_the_same_whatever_the_world_size(jsonl_corpus):
     docs, sel = load_documents("files", path), ValSelector(0.25)
     expected = sorted(t for t in texts if sel(t))
     assert 3 < len(expected) < 20
-    for world in (1, 2, 3):
-        got = [t for r in range(world) for _, t in iter_texts(split_docs(docs, r, world), "body") if sel(t)]
-        assert sorted(got) == expected
+    for world, slots in ((1, 1), (2, 1), (3, 2)):
+        for epoch in (0, 3):
+            got = [
+                t
+                for r in range(world)
+                for s in range(slots)
+                for t in epoch_texts(stream(docs, rank=r, world=world, slots=slots, column="body"), s, epoch)
+                if sel(t)
+            ]
+            assert sorted(got) == expected
 
 
 def test_training_windows_are_the_training_documents_in_order(txt_corpus):
@@ -80,8 +95,16 @@ def draw(dm_kwargs, n, state=None):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_exact_resume_across_epochs(txt_corpus, num_workers):
-    kw = dict(seq_len=16, batch_size=2, seed=5, num_workers=num_workers, source="files", path=txt_corpus[0],
-              val_fraction=0.2, shuffle_buffer=7)
+    kw = dict(
+        seq_len=16,
+        batch_size=2,
+        seed=5,
+        num_workers=num_workers,
+        source="files",
+        path=txt_corpus[0],
+        val_fraction=0.2,
+        shuffle_buffer=7,
+    )
     full, _ = draw(kw, 160)  # ~2.5 epochs of this corpus
     for k in (1, 37, 95):
         head, state = draw(kw, k)
@@ -118,7 +141,9 @@ def test_batches_are_deterministic_and_shifted():
 
 def test_corpus_smaller_than_a_window(tmp_path):
     (tmp_path / "a.txt").write_text("a short document")
-    dm = TokenStreamDataModule(seq_len=64, batch_size=2, seed=0, source="files", path=str(tmp_path / "a.txt"), val_fraction=1e-9)
+    dm = TokenStreamDataModule(
+        seq_len=64, batch_size=2, seed=0, source="files", path=str(tmp_path / "a.txt"), val_fraction=1e-9
+    )
     with pytest.raises(DataConfigError, match="fewer than one window of seq_len \\+ 1 = 65"):
         next(iter(dm.train_dataloader()))
 
@@ -131,9 +156,20 @@ def test_more_workers_than_documents(tmp_path):
         next(s.batches(2))
 
 
-@pytest.mark.parametrize("bad", [dict(seq_len=0), dict(seq_len=-3), dict(batch_size=0), dict(num_workers=-1),
-                                 dict(shuffle_buffer=0), dict(val_fraction=0.0), dict(val_max_tokens=0),
-                                 dict(source="nope"), dict(source="files")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(seq_len=0),
+        dict(seq_len=-3),
+        dict(batch_size=0),
+        dict(num_workers=-1),
+        dict(shuffle_buffer=0),
+        dict(val_fraction=0.0),
+        dict(val_max_tokens=0),
+        dict(source="nope"),
+        dict(source="files"),
+    ],
+)
 def test_bad_arguments_fail_at_construction(bad):
     with pytest.raises(DataConfigError):
         TokenStreamDataModule(**(dict(seq_len=16, batch_size=2, seed=0) | bad))
@@ -146,8 +182,14 @@ def test_val_windows_fixed_order_and_max_tokens(jsonl_corpus):
     assert torch.equal(a, val_windows(docs, text_column="body", seq_len=8, val=sel))
     b = val_windows(docs, text_column="body", seq_len=8, val=sel, max_tokens=40)
     assert len(b) * 8 >= 40 and torch.equal(b, a[: len(b)]) and len(b) < len(a)
-    parts = [val_windows(docs, text_column="body", seq_len=8, val=sel, rank=r, world_size=2) for r in range(2)]
-    assert abs(sum(map(len, parts)) - len(a)) <= 2  # same tokens, packed per rank
+    for world in (2, 3):
+        parts = [
+            val_windows(docs, text_column="body", seq_len=8, val=sel, rank=r, world_size=world) for r in range(world)
+        ]
+        assert len({len(p) for p in parts}) == 1  # same number of windows on every rank
+        n = len(parts[0]) * world
+        assert n > len(a) - world
+        assert torch.equal(torch.stack(parts, 1).reshape(n, -1), a[:n])  # rank r holds windows r, r + world, ...
 
 
 def test_loader_is_freed_without_the_cyclic_gc(txt_corpus):
