@@ -36,35 +36,37 @@ BATCH = 8
 
 
 class StepTimer(Callback):
-    """Wall time of each step, from its on_train_batch_start to the next one's (or to the end)."""
+    """Wall time and process CPU time of each step, from its on_train_batch_start to the next
+    one's (or to the end of training)."""
 
     def __init__(self):
-        self.starts: list[float] = []
+        self.stamps: list[tuple[float, float]] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.starts.append(time.perf_counter())
+        self.stamps.append((time.perf_counter(), time.process_time()))
 
     def on_train_end(self, trainer, pl_module):
-        self.starts.append(time.perf_counter())
+        self.stamps.append((time.perf_counter(), time.process_time()))
 
-    def step_times(self) -> list[float]:
-        return [b - a for a, b in zip(self.starts, self.starts[1:])]
+    def step_times(self, clock: int) -> list[float]:
+        return [b[clock] - a[clock] for a, b in zip(self.stamps, self.stamps[1:])]
 
 
-def run(variant: str, steps: int, every: int, root: str) -> list[float]:
+def run(variant: str, steps: int, every: int, root: str) -> StepTimer:
     torch.manual_seed(0)
     module = LoopedLM(config=LoopConfig(**CONFIG), optim=OptimConfig(lr=1e-3, warmup_steps=10))
     tokens = torch.randint(0, CONFIG["vocab_size"], (steps * BATCH, CONFIG["seq_len"] + 1))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=BATCH)
     timer = StepTimer()
-    extra = {"none": [], "diagnostics": [VisitDiagnostics(every_n_steps=every)], "guard": [DivergenceGuard()]}[variant]
+    extra = {"none": [], "diagnostics": [VisitDiagnostics(every_n_steps=every)],
+             "guard": [DivergenceGuard()]}[variant]
     trainer = L.Trainer(
         default_root_dir=root, logger=TensorBoardLogger(root, name=variant), max_steps=steps, accelerator="cpu",
         devices=1, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         log_every_n_steps=every, limit_val_batches=0, gradient_clip_val=1.0, callbacks=[timer, *extra],
     )
     trainer.fit(module, data)
-    return timer.step_times()
+    return timer
 
 
 def main() -> None:
@@ -78,37 +80,35 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     variants = ["none", "diagnostics", "guard"]
-    times: dict[str, list[list[float]]] = {v: [] for v in variants}
+    timers: dict[str, list[StepTimer]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as root:
         for rep in range(args.reps):
             for v in variants if rep % 2 == 0 else variants[::-1]:
-                times[v].append(run(v, args.steps, args.every, root)[args.warmup:])
-
-    def median_mean(v, keep=lambda step: True):
-        return statistics.median(
-            statistics.mean(t for i, t in enumerate(ts, start=args.warmup) if keep(i)) for ts in times[v])
-
-    logging = lambda step: step % args.every == 0  # noqa: E731
-    base = median_mean("none")
-    diag_all = median_mean("diagnostics")
-    diag_between = median_mean("diagnostics", lambda s: not logging(s))
-    base_between = median_mean("none", lambda s: not logging(s))
-    diag_logging = median_mean("diagnostics", logging)
-    base_logging = median_mean("none", logging)  # Lightning's own logging also happens on these steps
-    guard = median_mean("guard")
+                timers[v].append(run(v, args.steps, args.every, root))
 
     cfg = LoopConfig(**CONFIG)
     print(f"tiny LoopedLM K={cfg.n_blocks} R={cfg.n_rounds} d={cfg.d_model} T={cfg.seq_len} batch={BATCH}, "
-          f"{args.steps} steps x {args.reps} reps, CPU, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
-    print(f"no callback                          {base * 1e3:8.2f} ms/step")
-    print(f"VisitDiagnostics every {args.every:<4d}         {diag_all * 1e3:8.2f} ms/step   "
-          f"ratio {diag_all / base:.3f} (target <= 1.03)")
-    print(f"  steps between logging steps        {diag_between * 1e3:8.2f} ms/step   "
-          f"ratio {diag_between / base_between:.3f} to the same steps without")
-    print(f"  a logging step                     {diag_logging * 1e3:8.2f} ms        "
-          f"+{(diag_logging - base_logging) * 1e3:.2f} ms over the same step without "
-          f"({(diag_logging - base_logging) / base_between:.1f} plain steps)")
-    print(f"DivergenceGuard (every step)         {guard * 1e3:8.2f} ms/step   ratio {guard / base:.3f}")
+          f"{args.steps} steps x {args.reps} reps, CPU, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    logging = lambda step: step % args.every == 0  # noqa: E731
+    between = lambda step: not logging(step)  # noqa: E731
+    for clock, name in ((0, "wall"), (1, "CPU")):
+        def ms(v, keep=lambda step: True):
+            """Median over reps of the mean step time (ms) over the kept steps past warm-up."""
+            return 1e3 * statistics.median(
+                statistics.mean(t for i, t in enumerate(timer.step_times(clock)) if i >= args.warmup and keep(i))
+                for timer in timers[v])
+
+        base, diag, guard = ms("none"), ms("diagnostics"), ms("guard")
+        extra = ms("diagnostics", logging) - ms("none", logging)  # Lightning logs on these steps too
+        print(f"[{name} time]")
+        print(f"  no callback                        {base:8.2f} ms/step")
+        print(f"  VisitDiagnostics every {args.every:<4d}        {diag:8.2f} ms/step   "
+              f"ratio {diag / base:.3f} (target <= 1.03)")
+        print(f"    steps between logging steps      {ms('diagnostics', between):8.2f} ms/step   "
+              f"ratio {ms('diagnostics', between) / ms('none', between):.3f} to the same steps without")
+        print(f"    a logging step costs             {extra:+8.2f} ms      ({extra / base:.1f} plain steps)")
+        print(f"  DivergenceGuard (every step)       {guard:8.2f} ms/step   ratio {guard / base:.3f}")
 
 
 if __name__ == "__main__":

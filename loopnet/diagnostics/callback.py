@@ -24,11 +24,12 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 from loopnet.model import SUBLAYERS, Visit
 
 from .probe import VisitProbe, alignment
-from .tags import HIST_QUANTITIES, custom_scalars_layout, hist_tag, sublayer_tag, visit_tag
+from .tags import HIST_QUANTITIES, VISIT_QUANTITIES, custom_scalars_layout, hist_tag, sublayer_tag, visit_tag
 
 FORWARD_QUANTITIES = ("resid_norm", "state_norm", "branch_ratio")  # the order of VisitProbe.fwd
 
@@ -61,11 +62,43 @@ def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
 
 
+def write_scalars(writer, scalars: dict[str, float], step: int) -> None:
+    """All `scalars` as one TensorBoard event (one Summary with many values) rather than one event
+    each: a logging step then queues one record, not a hundred, on the writer's small queue."""
+    file_writer = getattr(writer, "file_writer", None)
+    if file_writer is None:  # not torch's SummaryWriter: one call per scalar
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, step)
+        return
+    file_writer.add_summary(Summary(value=[Summary.Value(tag=t, simple_value=v) for t, v in scalars.items()]), step)
+
+
+def write_histogram(writer, tag: str, values: torch.Tensor, step: int, bins: int = 64) -> None:
+    """A histogram from statistics computed by torch (``add_histogram_raw``); SummaryWriter's own
+    ``add_histogram`` goes through NumPy, whose BLAS threads cost milliseconds on a busy CPU."""
+    v = values.detach().float().flatten().cpu()
+    v = v[torch.isfinite(v)]
+    if v.numel() == 0:
+        return
+    lo, hi = v.min().item(), v.max().item()
+    if hi > lo:
+        counts = torch.histc(v, bins=bins, min=lo, max=hi).tolist()
+        limits = torch.linspace(lo, hi, bins + 1)[1:].tolist()  # right edges, as TensorBoard expects
+    else:
+        counts, limits = [float(v.numel())], [hi]
+    v64 = v.double()
+    writer.add_histogram_raw(tag, min=lo, max=hi, num=v.numel(), sum=v64.sum().item(),
+                             sum_squares=v64.square().sum().item(), bucket_limits=limits,
+                             bucket_counts=counts, global_step=step)
+
+
 class VisitDiagnostics(Callback):
     """Per-visit stability diagnostics in TensorBoard: residual and state norms, branch-to-skip
     ratio, activation- and parameter-gradient norms of every sublayer visit (round r, block k,
     attn|ffn); the measured visit alignment κ̂_R and the update-to-weight ratio of every physical
-    sublayer; the global gradient norm before clipping; per-round histograms.
+    sublayer; the global gradient norm before clipping; per-round histograms. κ̂_R(j) treats all
+    of sublayer j's parameters as one vector g_{r,j} (see `loopnet.diagnostics.probe`); the
+    model-wide κ̂ (``grad/kappa_model``) concatenates every sublayer. Tags: `loopnet.diagnostics.tags`.
 
     Args:
         every_n_steps: Measure and log on steps whose global step is a multiple of this (step 0
@@ -167,19 +200,20 @@ class VisitDiagnostics(Callback):
         scalars = dict(zip(named, values))
 
         for logger in trainer.loggers:
-            logger.log_metrics(scalars, step=step)
-        if self.histograms and trainer.is_global_zero:
-            for logger in trainer.loggers:
-                if isinstance(logger, TensorBoardLogger):
+            if isinstance(logger, TensorBoardLogger):
+                if trainer.is_global_zero:
+                    write_scalars(logger.experiment, scalars, step)
                     for r, samples in sorted(probe.hist.items()):
                         for q in HIST_QUANTITIES:
-                            logger.experiment.add_histogram(hist_tag(q, r), samples[q].float().cpu(), global_step=step)
+                            write_histogram(logger.experiment, hist_tag(q, r), samples[q], step)
+            else:
+                logger.log_metrics(scalars, step=step)
 
         self.last_stats = {
             "step": step,
-            "visits": {v.tag: {q: scalars[visit_tag(q, v)] for q in (*FORWARD_QUANTITIES, "act_grad_norm", "param_grad_norm")}
-                       for v in probe.visits},
-            "kappa": {**{j: scalars[sublayer_tag("kappa", j)] for j in physical}, "model": scalars["grad/kappa_model"]},
+            "visits": {v.tag: {q: scalars[visit_tag(q, v)] for q in VISIT_QUANTITIES} for v in probe.visits},
+            "kappa": {**{j: scalars[sublayer_tag("kappa", j)] for j in physical},
+                      "model": scalars["grad/kappa_model"]},
             "update_ratio": {j: scalars[sublayer_tag("update_ratio", j)] for j in physical},
             "global_grad_norm": scalars["grad/global_norm"],
         }

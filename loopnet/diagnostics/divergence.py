@@ -29,6 +29,7 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .callback import VisitDiagnostics, total_norm
@@ -55,7 +56,8 @@ class DivergenceGuard(Callback):
             and skip the update when it is not. Skipped under 16-bit mixed precision, whose gradient
             scaler meets non-finite gradients by design and skips those updates itself.
         val_metric: The validation loss recorded in the summary.
-        summary_name: File name of the run summary, written in the trainer's log_dir.
+        summary_name: File name of the run summary, written in the trainer's log_dir (an absolute
+            path is used as it is).
     """
 
     def __init__(
@@ -154,15 +156,19 @@ class DivergenceGuard(Callback):
         self._write(trainer, pl_module, "diverged" if self.diverged else "completed")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # a failing `test` must not overwrite the fit's summary
+            return
         self._write(trainer, pl_module, "diverged" if self.diverged else "interrupted", error=repr(exception))
 
-    def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str, error: Optional[str] = None) -> dict:
+    def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str,
+                error: Optional[str] = None) -> dict:
         """The run summary as a dict (schema: `loopnet.diagnostics.summary`)."""
         finite = [v for _, v in self._val_history if math.isfinite(v)]
         ckpt = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
         diagnostics = next((cb for cb in trainer.callbacks if isinstance(cb, VisitDiagnostics)), None)
         stats = diagnostics.last_stats if diagnostics is not None else None
         hparams = dict(pl_module.hparams)
+        last = self.last_good_checkpoint if self.diverged else (ckpt.last_model_path or None) if ckpt else None
         return {
             "status": status,
             "diverged_at_step": self.diverged_at_step,
@@ -173,7 +179,7 @@ class DivergenceGuard(Callback):
             "final_val_loss": _float(self._val_history[-1][1]) if self._val_history else None,
             "best_val_loss": min(finite) if finite else None,
             "val_history": self._val_history,
-            "last_checkpoint": self.last_good_checkpoint if self.diverged else (ckpt.last_model_path or None) if ckpt else None,
+            "last_checkpoint": last,
             "best_checkpoint": (ckpt.best_model_path or None) if ckpt else None,
             "config": hparams.get("config"),
             "hparams": hparams,
@@ -188,5 +194,5 @@ class DivergenceGuard(Callback):
     def _write(self, trainer, pl_module, status: str, error: Optional[str] = None) -> None:
         if not trainer.is_global_zero:
             return
-        path = self.summary_name if os.path.isabs(self.summary_name) else os.path.join(trainer.log_dir or ".", self.summary_name)
+        path = os.path.join(trainer.log_dir or ".", self.summary_name)  # an absolute summary_name wins
         self.summary_path = str(write_summary(path, self.summary(trainer, pl_module, status, error)))

@@ -61,7 +61,7 @@ class VisitProbe:
         self.n_fwd: dict[Visit, int] = defaultdict(int)
         self.act_grad: dict[Visit, torch.Tensor] = {}  # ‖∂L/∂x‖ summed over micro-batches
         self.n_act: dict[Visit, int] = defaultdict(int)
-        self.param_sq: dict[Visit, dict[str, torch.Tensor]] = defaultdict(dict)  # ‖g_{r,j,p}‖² (keep_grads=False)
+        self.param_sq: dict[Visit, dict[str, torch.Tensor]] = defaultdict(dict)  # ‖g_{r,j,p}‖², no keep_grads
         self.grads: dict[Visit, dict[str, torch.Tensor]] = defaultdict(dict)  # g_{r,j,p} (keep_grads=True)
         self.hist: dict[int, dict[str, torch.Tensor]] = {}  # round -> {"state": values, "token_rms": values}
         self._last_visit_of_round: dict[int, Visit] = {}
@@ -131,11 +131,14 @@ class VisitProbe:
         return torch.stack(terms).sum() if terms else torch.tensor(0.0)
 
     def alignment_terms(self, physical_params: dict[str, dict[str, torch.Tensor]]):
-        """(‖Σ_r g_{r,j}‖², Σ_r ‖g_{r,j}‖²) per physical sublayer j, as 0-d tensors. Without
-        `keep_grads` the first comes from the parameters' ``.grad`` (= Σ_r g_{r,j} in one process),
-        so call this before anything (clipping, the optimiser) touches the gradients; with
-        `keep_grads` from the kept per-visit sums (this process's gradient, also under DDP). `physical_params` maps a physical
-        sublayer name (``Visit.physical``) to its parameters by the names of `VisitTrace.params`."""
+        """(‖Σ_r g_{r,j}‖², Σ_r ‖g_{r,j}‖²) per physical sublayer j, as 0-d tensors.
+
+        `physical_params` maps a physical sublayer name (``Visit.physical``) to its parameters by
+        the names of `VisitTrace.params`. Without `keep_grads` the first term comes from the
+        parameters' ``.grad`` (= Σ_r g_{r,j} in one process), so call this before anything
+        (clipping, the optimiser) touches the gradients; with `keep_grads` it comes from the kept
+        per-visit sums (this process's gradient, also under DDP).
+        """
         num, den = {}, {}
         for j, params in physical_params.items():
             if self.keep_grads:  # Σ_r g_{r,j} from our own sums: this process's gradient, before any all-reduce

@@ -15,10 +15,13 @@ Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
       "global_step": int,                # optimiser steps taken when fit ended
       "max_steps": int | null,
       "final_train_loss": float | null,  # last training loss seen
-      "final_val_loss": float | null,    # val/loss of the last validation run
+      "final_val_loss": float | null,    # val/loss of the last validation run (for a diverged
+                                          # run, the one Lightning runs at the stop)
       "best_val_loss": float | null,     # lowest finite val/loss seen
       "val_history": [[step, val_loss], ...],
-      "last_good_checkpoint": str | null, # last.ckpt (or best) saved before the divergence
+      "last_checkpoint": str | null,     # last.ckpt; for a diverged run the last good one, saved
+                                          # before step S (paths as ModelCheckpoint reports them)
+      "best_checkpoint": str | null,     # the best checkpoint by the monitored metric
       "config": {...},                   # the model's LoopConfig fields (hparams["config"])
       "hparams": {...},                  # every hyperparameter of the LightningModule
       "last_visit_stats": {visit_tag: {quantity: value}},   # last logging step of VisitDiagnostics

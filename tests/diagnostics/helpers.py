@@ -50,6 +50,7 @@ def tiny_module(cls=LoopedLM, **kw) -> LoopedLM:
 def trainer(tmp_path, callbacks, max_steps: int, checkpoint: bool = False, **kw) -> L.Trainer:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
+    warnings.filterwarnings("ignore", ".*but have no `val_dataloader`.*")
     args = dict(
         default_root_dir=tmp_path, logger=TensorBoardLogger(tmp_path, name="run"), max_steps=max_steps,
         accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False,

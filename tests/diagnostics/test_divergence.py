@@ -4,6 +4,7 @@ byte-for-byte intact, and summary.json records the outcome."""
 import hashlib
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -39,8 +40,13 @@ def fit_forced(tmp_path, at_step, factor, guard=None, max_steps=16):
     snaps = CheckpointSnapshots(folder)
     guard = guard or DivergenceGuard()
     module = tiny_module(ForcedLM, at_step=at_step, factor=factor)
-    t = trainer(tmp_path, [ckpt, snaps, guard], max_steps=max_steps, checkpoint=True, val_check_interval=2)
-    t.fit(module, random_tokens(), random_tokens(8, seed=1))
+    t = trainer(tmp_path, [ckpt, snaps, guard], max_steps=max_steps, checkpoint=True, val_check_interval=2,
+                gradient_clip_val=1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(module, random_tokens(), random_tokens(8, seed=1))
+    told = [str(w.message) for w in caught if "the run diverged at step" in str(w.message)]
+    assert len(told) == guard.diverged  # the user is told once, with the step
     return t, module, guard, snaps, folder
 
 
