@@ -158,7 +158,10 @@ class DivergenceGuard(Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # a failing `test` must not overwrite the fit's summary
             return
-        self._write(trainer, pl_module, "diverged" if self.diverged else "interrupted", error=repr(exception))
+        try:  # never let the summary replace the exception that ended the run
+            self._write(trainer, pl_module, "diverged" if self.diverged else "interrupted", error=repr(exception))
+        except Exception as err:
+            rank_zero_warn(f"could not write the run summary: {err!r}")
 
     def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str,
                 error: Optional[str] = None) -> dict:
@@ -186,7 +189,7 @@ class DivergenceGuard(Callback):
             "last_visit_stats": stats["visits"] if stats else None,
             "kappa": stats["kappa"] if stats else None,
             "diagnostics_step": stats["step"] if stats else None,
-            "log_dir": trainer.log_dir,
+            "log_dir": _log_dir(trainer),
             "error": error,
             "wall_time_s": round(time.monotonic() - self._t0, 3),
         }
@@ -194,5 +197,11 @@ class DivergenceGuard(Callback):
     def _write(self, trainer, pl_module, status: str, error: Optional[str] = None) -> None:
         if not trainer.is_global_zero:
             return
-        path = os.path.join(trainer.log_dir or ".", self.summary_name)  # an absolute summary_name wins
+        path = os.path.join(_log_dir(trainer), self.summary_name)  # an absolute summary_name wins
         self.summary_path = str(write_summary(path, self.summary(trainer, pl_module, status, error)))
+
+
+def _log_dir(trainer: pl.Trainer) -> str:
+    """The run's log folder, read on rank 0 alone: `trainer.log_dir` is a collective broadcast,
+    which would hang or fail when only rank 0 calls it under DDP."""
+    return (trainer.loggers[0].log_dir if trainer.loggers else None) or trainer.default_root_dir

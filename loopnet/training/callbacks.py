@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import tempfile
 import threading
+from pathlib import Path
+from typing import Any, Optional
 
-from lightning.pytorch.callbacks import OnExceptionCheckpoint, ThroughputMonitor
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import Checkpoint, ThroughputMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
@@ -31,21 +37,68 @@ class TokenThroughput(ThroughputMonitor):
         super().__init__(batch_size_fn=_sequences, length_fn=_tokens, window_size=window_size)
 
 
-class GracefulInterrupt(OnExceptionCheckpoint):
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write a checkpoint so that a crash or kill at any moment leaves either the previous file or
+    the complete new one, never a partial one: into a temporary file in the same folder, flushed
+    and fsynced, then renamed over the target (`os.replace`), then the folder fsynced.
+
+    Lightning's default goes through fsspec, which writes the temporary file in the system's temp
+    folder; when that is another filesystem than the checkpoint folder (tmpfs, a local disk under
+    network storage), the final move is a copy, and a kill during it leaves a truncated checkpoint.
+    Remote paths (s3://, gs://, ...) still go through Lightning's default.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 otherwise
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        with contextlib.suppress(OSError):  # make the rename itself durable
+            dirfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dirfd)
+            finally:
+                os.close(dirfd)
+
+
+class GracefulInterrupt(Checkpoint):
     """Make Ctrl-C (SIGINT) and SIGTERM stop training cleanly with a resumable checkpoint.
 
     Lightning already turns SIGTERM into a stop at the end of the current batch; the first
-    SIGINT is routed to that same path (a second one interrupts at once). The checkpoint,
-    `last-interrupted.ckpt` beside `last.ckpt`, is written only for these interruptions, never for
-    a crash in the middle of a step; being named `last*`, Lightning's `--ckpt_path last` picks the
-    newer of the two.
+    SIGINT is routed to that same path (a second one aborts at once, without a checkpoint: it may
+    land in the middle of an optimiser step). The checkpoint, `last-interrupted.ckpt` beside
+    `last.ckpt`, is written only for these stops between steps, never for a crash; being named
+    `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
+    status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
 
     Args:
         filename: Name of the checkpoint written on interruption (without .ckpt).
     """
 
+    FILE_EXTENSION = ".ckpt"
+
     def __init__(self, filename: str = "last-interrupted"):
-        super().__init__(dirpath=".", filename=filename)  # the real folder is set at fit start
+        # Not an OnExceptionCheckpoint: Lightning turns a plain `fit` into `fit(ckpt_path="last")`
+        # when one is present, so a fresh run would silently resume from an old folder's
+        # checkpoint. ModelCheckpoint's `last` lookup finds `last-*.ckpt` files all the same.
+        super().__init__()
+        if not filename:
+            raise ValueError("interrupt.filename cannot be empty")
+        self.dirpath, self.filename = ".", filename  # the real folder is set at fit start
         self._previous_sigint, self._armed = None, False
 
     @property
@@ -66,14 +119,17 @@ class GracefulInterrupt(OnExceptionCheckpoint):
         os.kill(os.getpid(), signal.SIGTERM)  # Lightning's own graceful-stop path
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        if self._armed and isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
-            super().on_exception(trainer, pl_module, exception)
+        if self._armed and isinstance(exception, SIGTERMException):
+            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+            if trainer.is_global_zero:
+                print(f"loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
+                      "resume with the same command and --ckpt_path last", file=sys.stderr)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        # After a fit that completed, a stale interruption checkpoint is removed (by the parent)
+        # After a fit that completed, a stale interruption checkpoint is removed (by rank 0)
         # so that `--ckpt_path last` means last.ckpt; other stages never touch files.
         if stage == "fit" and self._armed:
-            super().teardown(trainer, pl_module)
+            trainer.strategy.remove_checkpoint(self.ckpt_path)
         self._armed = False
         if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._previous_sigint)

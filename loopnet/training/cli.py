@@ -7,19 +7,25 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import pickle
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
+import yaml
 from jsonargparse import Namespace
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from loopnet.data import TokenStreamDataModule
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
-from loopnet.training.callbacks import GracefulInterrupt, TokenThroughput
+from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, TokenThroughput
 from loopnet.training.module import LoopedLM, check_checkpoint_config
 
 
@@ -27,12 +33,19 @@ def load_hparams(path: str) -> dict:
     """A checkpoint's hyperparameters, read with torch's restricted (weights_only) unpickler."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"refused to load {path}: it holds pickled objects that are not plain data "
-                         f"({str(err).splitlines()[0][:200]}); only load checkpoints you trust, written by loopnet") from None
+    except pickle.UnpicklingError:
+        try:  # names what the file would import, without running anything
+            unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
+        except Exception:
+            unsafe = "unknown objects"
+        raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
+                         "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
+                         "by `loopnet fit`, and never load files from untrusted sources") from None
     except Exception as err:  # truncated or not a torch file
-        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
-                         f"it may be corrupt or partially written: use another one, e.g. last.ckpt or best-*.ckpt") from None
+        why = (str(err).splitlines() or [""])[0]
+        why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
+        raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
+                         f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
     return ckpt.get("hyper_parameters", {})
@@ -65,7 +78,96 @@ def resume_in_last_version(logger_args: Namespace) -> None:
         logger_args.version = found[-1].parent.parent.name
 
 
+def newest_last_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint Lightning resumes from with `ckpt_path="last"` in `folder`: the newest `last*.ckpt`."""
+    found = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    return found[-1] if found else None
+
+
+def check_writable(folder: str, option: str) -> None:
+    """Fail before anything is built when a log or checkpoint folder cannot be created or written."""
+    if "://" in str(folder):  # remote (s3://, gs://): left to fsspec
+        return
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
+                         f"fix: pass a writable folder with {option} <dir>") from None
+
+
+def config_files(argv: list[str]) -> list[str]:
+    """The files given with --config / -c on a command line."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            out.append(arg.split("=", 1)[1])
+    return out
+
+
+def check_yaml(path: str) -> None:
+    """A one-line error, naming the file and the line, for a config file that is not valid YAML."""
+    if not os.path.isfile(path):
+        return  # jsonargparse reports a missing file (or parses an inline YAML string)
+    try:
+        with open(path, encoding="utf-8") as f:
+            yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"the config file {path} is not valid YAML ({problem}{where}); "
+                         "fix its syntax there (brackets, quotes, indentation with spaces)") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"the config file {path} is not UTF-8 text; fix: give a YAML file") from None
+
+
+class OneLineErrorParser(LightningArgumentParser):
+    """jsonargparse's parser, but a command-line or config error is one line on stderr (the problem
+    and the fix) instead of the whole usage text; exit status 2 as before."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get("LOOPNET_DEBUG"):
+            super().error(message, ex)  # raises: jsonargparse's internal parsing relies on it
+        text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+        if len(text) > 400:
+            text = text[:400] + " ..."
+        print(f"loopnet: error: {text}; fix: {self._hint(message, ex)}", file=sys.stderr)
+        sys.exit(2)
+
+    def _hint(self, message: str, ex: Exception | None) -> str:
+        parser = getattr(ex, "subcommand_parser", None) or self
+        sub = parser.prog.split()[-1] if parser.prog else ""
+        prog = "loopnet" + (f" {sub}" if sub in ("fit", "validate", "test", "predict") else "")
+        help_ = f"`{prog} --help` lists every option and its type"
+        unknown = re.search(r"does not accept option '([^']+)'|unrecognized arguments: --?([^\s=]+)", message)
+        if unknown:
+            key = unknown.group(1) or unknown.group(2)
+            parent, _, leaf = key.rpartition(".")
+            siblings = {a.dest.rpartition(".")[2]: a.dest for a in parser._actions
+                        if isinstance(a.dest, str) and a.dest.rpartition(".")[0] == parent}
+            close = [siblings[k] for k in difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.75)]
+            return (f"did you mean '{close[0]}'? " if close else "check the key's spelling and nesting; ") + help_
+        if "Problems parsing config" in message or "Unable to load config" in message:
+            return "give an existing YAML file with --config, valid YAML; " + help_
+        if "Expected a" in message or "Does not validate" in message or "not a valid" in message.lower():
+            return "give the option a value of the expected type; " + help_
+        return help_
+
+
 class LoopnetCLI(LightningCLI):
+    def instantiate_trainer(self, **kwargs):
+        trainer = super().instantiate_trainer(**kwargs)
+        # Checkpoints are written atomically (temporary file in the same folder, fsync, rename),
+        # unless a CheckpointIO plugin was configured.
+        strategy = trainer.strategy
+        if strategy._checkpoint_io is None or type(strategy._checkpoint_io) is TorchCheckpointIO:
+            strategy.checkpoint_io = AtomicCheckpointIO()
+        return trainer
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.config.seq_len", "data.seq_len")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -100,16 +202,40 @@ class LoopnetCLI(LightningCLI):
         check_checkpoint_config(load_hparams(path).get("config"), cfg.model.config.as_dict())
 
     def before_instantiate_classes(self) -> None:
-        cfg = self.config[self.subcommand]
+        cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
         logger = cfg.trainer.logger
         if isinstance(logger, Namespace) and logger.class_path.endswith("TensorBoardLogger"):
             if logger.init_args.get("name") in (None, "lightning_logs"):
                 logger.init_args.name = run_name(cfg.model.config)
-        if self.subcommand == "fit" and cfg.ckpt_path == "last" and isinstance(logger, Namespace):
-            resume_in_last_version(logger.init_args)
+        if isinstance(logger, Namespace) and logger.init_args.get("save_dir") is not None:
+            check_writable(logger.init_args.save_dir, "--trainer.logger.init_args.save_dir")
+        elif logger is not False and cfg.trainer.get("default_root_dir"):
+            check_writable(cfg.trainer.default_root_dir, "--trainer.default_root_dir")
+        if self.subcommand == "fit" and cfg.get("checkpoint") and cfg.checkpoint.get("dirpath"):
+            check_writable(cfg.checkpoint.dirpath, "--checkpoint.dirpath")
+        if self.subcommand == "fit" and cfg.ckpt_path == "last":
+            if isinstance(logger, Namespace):
+                resume_in_last_version(logger.init_args)
+            self._check_last_checkpoint(cfg)
         # Checkpoints are loaded with torch's restricted (weights_only) unpickler unless asked otherwise.
         if "weights_only" in cfg and cfg.weights_only is None:
             cfg.weights_only = True
+
+    def _check_last_checkpoint(self, cfg: Namespace) -> None:
+        """`fit --ckpt_path last`: check the checkpoint Lightning will pick as a given path is
+        checked (readable, plain data, same model config), and name it explicitly."""
+        folder = cfg.checkpoint.get("dirpath") if cfg.get("checkpoint") else None
+        logger = cfg.trainer.logger
+        if folder is None and isinstance(logger, Namespace) and logger.init_args.get("version") is not None:
+            args = logger.init_args
+            version = args.version if isinstance(args.version, str) else f"version_{args.version}"
+            folder = Path(args.save_dir) / (args.get("name") or "") / version / "checkpoints"
+        last = newest_last_checkpoint(Path(folder)) if folder is not None else None
+        if last is not None:
+            check_checkpoint_config(load_hparams(str(last)).get("config"), cfg.model.config.as_dict())
+            cfg.ckpt_path = str(last)
+            if rank_zero_only.rank == 0:
+                print(f"loopnet: resuming from {last}", file=sys.stderr)
 
 
 # Subcommands that are not Trainer entry points, each with its own parser.
@@ -130,6 +256,8 @@ def main(args: list[str] | None = None) -> None:
     if argv and argv[0] in ("-h", "--help"):
         print("loopnet tools: " + "; ".join(f"{name}: {help}" for name, (_, help) in TOOLS.items()))
     try:
+        for path in config_files(argv):
+            check_yaml(path)
         LoopnetCLI(
             LoopedLM,
             TokenStreamDataModule,
@@ -138,6 +266,7 @@ def main(args: list[str] | None = None) -> None:
             trainer_defaults=TRAINER_DEFAULTS,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # LoopedLM.configure_optimizers owns AdamW and the schedule
+            parser_class=OneLineErrorParser,
             args=None if args is None else argv,
         )
     except (ValueError, FileNotFoundError, PermissionError) as err:
@@ -145,6 +274,9 @@ def main(args: list[str] | None = None) -> None:
             raise
         print(f"loopnet: error: {err} (set LOOPNET_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C before training started (during training GracefulInterrupt handles it)
+        print("loopnet: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

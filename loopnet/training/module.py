@@ -8,10 +8,12 @@ diagnostics). Evaluation loss is the cross-entropy of the last round, token-weig
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
@@ -65,10 +67,12 @@ class GenerateConfig:
 RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "loss_rounds"})
 
 
-def check_checkpoint_config(saved: dict | None, current: dict) -> None:
+def check_checkpoint_config(saved: dict | LoopConfig | None, current: dict) -> None:
     """Raise a clear error when a checkpoint's model config differs from the current one."""
     if saved is None:
         return
+    if isinstance(saved, LoopConfig):
+        saved = asdict(saved)
     diff = [f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
             for k, v in current.items() if k not in RUNTIME_FIELDS and saved.get(k) != v]
     if diff:
@@ -77,6 +81,35 @@ def check_checkpoint_config(saved: dict | None, current: dict) -> None:
             "run with the config saved beside it (runs/<run>/version_N/config.yaml), and use "
             "--model.eval_rounds to evaluate other round counts"
         )
+
+
+# loopnet writes its configs into checkpoints as plain dicts; should a LoopConfig, OptimConfig or
+# GenerateConfig instance be in one (saved by hand, or by other code), torch's restricted
+# weights_only unpickler may still rebuild these plain dataclasses. Nothing else is allowed.
+torch.serialization.add_safe_globals([LoopConfig, OptimConfig, GenerateConfig])
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's torch, CUDA, NumPy and Python RNG states, as plain data (tensors, ints,
+    tuples), so that a checkpoint holding them still loads with the weights_only unpickler."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what `rng_states` captured."""
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, state, gauss = states["python"]
+    random.setstate((version, tuple(state), gauss))
 
 
 def _as(cls, value):
@@ -118,17 +151,40 @@ class LoopedLM(L.LightningModule):
         if compile:
             self.model.compile()
         self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor
+        self._resume_rng: Optional[dict] = None  # RNG states from a checkpoint, applied at the next training step
         self.eval_loss = torch.nn.ModuleDict(
             {str(r): MeanMetric() for r in [self.config.n_rounds, *self.eval_rounds]}
         )
 
     # ----------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Store every rank's RNG states (Lightning's checkpoints do not), so that a resumed run
+        draws the same dropout masks as an uninterrupted one. Every rank calls this hook."""
+        states = rng_states()
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.trainer.world_size > 1:
+            gathered: list = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, states)
+            checkpoint["rng_states"] = gathered
+        else:
+            checkpoint["rng_states"] = [states]
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Refuse a checkpoint trained with another model config, naming the differing fields."""
+        """Refuse a checkpoint trained with another model config, naming the differing fields;
+        keep the checkpoint's RNG states for the first training step of the resumed run."""
         check_checkpoint_config(checkpoint.get("hyper_parameters", {}).get("config"), asdict(self.config))
+        states = checkpoint.get("rng_states")
+        rank = self.global_rank if self._trainer is not None else 0
+        # Same number of ranks: each continues its own stream; otherwise seed_everything's stays.
+        world = self.trainer.world_size if self._trainer is not None else 1
+        self._resume_rng = states[rank] if states and len(states) == world else None
 
     # ----------------------------------------------------------------------------- train
     def on_train_batch_start(self, batch, batch_idx):
+        if self._resume_rng is not None:
+            # Restored here, not at load time: building the DataLoader iterators after the
+            # restore draws from torch's RNG, which the uninterrupted run did before saving.
+            set_rng_states(self._resume_rng)
+            self._resume_rng = None
         if self.flops_per_batch is None:
             B, T = batch[0].shape
             self.flops_per_batch = self.model.flops_per_token(seq_len=T) * B * T

@@ -1,0 +1,193 @@
+"""Running the real `loopnet` CLI (in-process or in a subprocess), callbacks that tests plug into
+those runs with `--trainer.callbacks`, and small readers of what runs leave on disk."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = "deeploop_lt_k2_r2"  # the run folder name of TINY's model
+# A seconds-long CPU run: the DeepLoop method config, the CPU overlay, a 2-round model of width 32.
+TINY = [
+    "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
+    "--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "32",
+    "--model.config.n_rounds", "2", "--data.batch_size", "4", "--model.optim.warmup_steps", "2",
+    "--trainer.max_steps", "8", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2",
+    "--trainer.limit_test_batches", "2", "--trainer.log_every_n_steps", "1",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+]
+
+
+@dataclass
+class Result:
+    code: int  # exit status; negative: killed by that signal (subprocesses)
+    out: str
+    err: str
+
+    @property
+    def last_err_line(self) -> str:
+        lines = [l for l in self.err.splitlines() if l.strip()]
+        return lines[-1] if lines else ""
+
+
+def loopnet(*args: str, cwd: Path) -> Result:
+    """`loopnet <args>` in this process (no interpreter start-up: seconds instead of tens), run in `cwd`."""
+    from loopnet.training.cli import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    argv, sys.argv = sys.argv, ["loopnet"]  # LightningCLI warns when both sys.argv and args are given
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            sys.argv = argv
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def env() -> dict[str, str]:
+    """Environment of a `loopnet` subprocess: offline, and `tests.reliability.helpers` importable."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=path)
+
+
+def spawn(*args: str, cwd: Path) -> subprocess.Popen:
+    """`python -m loopnet.training.cli <args>` as a real process (for signals, kills and DDP). Its
+    output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits."""
+    logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env(),
+                            stdout=logs[0], stderr=logs[1], text=True)
+    proc.logs = logs
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> Result:
+    """Wait for a spawned process; its exit status (negative: killed by that signal) and output."""
+    try:
+        proc.wait(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        timed_out = True
+    for f in proc.logs:
+        f.seek(0)
+    out, err = (f.read() for f in proc.logs)
+    if timed_out:
+        raise AssertionError(f"loopnet did not finish in {timeout} s:\n{out[-2000:]}\n{err[-4000:]}")
+    return Result(proc.returncode, out, err)
+
+
+def load(path: Path) -> dict:
+    """A checkpoint, with torch's restricted unpickler (as loopnet loads them)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+class SignalAt(Callback):
+    """Send `signum` to this very process at the end of training step `step` (deterministic interruption)."""
+
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM)):
+        self.step, self.signum = step, signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+class Progress(Callback):
+    """Write the global step to `path` after every training step, then sleep `delay` s (so a test
+    can send a signal from outside while training is still running)."""
+
+    def __init__(self, path: str, delay: float = 0.0):
+        self.path, self.delay = path, delay
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        tmp = self.path + ".tmp"
+        Path(tmp).write_text(str(trainer.global_step))
+        os.replace(tmp, self.path)
+        time.sleep(self.delay)
+
+
+class RankRecorder(Callback):
+    """Per rank, to `folder/rank<r>.json`: a digest of every training window read, the losses, and a
+    digest of the parameters after training (equal on every rank iff gradients were all-reduced)."""
+
+    def __init__(self, folder: str):
+        self.folder, self.rows, self.losses = folder, [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows += [hashlib.blake2b(row.numpy().tobytes(), digest_size=8).hexdigest() for row in batch[0]]
+        self.losses.append(float(outputs["loss"]))
+
+    def on_train_end(self, trainer, pl_module):
+        flat = torch.cat([p.detach().flatten() for p in pl_module.parameters()])
+        out = {"rank": trainer.global_rank, "world": trainer.world_size, "rows": self.rows, "losses": self.losses,
+               "params": hashlib.blake2b(flat.numpy().tobytes()).hexdigest()}
+        Path(self.folder).mkdir(parents=True, exist_ok=True)
+        Path(self.folder, f"rank{trainer.global_rank}.json").write_text(json.dumps(out))
+
+
+class KillDuringSave(Callback):
+    """Make the `nth` torch.save of this process write half of its bytes, then SIGKILL the process:
+    a crash in the middle of writing a checkpoint. The file names of the saves go to `log`."""
+
+    def __init__(self, nth: int, log: str):
+        real, count = torch.save, [0]
+
+        def save(obj, f, *args, **kwargs):
+            count[0] += 1
+            name = os.readlink(f"/proc/self/fd/{f.fileno()}") if hasattr(f, "fileno") else f
+            with open(log, "a") as out:
+                out.write(f"{count[0]} {name}\n")
+            if count[0] == nth:
+                buf = io.BytesIO()
+                real(obj, buf, *args, **kwargs)
+                f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(obj, f, *args, **kwargs)
+
+        torch.save = save
+
+
+def callbacks(*specs: tuple[type, dict]) -> list[str]:
+    """`--trainer.callbacks` arguments for these (class, init_args) pairs."""
+    value = [{"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": kw} for cls, kw in specs]
+    return ["--trainer.callbacks", json.dumps(value)]
+
+
+def event_files(run: Path) -> list[Path]:
+    """A run folder's TensorBoard event files, one per process that logged there, oldest first."""
+    return sorted(run.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
+
+
+def scalars(run: Path, tag: str = "train/loss") -> dict[int, float]:
+    """{step: value} of a TensorBoard scalar, over every event file of a run folder (or one file)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[int, float] = {}
+    for events in event_files(run) if run.is_dir() else [run]:
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0}).Reload()
+        if tag in acc.Tags()["scalars"]:
+            out.update({e.step: e.value for e in acc.Scalars(tag)})
+    return out

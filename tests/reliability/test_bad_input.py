@@ -1,0 +1,125 @@
+"""The bad-input matrix, one test per row: each gives a one-line error on stderr that names the
+problem and the fix, exits non-zero (2), and leaves every file already written intact."""
+
+import shutil
+
+import pytest
+
+from .helpers import RUN, TINY, load, loopnet, snapshot
+
+SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+
+
+@pytest.fixture(scope="module")
+def prior(tmp_path_factory):
+    """A folder holding a finished run (checkpoints, events, config, summary) and some inputs."""
+    cwd = tmp_path_factory.mktemp("prior")
+    res = loopnet("fit", *SHORT, cwd=cwd)
+    assert res.code == 0, res.err[-3000:]
+    assert (cwd / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    (cwd / "malformed.yaml").write_text("model:\n  config: [d_model: 32\ntrainer:\n  max_steps: 2\n")
+    (cwd / "unknown_key.yaml").write_text("trainer:\n  max_stepz: 5\n")
+    (cwd / "empty.txt").write_text("")
+    (cwd / "a_file").write_text("not a folder\n")
+    good = (cwd / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt").read_bytes()
+    (cwd / "corrupt.ckpt").write_bytes(good[: len(good) // 3])  # a checkpoint cut short
+    return cwd
+
+
+def check(res, problem: str, fix: str) -> None:
+    assert res.code == 2, (res.code, res.err[-3000:])
+    assert "Traceback" not in res.err, res.err[-3000:]
+    line = res.last_err_line
+    assert line.startswith("loopnet: error: "), res.err[-3000:]
+    assert problem in line, line
+    assert fix in line, line
+
+
+@pytest.fixture
+def unchanged(prior):
+    """Asserts after the test that every file of the prior run is byte-identical (new files may appear)."""
+    before = snapshot(prior)
+    yield prior
+    after = snapshot(prior)
+    assert {k: after.get(k) for k in before} == before
+
+
+def test_malformed_yaml(unchanged):
+    res = loopnet("fit", *SHORT, "--config", "malformed.yaml", cwd=unchanged)
+    check(res, "the config file malformed.yaml is not valid YAML", "fix its syntax")
+    assert "line 3" in res.last_err_line  # where the flow sequence breaks
+
+
+def test_unknown_key(unchanged):
+    res = loopnet("fit", *SHORT, "--config", "unknown_key.yaml", cwd=unchanged)
+    check(res, "does not accept option 'trainer.max_stepz'", "did you mean 'trainer.max_steps'?")
+
+
+def test_unknown_key_on_the_command_line(unchanged):
+    res = loopnet("fit", *SHORT, "--model.config.n_raunds", "3", cwd=unchanged)
+    check(res, "--model.config.n_raunds", "did you mean 'model.config.n_rounds'?")
+
+
+def test_wrong_type(unchanged):
+    res = loopnet("fit", *SHORT, "--trainer.max_steps", "many", cwd=unchanged)
+    check(res, 'Parser key "trainer.max_steps": Expected a <class \'int\'>. Got value: many', "of the expected type")
+
+
+def test_impossible_shapes(unchanged):
+    res = loopnet("fit", *SHORT, "--model.config.d_model", "33", cwd=unchanged)
+    check(res, "d_model=33 is not divisible by n_heads=2", "pick n_heads among the divisors")
+
+
+def test_data_glob_matching_nothing(unchanged):
+    res = loopnet("fit", *SHORT, "--data.source", "files", "--data.path", "corpus/*.txt", cwd=unchanged)
+    check(res, "No file matches 'corpus/*.txt'", "Fix: check the path or glob")
+
+
+def test_empty_corpus(unchanged):
+    res = loopnet("fit", *SHORT, "--data.source", "files", "--data.path", "empty.txt", cwd=unchanged)
+    check(res, "", "")
+    line = res.last_err_line.lower()
+    assert "fix" in line and "add data" in line, line  # the data package's wording; it names no file yet
+
+
+def test_corrupt_checkpoint(unchanged):
+    res = loopnet("fit", *SHORT, "--ckpt_path", "corrupt.ckpt", cwd=unchanged)
+    check(res, "corrupt.ckpt is not a readable checkpoint, it is corrupt or truncated", "fix: pass another one")
+
+
+def test_corrupt_last_checkpoint(prior, tmp_path):
+    """`--ckpt_path last` checks the checkpoint it picks as thoroughly as a given path."""
+    shutil.copytree(prior / "runs", tmp_path / "runs")
+    last = tmp_path / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    before = snapshot(tmp_path)
+    res = loopnet("fit", *SHORT, "--ckpt_path", "last", cwd=tmp_path)
+    check(res, "version_0/checkpoints/last.ckpt is not a readable checkpoint", "fix: pass another one")
+    assert snapshot(tmp_path) == before
+
+
+def test_checkpoint_from_another_config(unchanged):
+    # The same run name (scheme, wiring, K, R), so `last` finds the prior run, but another width.
+    res = loopnet("fit", *SHORT, "--model.config.d_model", "64", "--ckpt_path", "last", cwd=unchanged)
+    check(res, "another model config (d_model: checkpoint 32 vs config 64)", "run with the config saved beside it")
+
+
+def test_missing_checkpoint(unchanged):
+    res = loopnet("test", *SHORT, "--ckpt_path", "runs/nope.ckpt", cwd=unchanged)
+    check(res, "--ckpt_path runs/nope.ckpt does not exist", "give a .ckpt file")
+
+
+def test_unwritable_log_folder(unchanged):
+    # Running as root, permission bits do not stop writes; a path under a regular file fails for everyone.
+    res = loopnet("fit", *SHORT, "--trainer.logger.init_args.save_dir", "a_file/runs", cwd=unchanged)
+    check(res, "cannot write to the folder a_file/runs given by --trainer.logger.init_args.save_dir (Not a directory)",
+          "fix: pass a writable folder")
+
+
+def test_unwritable_checkpoint_folder(unchanged):
+    res = loopnet("fit", *SHORT, "--checkpoint.dirpath", "a_file/ckpts", cwd=unchanged)
+    check(res, "cannot write to the folder a_file/ckpts given by --checkpoint.dirpath", "fix: pass a writable folder")
+
+
+def test_prior_run_still_loads(prior):
+    assert load(prior / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt")["global_step"] == 2

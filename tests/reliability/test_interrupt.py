@@ -1,0 +1,117 @@
+"""Interruption: SIGTERM or SIGINT during `loopnet fit` writes a resumable checkpoint and exits
+cleanly; a kill in the middle of writing a checkpoint leaves the previous one intact; and
+`loopnet fit ... --ckpt_path last` resumes from whichever is newest."""
+
+import signal
+import time
+
+import pytest
+import torch
+
+from loopnet.training.callbacks import AtomicCheckpointIO
+from .helpers import RUN, TINY, KillDuringSave, Progress, callbacks, event_files, finish, load, loopnet, scalars, spawn
+
+
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+STOP_ARGS = [*TINY, "--trainer.max_steps", "1000", "--trainer.val_check_interval", "3"]
+KILL_ARGS = [*TINY, "--trainer.val_check_interval", "2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three real `loopnet fit` processes, started together (their start-up dominates): two get a
+    signal from outside once past step 4, the third is killed while writing a checkpoint."""
+    procs, folders = {}, {}
+    for name in (*SIGNALS, "kill"):
+        cwd = folders[name] = tmp_path_factory.mktemp(name)
+        if name == "kill":
+            # Saves: best-step2 and last at step 2, best-step4 and then last at step 4: killed half way.
+            extra = callbacks((KillDuringSave, {"nth": 4, "log": str(cwd / "saves.log")}))
+            procs[name] = spawn("fit", *KILL_ARGS, *extra, cwd=cwd)
+        else:
+            extra = callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2}))
+            procs[name] = spawn("fit", *STOP_ARGS, *extra, cwd=cwd)
+    waiting, t0 = set(SIGNALS), time.monotonic()
+    try:
+        while waiting:
+            assert time.monotonic() - t0 < 240, f"{sorted(waiting)}: fit did not reach step 4 in 240 s"
+            for name in list(waiting):
+                proc, progress = procs[name], folders[name] / "progress"
+                if proc.poll() is not None:
+                    res = finish(proc)
+                    raise AssertionError(f"{name}: fit ended (code {res.code}) before step 4:\n{res.err[-4000:]}")
+                if progress.exists() and int(progress.read_text() or 0) >= 4:
+                    proc.send_signal(SIGNALS[name])
+                    waiting.discard(name)
+            time.sleep(0.1)
+        return {name: (folders[name], finish(proc, timeout=240)) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_signal_stops_fit_with_a_resumable_checkpoint(name, runs):
+    cwd, res = runs[name]
+    assert res.code == 0, res.err[-4000:]  # a clean stop at the end of the batch, not a crash
+    assert "Traceback" not in res.err
+    ckpts = cwd / "runs" / RUN / "version_0" / "checkpoints"
+    ckpt = load(ckpts / "last-interrupted.ckpt")  # loads with the restricted unpickler
+    stopped = ckpt["global_step"]
+    assert 4 <= stopped < 1000
+    assert f"stopped at step {stopped}" in res.last_err_line and "--ckpt_path last" in res.last_err_line
+    assert load(ckpts / "last.ckpt")["global_step"] < stopped  # the validation checkpoint is older
+
+    # Same command with --ckpt_path last: continues at the stopped step, in the same folder.
+    before = event_files(cwd / "runs" / RUN / "version_0")
+    res = loopnet("fit", *STOP_ARGS, "--trainer.max_steps", str(stopped + 2), "--ckpt_path", "last", cwd=cwd)
+    assert res.code == 0, res.err[-3000:]
+    assert "resuming from" in res.err and "last-interrupted.ckpt" in res.err
+    (new,) = [f for f in event_files(cwd / "runs" / RUN / "version_0") if f not in before]
+    assert sorted(scalars(new)) == [stopped, stopped + 1]
+
+
+def test_kill_while_writing_a_checkpoint_leaves_last_ckpt_intact(runs):
+    cwd, res = runs["kill"]
+    assert res.code == -signal.SIGKILL, res.err[-4000:]
+    ckpts = cwd / "runs" / RUN / "version_0" / "checkpoints"
+    killed = (cwd / "saves.log").read_text().splitlines()[-1].split(" ", 1)[1]
+    assert killed.startswith(str(ckpts / ".last.ckpt."))  # it was writing the new last.ckpt
+
+    assert load(ckpts / "last.ckpt")["global_step"] == 2  # the previous one, whole
+    (partial,) = ckpts.glob(".last.ckpt.*.tmp")  # what the kill left: a partial temporary file
+    with pytest.raises(Exception):
+        torch.load(partial, weights_only=True)
+
+    res = loopnet("fit", *KILL_ARGS, "--trainer.max_steps", "4", "--ckpt_path", "last", cwd=cwd)
+    assert res.code == 0, res.err[-3000:]
+    assert "resuming from" in res.err and "version_0/checkpoints/last.ckpt" in res.err
+    assert load(ckpts / "last.ckpt")["global_step"] == 4
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
+    before = path.read_bytes()
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(1 << 20)}, "boom": Unpicklable()}, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
+
+
+def test_cli_writes_checkpoints_atomically(tmp_path):
+    from loopnet.data import TokenStreamDataModule
+    from loopnet.training.cli import TRAINER_DEFAULTS, LoopnetCLI, OneLineErrorParser
+    from loopnet.training.module import LoopedLM
+
+    cli = LoopnetCLI(LoopedLM, TokenStreamDataModule, trainer_defaults=TRAINER_DEFAULTS, auto_configure_optimizers=False,
+                     parser_class=OneLineErrorParser, run=False,
+                     args=[*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+    assert type(cli.trainer.strategy.checkpoint_io) is AtomicCheckpointIO
