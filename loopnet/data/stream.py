@@ -211,8 +211,10 @@ def val_windows(
     all ranks get the same number of windows (up to world_size - 1 are dropped) even when the
     split is a handful of documents (the embedded corpus holds out one play).
     """
-    packer, rows = Packer(seq_len), []
+    packer, rows, n_docs, n_text = Packer(seq_len), [], 0, 0
     for _, text in iter_texts(docs, text_column):
+        n_docs += 1
+        n_text += bool(text and text.strip())
         if not text or not val(text):
             continue
         packer.push(None, encode(text))
@@ -221,6 +223,11 @@ def val_windows(
         if max_tokens is not None and len(rows) * seq_len >= max_tokens:
             break
     n = len(rows) // world_size * world_size
+    if n_text == 0:
+        raise DataConfigError(
+            f"The corpus is empty: {n_docs} document(s), none with text in column {text_column!r}. "
+            "Fix: point data.path at files that hold text (or set text_column:)"
+        )
     if n == 0:
         raise DataConfigError(
             f"The validation split holds {len(rows)} windows of seq_len + 1 = {seq_len + 1} tokens, "

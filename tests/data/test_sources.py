@@ -113,7 +113,7 @@ def test_empty_files_give_an_error_not_an_empty_epoch(tmp_path):
     dm = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="files", path=str(tmp_path / "*.txt"))
     with pytest.raises(DataConfigError, match="0 tokens per epoch"):
         next(iter(dm.train_dataloader()))
-    with pytest.raises(DataConfigError, match="validation split holds 0 windows"):
+    with pytest.raises(DataConfigError, match="The corpus is empty: 3 document"):
         dm.val_dataloader()
 
 
