@@ -47,6 +47,7 @@ class LoopedTransformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.observer: VisitObserver | None = None
+        self._compiled_head = None
         self.reset_parameters()
 
     # ----------------------------------------------------------------------------- init
@@ -81,6 +82,30 @@ class LoopedTransformer(nn.Module):
         block = sum(p.numel() for p in self.blocks[0].parameters())
         head = self.lm_head.weight.numel()
         return 6.0 * (R * cfg.n_blocks * block + head) + 12.0 * R * cfg.n_blocks * cfg.d_model * T
+
+    # ----------------------------------------------------------------------------- compile
+    def compile(self, *args, **kwargs) -> None:
+        """`torch.compile` each physical sublayer and the head (final Norm, LM head, loss) once.
+
+        A sublayer's graph takes its parameters as inputs, so one attention graph and one FFN graph
+        serve every block, every round and any R' (plus one for the head): compile time does not
+        grow with R and nothing recompiles per round. The loop over rounds stays in Python, where
+        activation checkpointing per round and the visit observers keep working unchanged.
+        Arguments are those of `torch.compile`."""
+        # All sublayers share one code object (Module._call_impl), so its graph variants (attn/ffn,
+        # train/eval, with visit observers, query injection) count against one recompile limit.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        for block in self.blocks:
+            block.attn.compile(*args, **kwargs)
+            block.ffn.compile(*args, **kwargs)
+        self._compiled_head = torch.compile(self._head, *args, **kwargs)
+
+    def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
+        """Logits of the final state x and, with targets, their cross-entropy."""
+        logits = self.lm_head(self.final_norm(x))
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
 
     # ----------------------------------------------------------------------------- probes
     def attach_observer(self, observer: VisitObserver | None) -> None:
@@ -140,6 +165,7 @@ class LoopedTransformer(nn.Module):
         x0 = unit_rms(self.drop(e))
         loss_rounds = self.loss_round_indices(R) if targets is not None else range(R, R + 1)
         use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled()
+        head = self._head if self._compiled_head is None else self._compiled_head
         x, h, losses, logits = x0, None, [], None
         for r in range(1, R + 1):
             start = x if cfg.wiring == "lt" else x0
@@ -150,8 +176,8 @@ class LoopedTransformer(nn.Module):
                     x = self._round(r, start, h)
             h = unit_rms(x)
             if r in loss_rounds:
-                logits = self.lm_head(self.final_norm(x))
-                if targets is not None:
-                    losses.append(F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1))
+                logits, loss = head(x, targets)
+                if loss is not None:
+                    losses.append(loss)
         loss = torch.stack(losses).mean() if losses else None
         return logits, loss

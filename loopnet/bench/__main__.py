@@ -1,0 +1,3 @@
+from loopnet.bench.run import main
+
+main()

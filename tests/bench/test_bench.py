@@ -1,0 +1,52 @@
+"""The benchmark runs (smoke mode: tiny sizes, one or two steps per variant) so it cannot rot.
+Its numbers are machine- and load-dependent and are not asserted."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from loopnet.model import LoopConfig, LoopedTransformer
+
+VARIANTS = ["bare", "lightning", "diagnostics@2", "diagnostics@50", "compile", "checkpoint", "R=1", "R=3", "R=12",
+            "data"]
+
+
+def test_smoke_run_prints_and_writes_every_variant(tmp_path):
+    md, js = tmp_path / "bench.md", tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loopnet.bench.run", "--smoke", "--out", str(md), "--json", str(js)],
+        capture_output=True, text=True, timeout=300, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for text in (proc.stdout, md.read_text()):
+        for name in VARIANTS:
+            assert f"| {name} |" in text, f"no row for {name}"
+        assert "Command: `loopnet bench --smoke" in text and "Peak for MFU" in text and "| K | R |" in text
+    result = json.loads(js.read_text())
+    assert {r["name"] for r in result["rows"]} >= set(VARIANTS) - {"compile"}
+    assert set(result["checks"]) >= {"lightning", "diagnostics@50", "checkpoint", "rounds", "data", "mfu"}
+
+
+def test_compiled_model_matches_eager_and_reuses_graphs_across_rounds():
+    from torch._dynamo.utils import counters
+
+    cfg = LoopConfig(vocab_size=64, seq_len=8, d_model=16, n_heads=2, n_blocks=2, n_rounds=3)
+    torch.manual_seed(0)
+    eager = LoopedTransformer(cfg)
+    torch.manual_seed(0)
+    compiled = LoopedTransformer(cfg)
+    compiled.compile()
+    x = torch.randint(0, 64, (2, 8))
+    before = counters["stats"]["unique_graphs"]
+    for model in (eager, compiled):
+        model(x, x)[1].backward()
+    first = counters["stats"]["unique_graphs"] - before
+    assert 1 <= first <= 3  # attention, FFN and head graphs, not one per visit (graphs may already be cached)
+    for p, q in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    before = counters["stats"]["unique_graphs"]
+    compiled(x, x, rounds=5)[1].backward()  # another R': the same graphs
+    assert counters["stats"]["unique_graphs"] == before
