@@ -201,6 +201,10 @@ class LoopnetCLI(LightningCLI):
             raise FileNotFoundError(f"--ckpt_path {path} does not exist; give a .ckpt file (e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
         check_checkpoint_config(load_hparams(path).get("config"), cfg.model.config.as_dict())
 
+    def before_predict(self) -> None:
+        # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus.
+        self.datamodule = None
+
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
         logger = cfg.trainer.logger

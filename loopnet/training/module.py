@@ -228,7 +228,7 @@ class LoopedLM(L.LightningModule):
         from loopnet.data import gpt2_encoding
 
         ids = gpt2_encoding().encode_ordinary(self.gen.prompt) or [50256]
-        return [torch.tensor([ids[-self.config.seq_len:]])]
+        return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len:])], batch_size=1)
 
     @torch.no_grad()
     def predict_step(self, batch, batch_idx=0):

@@ -99,3 +99,12 @@ def test_bad_input_fails_before_training(args, message, tmp_path):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+def test_predict_continues_a_prompt(fitted):
+    cwd, run = fitted
+    out = loopnet("predict", *TINY, "--ckpt_path", str(run / "checkpoints/last.ckpt"),
+                  "--model.generate.prompt", "ROMEO:", "--model.generate.max_new_tokens", "5",
+                  "--model.generate.temperature", "0", cwd=cwd).stdout
+    text = out[out.index("ROMEO:"):].splitlines()[0]
+    assert len(text) > len("ROMEO:")  # the prompt and its continuation
