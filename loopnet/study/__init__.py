@@ -1,0 +1,12 @@
+"""Stability studies: `loopnet sweep` runs a YAML grid of fits (resumably), `loopnet report`
+turns the sweep folder into a markdown report with tables and plots.
+
+    grid     the sweep file: base configs, overrides, grid, include -> cells and their commands
+    sweep    the runner (subprocesses, skip finished cells, manifest and log)
+    report   tables and matplotlib plots from the run summaries and TensorBoard events
+    unigram  the unigram-entropy plateau a run must leave to "escape"
+"""
+
+from .grid import Cell, Sweep, SweepError, expand, load_sweep
+
+__all__ = ["Cell", "Sweep", "SweepError", "expand", "load_sweep"]

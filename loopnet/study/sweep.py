@@ -1,0 +1,316 @@
+"""`loopnet sweep`: run every cell of a YAML grid through the normal `loopnet fit` path, resumably.
+
+    loopnet sweep configs/sweeps/cpu_study.yaml                 # sequentially
+    loopnet sweep configs/sweeps/cpu_study.yaml --jobs 2        # two fits at once
+    loopnet sweep configs/sweeps/cpu_study.yaml --dry_run       # list the cells and commands
+
+Each cell is one `python -m loopnet.training.cli fit ...` subprocess logging into
+``<out>/<cell_id>/`` (TensorBoard events, config.yaml, checkpoints/, summary.json, and the fit's
+own output in fit.log). A cell is *finished* when its summary.json has a final status
+(completed or diverged); finished cells are skipped, so rerunning a killed or partial sweep
+continues where it stopped. A cell that did not finish (killed, interrupted, crashed) runs again:
+from scratch by default, or from its last checkpoint with ``--resume ckpt``. A cell that fails
+(nonzero exit without a final summary) is reported and does not stop the others.
+
+Several sweep processes may share one folder (e.g. one per GPU, each with its own
+CUDA_VISIBLE_DEVICES): a per-cell lock in ``<out>/.locks/`` gives every cell to one process only.
+
+The sweep folder also holds ``sweep.json`` (the manifest: the sweep file, every cell's grid
+values and command, how the sweep was invoked), ``sweep.yaml`` (a copy of the sweep file) and
+``sweep_log.jsonl`` (one line per cell started, finished, failed or stopped, across invocations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import fcntl
+import fnmatch
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from loopnet.diagnostics import SUMMARY_NAME, read_summary
+
+from .grid import Cell, Sweep, SweepError, expand, load_sweep
+
+FINAL_STATUSES = ("completed", "diverged")
+MANIFEST = "sweep.json"
+LOG = "sweep_log.jsonl"
+CELL_FILE = "cell.json"  # the cell's grid values and command, written when it starts
+spawn = subprocess.Popen  # how a cell's fit is started (a test replaces it)
+
+
+def now() -> str:
+    return dt.datetime.now().isoformat(timespec="seconds")
+
+
+def cell_summary(cell_dir: Path) -> dict | None:
+    """The cell's run summary, or None when there is none (or it is unreadable)."""
+    try:
+        return read_summary(cell_dir / SUMMARY_NAME)
+    except (FileNotFoundError, ValueError, json.JSONDecodeError):
+        return None
+
+
+def is_finished(cell_dir: Path) -> bool:
+    summary = cell_summary(cell_dir)
+    return summary is not None and summary["status"] in FINAL_STATUSES
+
+
+def shell_command(cmd: list[str]) -> str:
+    """A command as one copy-pasteable shell line, with `python` in place of this interpreter's path."""
+    shown = ["python" if i == 0 and c == sys.executable else c for i, c in enumerate(cmd)]
+    return shlex.join(shown)
+
+
+class SweepRunner:
+    """Runs the unfinished cells of a sweep, at most `jobs` at a time, and logs what happens."""
+
+    def __init__(self, sweep: Sweep, cells: list[Cell], jobs: int = 1, threads: int | None = None,
+                 max_cells: int | None = None, resume: str = "restart", echo=print):
+        if jobs < 1:
+            raise SweepError(f"--jobs must be >= 1, got {jobs}")
+        self.sweep, self.cells, self.jobs = sweep, cells, jobs
+        # Share the cores between concurrent fits: N processes each using every core thrash.
+        self.threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+        self.max_cells, self.resume, self.echo = max_cells, resume, echo
+        self.out = sweep.out
+        self.results: dict[str, str] = {}  # cell id -> skipped | completed | diverged | failed
+
+    # ------------------------------------------------------------------------------ records
+    def log(self, event: str, cell: Cell, **extra) -> None:
+        with open(self.out / LOG, "a") as f:
+            f.write(json.dumps({"time": now(), "event": event, "cell": cell.id, **extra}) + "\n")
+
+    def write_manifest(self, argv: list[str]) -> None:
+        invocation = shlex.join(["loopnet", "sweep", *argv])
+        try:  # keep the history of invocations (a sweep is often continued several times)
+            invocations = json.loads((self.out / MANIFEST).read_text()).get("invocations", [])
+        except (FileNotFoundError, json.JSONDecodeError):
+            invocations = []
+        manifest = {
+            "sweep_file": str(self.sweep.path) if self.sweep.path else None,
+            "description": self.sweep.description,
+            "spec": self.sweep.spec,
+            "base": self.sweep.base,
+            "overrides": self.sweep.overrides,
+            "out": str(self.out),
+            "cwd": os.getcwd(),
+            "invocation": invocation,
+            "invocations": [*invocations, invocation],
+            "updated": now(),
+            "machine": machine(),
+            "jobs": self.jobs,
+            "threads_per_cell": self.threads,
+            "cells": [{"id": c.id, "params": c.params, "command": shell_command(c.command)} for c in self.cells],
+        }
+        (self.out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        if self.sweep.path is not None:
+            shutil.copyfile(self.sweep.path, self.out / "sweep.yaml")
+
+    # ------------------------------------------------------------------------------ one cell
+    def start(self, cell: Cell) -> subprocess.Popen:
+        cell_dir = self.out / cell.id
+        cmd = list(cell.command)
+        if self.resume == "ckpt" and any(cell_dir.glob("checkpoints/last*.ckpt")):
+            cmd += ["--ckpt_path", "last"]  # Lightning picks the newer of last.ckpt / last-interrupted.ckpt
+        elif cell_dir.exists():
+            shutil.rmtree(cell_dir)  # a partial run: start over so its logs and summary are one clean run
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        (cell_dir / CELL_FILE).write_text(json.dumps({"id": cell.id, "params": cell.params,
+                                                      "command": shell_command(cmd)}, indent=2) + "\n")
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        log = open(cell_dir / "fit.log", "ab")
+        self.log("started", cell, command=shell_command(cmd))
+        proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()  # the child holds its own descriptor
+        return proc
+
+    def finish(self, cell: Cell, rc: int, seconds: float, done: int, total: int) -> None:
+        summary = cell_summary(self.out / cell.id)
+        status = summary["status"] if summary else None
+        if status in FINAL_STATUSES and rc == 0:
+            self.results[cell.id] = status
+            val = summary.get("final_val_loss")
+            extra = f" at step {summary['diverged_at_step']}" if status == "diverged" else ""
+            self.echo(f"[{done}/{total}] {cell.id}: {status}{extra}, val loss "
+                      f"{'n/a' if val is None else f'{val:.4f}'} ({seconds:.0f} s)")
+            self.log("finished", cell, status=status, rc=rc, seconds=round(seconds, 1),
+                     final_val_loss=val, diverged_at_step=summary.get("diverged_at_step"))
+        else:
+            self.results[cell.id] = "failed"
+            why = f"exit code {rc}" + (f", summary status {status!r}" if status else ", no summary")
+            self.echo(f"[{done}/{total}] {cell.id}: FAILED ({why}); see {self.out / cell.id / 'fit.log'}")
+            self.log("failed", cell, rc=rc, status=status, seconds=round(seconds, 1))
+
+    # ------------------------------------------------------------------------------ the loop
+    def try_lock(self, cell: Cell):
+        """An exclusive lock on the cell (released when its file closes), or None when another
+        sweep process runs it: several processes (one per GPU) can share one sweep folder."""
+        locks = self.out / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        f = open(locks / f"{cell.id}.lock", "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+        return f
+
+    def run(self) -> dict[str, str]:
+        todo = []
+        for cell in self.cells:
+            if is_finished(self.out / cell.id):
+                self.results[cell.id] = "skipped"
+                self.warn_if_changed(cell)
+            else:
+                todo.append(cell)
+        skipped = len(self.cells) - len(todo)
+        total = len(todo) if self.max_cells is None else min(len(todo), self.max_cells)
+        self.echo(f"loopnet sweep: {len(self.cells)} cells in {self.out}: {skipped} finished (skipped), "
+                  f"{total} to run, {self.jobs} at a time, {self.threads} thread(s) each")
+        running: dict[subprocess.Popen, tuple[Cell, float, Any]] = {}
+        launched = done = 0
+        try:
+            while todo or running:
+                while todo and len(running) < self.jobs and (self.max_cells is None or launched < self.max_cells):
+                    cell = todo.pop(0)
+                    lock = self.try_lock(cell)
+                    if lock is None:
+                        self.results[cell.id] = "busy"
+                        self.echo(f"loopnet sweep: {cell.id} is being run by another sweep process; left to it")
+                        continue
+                    if is_finished(self.out / cell.id):  # finished by another process meanwhile
+                        lock.close()
+                        self.results[cell.id] = "skipped"
+                        continue
+                    running[self.start(cell)] = (cell, time.monotonic(), lock)
+                    launched += 1
+                if self.max_cells is not None and launched >= self.max_cells:
+                    todo = []
+                time.sleep(0.2)
+                for proc in [p for p in running if p.poll() is not None]:
+                    cell, t0, lock = running.pop(proc)
+                    done += 1
+                    self.finish(cell, proc.returncode, time.monotonic() - t0, done, total)
+                    lock.close()
+        finally:
+            if running:  # interrupted: stop the fits cleanly (each saves last-interrupted.ckpt and its summary)
+                self.echo(f"loopnet sweep: stopping {len(running)} running cell(s)")
+                for proc in running:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGTERM)
+                for proc, (cell, _, lock) in running.items():
+                    try:
+                        proc.wait(timeout=120)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                    self.log("stopped", cell, rc=proc.returncode)
+                    lock.close()
+        return self.results
+
+    def warn_if_changed(self, cell: Cell) -> None:
+        """A finished cell run with another command (the sweep file changed) is kept, but said."""
+        try:
+            previous = json.loads((self.out / cell.id / CELL_FILE).read_text())["command"]
+        except (FileNotFoundError, KeyError, json.JSONDecodeError):
+            return
+        strip = lambda c: c.replace(" --ckpt_path last", "")  # noqa: E731
+        if strip(previous) != strip(shell_command(cell.command)):
+            self.echo(f"loopnet sweep: warning: {cell.id} finished with a different command than the sweep "
+                      f"file gives now; delete {self.out / cell.id} to rerun it")
+
+
+def machine() -> dict:
+    """Where the sweep ran, for the report."""
+    import torch
+
+    info = {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt  # so that the runner's `finally` stops its children cleanly
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import grid
+
+    p = argparse.ArgumentParser(prog="loopnet sweep", description=__doc__, epilog="The sweep file:\n" + grid.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep_file", help="YAML sweep file (see loopnet/study/grid.py or configs/sweeps/)")
+    p.add_argument("--out", help="sweep folder (default: the file's `out:`)")
+    p.add_argument("--jobs", type=int, default=1, help="cells run at once (default 1)")
+    p.add_argument("--threads", type=int, help="torch/OpenMP threads per cell (default: CPU cores / jobs)")
+    p.add_argument("--max_cells", type=int, help="start at most this many unfinished cells, then stop")
+    p.add_argument("--only", action="append", metavar="GLOB", help="run only cells whose id matches (repeatable)")
+    p.add_argument("--resume", choices=("restart", "ckpt"), default="restart",
+                   help="an unfinished cell reruns from scratch (restart, default) or from its last checkpoint (ckpt)")
+    p.add_argument("--dry_run", action="store_true", help="list the cells, their state and commands; run nothing")
+    return p
+
+
+def run(argv: list[str], echo=None) -> int:
+    """`loopnet sweep` without exiting: returns 0 when every selected cell is finished, 1 otherwise."""
+    echo = echo or (lambda line: print(line, flush=True))  # flushed: sweeps run for hours under nohup
+    args = parser().parse_args(argv)
+    sweep = load_sweep(args.sweep_file, out=args.out)
+    cells = expand(sweep)
+    if args.only:
+        cells = [c for c in cells if any(fnmatch.fnmatch(c.id, g) for g in args.only)]
+    if args.dry_run:
+        for c in cells:
+            state = "finished" if is_finished(sweep.out / c.id) else "to run"
+            echo(f"{c.id}  [{state}]\n    {shell_command(c.command)}")
+        echo(f"{len(cells)} cells, out: {sweep.out}")
+        return 0
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    runner = SweepRunner(sweep, cells, jobs=args.jobs, threads=args.threads, max_cells=args.max_cells,
+                         resume=args.resume, echo=echo)
+    runner.write_manifest(argv)
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        results = runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    failed = sorted(c for c, r in results.items() if r == "failed")
+    unfinished = [c.id for c in cells if not is_finished(sweep.out / c.id)]
+    counts = {k: sum(1 for r in results.values() if r == k) for k in ("completed", "diverged", "skipped", "failed", "busy")}
+    echo("loopnet sweep: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+         + (f"; {len(unfinished)} cell(s) not finished" if unfinished else "; all cells finished")
+         + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if not unfinished:
+        echo(f"next: loopnet report {sweep.out}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        rc = run(argv)
+    except SweepError as err:
+        print(f"loopnet sweep: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("loopnet sweep: interrupted; rerun the same command to continue", file=sys.stderr)
+        sys.exit(130)
+    if rc:
+        sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
