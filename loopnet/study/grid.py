@@ -82,7 +82,7 @@ def cli_value(value: Any) -> str:
     return json.dumps(value)  # lists and mappings
 
 
-def _slug(value: Any) -> str:
+def slug(value: Any) -> str:
     text = f"{value:g}" if isinstance(value, float) else str(value)
     return re.sub(r"[^A-Za-z0-9.]+", "", text)
 
@@ -92,7 +92,7 @@ def cell_id(params: dict[str, Any]) -> str:
     parts = []
     for key, value in params.items():
         short = SHORT.get(key, key.rsplit(".", 1)[-1])
-        parts.append(f"{short}{_slug(value)}")
+        parts.append(f"{short}{slug(value)}")
     return "-".join(parts) or "cell"
 
 

@@ -37,7 +37,6 @@ import platform
 import shlex
 import statistics
 import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ import yaml
 from loopnet.diagnostics import SUMMARY_NAME, read_summary
 from loopnet.model import SUBLAYERS, Visit
 
-from .grid import SHORT, _slug
+from .grid import SHORT, slug
 from .sweep import FINAL_STATUSES, MANIFEST
 
 STANDARD_KEYS = {"model.config.residual", "model.config.wiring", "model.config.p", "model.config.n_rounds",
@@ -123,7 +122,7 @@ def describe(run: Run, sweep_dir: Path, default_config: dict) -> None:
     run.p = config.get("p")
     run.rounds = config.get("n_rounds")
     scheme = f"p{run.p:g}" if run.scheme == "scaled" and run.p is not None else run.scheme
-    extra = [f"{SHORT.get(k, k.rsplit('.', 1)[-1])}{_slug(v)}" for k, v in run.params.items() if k not in STANDARD_KEYS]
+    extra = [f"{SHORT.get(k, k.rsplit('.', 1)[-1])}{slug(v)}" for k, v in run.params.items() if k not in STANDARD_KEYS]
     run.method = "-".join([scheme, str(config.get("wiring", "?")), *extra])
     run.seed = run.params.get("seed_everything")
     if run.seed is None:  # not a grid key: the seed the fit resolved (its config.yaml)
@@ -595,6 +594,7 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
     sweep_cmd = f"loopnet sweep {sweep_file}" if sweep_file else "(unknown: no manifest)"
     invocations = manifest.get("invocations") or ([manifest["invocation"]] if manifest.get("invocation") else [])
     finished = sum(r.finished for r in runs)
+    commit = git_commit()
     wall = sum(r.value("wall_time_s") or 0 for r in runs)
 
     md = [f"# {title or f'Stability study: {name}'}", ""]
@@ -613,8 +613,8 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
         f"- machine: {machine_line(manifest.get('machine'))}",
         f"- cells: {len(runs)}, finished {finished} "
         f"({sum(r.status == 'diverged' for r in runs)} diverged), fit time {wall / 60:.1f} min in all",
-        f"- report written {dt.datetime.now().isoformat(timespec='minutes')} by loopnet "
-        f"{'@ ' + git_commit() if git_commit() else ''} on {platform.node()}",
+        f"- report written {dt.datetime.now().isoformat(timespec='minutes')} by loopnet"
+        f"{' @ ' + commit if commit else ''} on {platform.node()}",
         setup_section(manifest), "",
         "## Final validation loss", "",
         "Mean ± sample std over the seeds that completed (a diverged seed is left out and counted with †); "

@@ -61,7 +61,7 @@ def test_errors():
         sweep_from_dict({"grid": {"seed_everything": [1]}, "overrides": {"seed_everything": 2}, "out": "x"})
 
 
-@pytest.mark.parametrize("name,count", [("cpu_study.yaml", 30), ("gpu_study.yaml", None)])
+@pytest.mark.parametrize("name,count", [("cpu_study.yaml", 30), ("cpu_followup.yaml", 16), ("gpu_study.yaml", 65)])
 def test_shipped_sweep_files_expand(name, count, monkeypatch):
     monkeypatch.chdir(REPO)  # base paths are relative to the repository root
     sweep = load_sweep(REPO / "configs" / "sweeps" / name)
