@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
+from loopnet.data import gpt2_encoding
 from loopnet.model import LoopConfig, LoopedTransformer
 
 
@@ -225,15 +226,11 @@ class LoopedLM(L.LightningModule):
 
     # ----------------------------------------------------------------------------- predict
     def predict_dataloader(self):
-        from loopnet.data import gpt2_encoding
-
         ids = gpt2_encoding().encode_ordinary(self.gen.prompt) or [50256]
         return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len:])], batch_size=1)
 
     @torch.no_grad()
     def predict_step(self, batch, batch_idx=0):
-        from loopnet.data import gpt2_encoding
-
         idx, g = batch, self.gen
         for _ in range(g.max_new_tokens):
             logits, _ = self.model(idx[:, -self.config.seq_len:], rounds=g.rounds)
