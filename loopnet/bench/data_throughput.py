@@ -63,11 +63,16 @@ def main() -> None:
         f"{os.cpu_count()} CPUs; seq_len {args.seq_len}, batch {args.batch_size}"
     )
     print("(raw is re-measured next to each pipeline run, so the ratio is immune to drifting machine load)")
-    print(f"{'num_workers':>11} {'pipeline tok/s':>15} {'raw tok/s':>10} {'ratio':>6}")
+    print("(vs 1 worker: pipeline tok/s over the 1-worker run, the scaling with workers)")
+    print(f"{'num_workers':>11} {'pipeline tok/s':>15} {'raw tok/s':>10} {'ratio':>6} {'vs 1 worker':>12}")
+    one_worker = None
     for w in args.workers:
         raw = raw_tokens_per_s(texts)
         tps = pipeline_tokens_per_s(w, args.tokens, args.seq_len, args.batch_size)
-        print(f"{w:>11} {tps / 1e6:>14.2f}M {raw / 1e6:>9.2f}M {tps / raw:>5.2f}x")
+        if w == 1:
+            one_worker = tps
+        scale = f"{tps / one_worker:>11.2f}x" if one_worker else f"{'-':>12}"
+        print(f"{w:>11} {tps / 1e6:>14.2f}M {raw / 1e6:>9.2f}M {tps / raw:>5.2f}x {scale}")
 
 
 if __name__ == "__main__":

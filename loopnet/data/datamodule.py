@@ -51,6 +51,9 @@ class TokenStreamDataModule(L.LightningDataModule):
             for `hub`: a dataset id or local folder (default Skylion007/openwebtext).
         name: dataset configuration name (`hub` only).
         split: dataset split to read (`hub` only).
+        revision: hub dataset revision to pin, a commit sha (or tag/branch), so that the stream, the
+            validation split and exact resume do not change when the dataset is updated upstream
+            (`hub` only; None: the latest).
         text_column: column holding the document text.
         sample_by: how .txt/.md files are cut into documents: `document` (whole file),
             `paragraph` (blank-line separated) or `line`.
@@ -72,6 +75,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         path: str | list[str] | None = None,
         name: str | None = None,
         split: str = "train",
+        revision: str | None = None,
         text_column: str = "text",
         sample_by: Literal["document", "paragraph", "line"] = "document",
         val_fraction: float | None = None,
@@ -97,6 +101,10 @@ class TokenStreamDataModule(L.LightningDataModule):
             raise DataConfigError(f"Unknown source {source!r}; choose shakespeare, files or hub")
         if source == "files":
             builder_for(resolve_files(path if path is not None else []))  # fail now on a bad path or type
+        if revision is not None and source != "hub":
+            raise DataConfigError(
+                f"`revision: {revision}` pins a hub dataset, but source is {source!r}; remove `revision:` or use `source: hub`"
+            )
         if val_fraction is None:
             val_fraction = SHAKESPEARE_VAL_FRACTION if source == "shakespeare" else HUB_VAL_FRACTION
         self.val = ValSelector(val_fraction)
@@ -120,7 +128,7 @@ class TokenStreamDataModule(L.LightningDataModule):
             gpt2_encoding()  # load once here, before workers fork, and fail early on bad files
             hp = self.hparams
             path = OPENWEBTEXT if self.source == "hub" and self.path is None else self.path
-            self.docs = load_documents(self.source, path, hp.name, hp.split, hp.sample_by)
+            self.docs = load_documents(self.source, path, hp.name, hp.split, hp.sample_by, hp.revision)
 
     def _config(self) -> dict:
         hp = self.hparams
@@ -132,6 +140,7 @@ class TokenStreamDataModule(L.LightningDataModule):
             "path",
             "name",
             "split",
+            "revision",
             "text_column",
             "sample_by",
             "shuffle_buffer",

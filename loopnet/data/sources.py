@@ -91,7 +91,7 @@ def hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE)
 
 
-def _check_hub_reachable(path: str, timeout: float = 10.0) -> None:
+def _check_hub_reachable(path: str, revision: str | None = None, timeout: float = 10.0) -> None:
     """Fail within seconds, instead of load_dataset's ~20 s of retries, when the hub cannot be used."""
     if hub_offline():
         raise DataConfigError(
@@ -101,10 +101,11 @@ def _check_hub_reachable(path: str, timeout: float = 10.0) -> None:
     from huggingface_hub import HfApi
 
     try:
-        HfApi().dataset_info(path, timeout=timeout)  # one request, no retry loop
+        HfApi().dataset_info(path, revision=revision, timeout=timeout)  # one request, no retry loop
     except Exception as e:  # network errors, 404, 401: all mean we cannot stream it
         raise DataConfigError(
-            f"Cannot stream {path!r} from the Hugging Face hub ({type(e).__name__}: {e}). {LOCAL_ALTERNATIVES}"
+            f"Cannot stream {path!r}{f' at revision {revision!r}' if revision else ''} from the Hugging Face hub "
+            f"({type(e).__name__}: {e}). {LOCAL_ALTERNATIVES}"
         ) from e
 
 
@@ -114,6 +115,7 @@ def load_documents(
     name: str | None = None,
     split: str = "train",
     sample_by: Literal["document", "paragraph", "line"] = "document",
+    revision: str | None = None,
 ) -> datasets.IterableDataset:
     """Open a source as a streaming `datasets.IterableDataset` (nothing is read yet).
 
@@ -123,7 +125,12 @@ def load_documents(
         name: dataset configuration name (``hub`` only).
         split: split to read (``hub`` only; local files form a single ``train`` split).
         sample_by: how `.txt`/`.md` files are cut into documents: whole file, blank-line paragraphs, or lines.
+        revision: hub dataset revision (commit sha, tag or branch) to pin (``hub`` only).
     """
+    if revision is not None and source != "hub":
+        raise DataConfigError(
+            f"`revision: {revision}` pins a hub dataset, but source is {source!r}; remove `revision:` or use `source: hub`"
+        )
     if source == "shakespeare":
         return datasets.load_dataset(
             "text", data_files={"train": shakespeare_files()}, sample_by="document", split="train", streaming=True
@@ -140,10 +147,14 @@ def load_documents(
         if os.path.isdir(path):
             if not any(Path(path).iterdir()):
                 raise DataConfigError(f"The dataset folder {path!r} is empty")
+            if revision is not None:
+                raise DataConfigError(
+                    f"`revision: {revision}` pins a hub dataset, but {path!r} is a local folder; remove `revision:`"
+                )
         else:
-            _check_hub_reachable(path)
+            _check_hub_reachable(path, revision)
         try:
-            return datasets.load_dataset(path, name=name, split=split, streaming=True)
+            return datasets.load_dataset(path, name=name, split=split, streaming=True, revision=revision)
         except ConnectionError as e:
             raise DataConfigError(
                 f"Cannot stream {path!r} from the Hugging Face hub ({e}). {LOCAL_ALTERNATIVES}"

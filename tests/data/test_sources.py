@@ -124,3 +124,47 @@ def test_empty_documents_are_skipped(tmp_path):
     w = val_windows(docs, text_column="text", seq_len=2, val=sel)
     # "hello there" + EOT + "x" + EOT, no end-of-text for the empty/null documents
     assert w.tolist() == [[31373, 612, 50256], [50256, 87, 50256]]  # windows share a token
+
+
+def test_hub_revision_is_passed_to_the_hub_and_load_dataset(monkeypatch):
+    import datasets
+    import huggingface_hub
+
+    seen = {}
+
+    def info(self, repo_id, revision=None, timeout=None, **kw):
+        seen["info"] = (repo_id, revision)
+
+    def load(path, **kw):
+        seen["load"] = (path, kw.get("revision"), kw.get("streaming"))
+        return "opened"
+
+    monkeypatch.setattr(sources, "hub_offline", lambda: False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", info)
+    monkeypatch.setattr(datasets, "load_dataset", load)
+    dm = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub", revision="83a3d4b")
+    dm.setup("fit")
+    assert seen == {"info": ("Skylion007/openwebtext", "83a3d4b"), "load": ("Skylion007/openwebtext", "83a3d4b", True)}
+    assert dm._config()["revision"] == "83a3d4b"  # part of the stream identity checked on resume
+
+
+def test_unknown_hub_revision_fails_fast_naming_it(monkeypatch):
+    import huggingface_hub
+
+    def missing(self, repo_id, revision=None, timeout=None, **kw):
+        raise ValueError(f"Invalid rev id: {revision}")  # what the hub's 404 for a revision says
+
+    monkeypatch.setattr(sources, "hub_offline", lambda: False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", missing)
+    with pytest.raises(DataConfigError, match="at revision 'nope'.*Invalid rev id"):
+        load_documents("hub", "Skylion007/openwebtext", revision="nope")
+
+
+def test_revision_only_for_hub_datasets(tmp_path, txt_corpus):
+    glob_txt, _ = txt_corpus
+    with pytest.raises(DataConfigError, match="revision.*pins a hub dataset.*remove `revision:`"):
+        TokenStreamDataModule(seq_len=8, batch_size=2, source="files", path=glob_txt, revision="main")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "a.txt").write_text("x")
+    with pytest.raises(DataConfigError, match="local folder; remove `revision:`"):
+        load_documents("hub", str(tmp_path / "folder"), revision="main")
