@@ -12,6 +12,9 @@ All variants train the same model on the same batches in one process:
                 DivergenceGuard, TensorBoard logging every 10 steps), VisitDiagnostics off.
   diagnostics   lightning plus VisitDiagnostics, logging once per timed window; the cost at the
                 CLI's every_n_steps = 50 follows from it (the steps in between attach nothing).
+  system malloc the bare loop in a child process that keeps glibc's default malloc settings
+                (LOOPNET_MALLOC=system), timed in windows interleaved with the bare loop here,
+                which runs with loopnet's `keep_freed_memory()` as `loopnet fit` does.
   compile       bare with `LoopedTransformer.compile()`; graphs and recompilations counted.
   checkpoint    bare with checkpoint_rounds (activation checkpointing per round).
   R = ...       bare at other round counts, same K: block time per round, linearity in R.
@@ -62,6 +65,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from loopnet.model import LoopConfig, LoopedTransformer  # noqa: E402
+from loopnet.training.host_memory import _glibc, keep_freed_memory  # noqa: E402
 
 # Dense bf16 peak FLOP/s of known accelerators (no sparsity). Matched against the device name.
 GPU_BF16_PEAK = [("H100 PCIe", 756e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12)]
@@ -98,6 +102,7 @@ class Settings:
     memory: bool
     residual: str = "deeploop"
     wiring: str = "lt"
+    keep_freed_memory: bool = False  # whether this process applied loopnet.training.host_memory.keep_freed_memory
 
     @property
     def cuda(self) -> bool:
@@ -383,6 +388,53 @@ class Lit:
         return (marks[warmup + steps] - marks[warmup]) / steps
 
 
+class SystemMallocChild:
+    """The bare loop in a child process with glibc's default malloc (`LOOPNET_MALLOC=system`).
+
+    glibc freezes its dynamic mmap threshold after any `mallopt` call, so its default behaviour
+    cannot be restored in this process: the child never calls it. It builds the same model and
+    batches and times a window per request on stdin, so its windows interleave with this
+    process's and both see the same machine load."""
+
+    def __init__(self, s: Settings):
+        import subprocess
+
+        env = dict(os.environ, LOOPNET_MALLOC="system")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from loopnet.bench.run import system_malloc_child; system_malloc_child()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        self._send({"settings": asdict(s), "threads": torch.get_num_threads()})
+
+    def _send(self, msg: dict) -> dict:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the system-malloc child exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def run(self, source, warmup: int, steps: int) -> float:
+        return self._send({"warmup": warmup, "steps": steps})["seconds_per_step"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def system_malloc_child() -> None:
+    """The child side of SystemMallocChild: settings on the first line, then one window per line."""
+    first = json.loads(sys.stdin.readline())
+    torch.set_num_threads(first["threads"])
+    s = Settings(**first["settings"])
+    runner = Bare(s, s.config())
+    batches = random_batches(s, s.warmup + s.steps + 2)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        print(json.dumps({"seconds_per_step": runner.run(memory_loader(batches), req["warmup"], req["steps"])}),
+              flush=True)
+
+
 def step_breakdown(runner: Bare) -> Optional[dict]:
     """Share of one eager step's operator time in matmuls, in attention and in everything else (CPU)."""
     if runner.s.cuda:
@@ -521,6 +573,11 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
     rows[f"diagnostics@{diag_every}"] = Row(
         f"diagnostics@{diag_every}", f"lightning + VisitDiagnostics(every_n_steps={diag_every}): one logging step "
         "per window", base_cfg, "lightning")
+    if not s.cuda and _glibc() is not None:
+        window["system malloc"] = SystemMallocChild(s)
+        rows["system malloc"] = Row("system malloc", "the bare loop in a child process with glibc's default malloc "
+                                    "(LOOPNET_MALLOC=system), windows interleaved with bare (windows), which runs "
+                                    "with keep_freed_memory() as `loopnet fit` does", base_cfg, "bare (windows)")
     names = list(window)
     for rep in range(s.reps):
         for name in names if rep % 2 == 0 else names[::-1]:
@@ -528,6 +585,8 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
             rows[name].times.append(window[name].run(memory_loader(batches), s.warmup, s.steps))
             log(f"A {rep + 1}/{s.reps} {name:>16}: {rows[name].times[-1] * 1e3:9.1f} ms/step "
                 f"({time.perf_counter() - t:.1f} s)")
+    if "system malloc" in window:
+        window["system malloc"].close()
     del window
     shutil.rmtree(root, ignore_errors=True)  # the Trainers' logs and checkpoints
     peak.probe()
@@ -652,7 +711,7 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
 def evaluate(s: Settings, rows: dict[str, Row], memory: list[dict], peak: float) -> dict:
     """Turn the timings into table rows and target checks."""
     K, R = s.n_blocks, s.n_rounds
-    shown = ["bare", "bare (windows)", "lightning", *(n for n in rows if n.startswith("diagnostics@")), "compile",
+    shown = ["bare", "bare (windows)", "system malloc", "lightning", *(n for n in rows if n.startswith("diagnostics@")), "compile",
              "checkpoint", *(n for n in rows if n.startswith("R=")), "data"]
     out_rows, checks = [], {}
     for name in dict.fromkeys(n for n in shown if n in rows):
@@ -797,7 +856,9 @@ def fast_paths(s: Settings) -> list[str]:
         paths += ["AdamW fused=True (LoopedLM.configure_optimizers on CUDA)", "bf16 autocast (precision bf16-mixed)",
                   "pinned host batches and non_blocking copies to the GPU"]
     else:
-        paths += ["attention: F.scaled_dot_product_attention(is_causal=True) (CPU flash kernel)",
+        paths += ["host memory: glibc keeps freed memory for the next step (keep_freed_memory(), "
+                  f"{'applied' if s.keep_freed_memory else 'NOT applied'}; LOOPNET_MALLOC=system turns it off)",
+                  "attention: F.scaled_dot_product_attention(is_causal=True) (CPU flash kernel)",
                   "AdamW foreach (fused AdamW is used on CUDA)", "fp32 (bf16 autocast is used on GPU)"]
     paths.append(f"tied embeddings: {cfg.tie_embeddings} (LoopConfig.tie_embeddings)")
     paths.append(f"vocabulary {cfg.vocab_size}: {'a' if cfg.vocab_size % 64 == 0 else 'NOT a'} multiple of 64")
@@ -843,6 +904,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, s = parse(argv)
+    s.keep_freed_memory = keep_freed_memory()  # as `loopnet fit` runs (the system-malloc row is the contrast)
     command = " ".join(["loopnet bench", *argv])
     res = benchmark(s, args.smoke, command)
     text = markdown(res)

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from loopnet.data import TokenStreamDataModule
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
 from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, TokenThroughput
+from loopnet.training.host_memory import keep_freed_memory
 from loopnet.training.module import LoopedLM, check_checkpoint_config
 
 
@@ -253,6 +254,7 @@ TOOLS = {
 
 def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
+    keep_freed_memory()  # CPU steps stop page-faulting their activations back in (LOOPNET_MALLOC=system: off)
     if argv and argv[0] in TOOLS:
         import importlib
 
