@@ -1,6 +1,6 @@
 """Data pipeline throughput: tokens/s of read → tokenize → pack → batch, next to raw tokenization.
 
-    python -m loopnet.bench.data_throughput [--tokens 4000000] [--seq-len 1024] [--batch-size 8]
+    python -m loopnet.bench.data_throughput [--tokens 8000000] [--seq-len 1024] [--batch-size 8] [--workers 0 1 2]
 
 Both figures come from one run on the same text (the embedded Shakespeare corpus, training
 split): "raw" is tiktoken's `encode_ordinary` on the documents already in memory, one thread;
@@ -64,14 +64,13 @@ def main() -> None:
     )
     print("(raw is re-measured next to each pipeline run, so the ratio is immune to drifting machine load)")
     print("(vs 1 worker: pipeline tok/s over the 1-worker run, the scaling with workers)")
-    print(f"{'num_workers':>11} {'pipeline tok/s':>15} {'raw tok/s':>10} {'ratio':>6} {'vs 1 worker':>12}")
-    one_worker = None
+    results = {}
     for w in args.workers:
         raw = raw_tokens_per_s(texts)
-        tps = pipeline_tokens_per_s(w, args.tokens, args.seq_len, args.batch_size)
-        if w == 1:
-            one_worker = tps
-        scale = f"{tps / one_worker:>11.2f}x" if one_worker else f"{'-':>12}"
+        results[w] = (pipeline_tokens_per_s(w, args.tokens, args.seq_len, args.batch_size), raw)
+    print(f"{'num_workers':>11} {'pipeline tok/s':>15} {'raw tok/s':>10} {'ratio':>6} {'vs 1 worker':>12}")
+    for w, (tps, raw) in results.items():
+        scale = f"{tps / results[1][0]:>11.2f}x" if 1 in results and w != 0 else f"{'-':>12}"
         print(f"{w:>11} {tps / 1e6:>14.2f}M {raw / 1e6:>9.2f}M {tps / raw:>5.2f}x {scale}")
 
 

@@ -3,7 +3,8 @@
     loopnet bench [--smoke] [--out bench.md] [--json bench.json] [--steps 10] [--reps 3] ...
     python -m loopnet.bench.run ...            (or python -m loopnet.bench)
 
-All variants train the same model on the same batches in one process:
+All variants train the same model on the same batches, in this process (all but one, which needs a
+fresh process):
 
   bare          a plain PyTorch loop: forward, backward, gradient clipping at 1.0, LoopedLM's own
                 AdamW and schedule (fused AdamW and bf16 autocast on CUDA). The baseline.
@@ -12,9 +13,9 @@ All variants train the same model on the same batches in one process:
                 DivergenceGuard, TensorBoard logging every 10 steps), VisitDiagnostics off.
   diagnostics   lightning plus VisitDiagnostics, logging once per timed window; the cost at the
                 CLI's every_n_steps = 50 follows from it (the steps in between attach nothing).
-  system malloc the bare loop in a child process that keeps glibc's default malloc settings
-                (LOOPNET_MALLOC=system), timed in windows interleaved with the bare loop here,
-                which runs with loopnet's `keep_freed_memory()` as `loopnet fit` does.
+  system malloc the bare loop in a child process that keeps glibc's default malloc settings,
+                timed in windows interleaved with the bare loop here, which runs with loopnet's
+                `keep_freed_memory()` as `loopnet fit` on CPU does (the HostMemory callback).
   compile       bare with `LoopedTransformer.compile()`; graphs and recompilations counted.
   checkpoint    bare with checkpoint_rounds (activation checkpointing per round).
   R = ...       bare at other round counts, same K: block time per round, linearity in R.
@@ -65,7 +66,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from loopnet.model import LoopConfig, LoopedTransformer  # noqa: E402
-from loopnet.training.host_memory import _glibc, keep_freed_memory  # noqa: E402
+from loopnet.training.host_memory import keep_freed_memory  # noqa: E402
 
 # Dense bf16 peak FLOP/s of known accelerators (no sparsity). Matched against the device name.
 GPU_BF16_PEAK = [("H100 PCIe", 756e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12)]
@@ -276,7 +277,7 @@ def default_callbacks(root: str, diagnostics_every: int) -> list:
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
-    from loopnet.training.callbacks import GracefulInterrupt, TokenThroughput
+    from loopnet.training.callbacks import GracefulInterrupt, HostMemory, TokenThroughput
 
     callbacks = [
         ModelCheckpoint(dirpath=os.path.join(root, "checkpoints"), monitor="val/loss", mode="min", save_last=True,
@@ -285,6 +286,7 @@ def default_callbacks(root: str, diagnostics_every: int) -> list:
         LearningRateMonitor(logging_interval="step"),
         TokenThroughput(),
         DivergenceGuard(),
+        HostMemory(),
     ]
     if diagnostics_every:
         callbacks.append(VisitDiagnostics(every_n_steps=diagnostics_every))
@@ -389,36 +391,54 @@ class Lit:
 
 
 class SystemMallocChild:
-    """The bare loop in a child process with glibc's default malloc (`LOOPNET_MALLOC=system`).
+    """The bare loop in a child process with glibc's default malloc.
 
-    glibc freezes its dynamic mmap threshold after any `mallopt` call, so its default behaviour
+    glibc stops adapting its mmap threshold after any `mallopt` call, so its default behaviour
     cannot be restored in this process: the child never calls it. It builds the same model and
     batches and times a window per request on stdin, so its windows interleave with this
-    process's and both see the same machine load."""
+    process's and both see the same machine load. Use it as a context manager."""
+
+    TIMEOUT_S = 900.0  # one window, model construction included
 
     def __init__(self, s: Settings):
         import subprocess
 
-        env = dict(os.environ, LOOPNET_MALLOC="system")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from loopnet.bench.run import system_malloc_child; system_malloc_child()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-        self._send({"settings": asdict(s), "threads": torch.get_num_threads()})
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._send({"settings": asdict(s) | {"keep_freed_memory": False}, "threads": torch.get_num_threads()})
 
     def _send(self, msg: dict) -> dict:
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        import select
+
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError(f"the system-malloc child exited with {self.proc.wait()} (its stderr is above)") from None
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else ""
         if not line:
-            raise RuntimeError(f"the system-malloc child exited with {self.proc.wait()}")
+            raise RuntimeError("the system-malloc child " + (f"exited with {self.proc.poll()}" if ready else
+                               f"gave no answer in {self.TIMEOUT_S:.0f} s") + " (its stderr is above)")
         return json.loads(line)
 
     def run(self, source, warmup: int, steps: int) -> float:
         return self._send({"warmup": warmup, "steps": steps})["seconds_per_step"]
 
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+    def __enter__(self) -> "SystemMallocChild":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import subprocess
+
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def system_malloc_child() -> None:
@@ -573,20 +593,19 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
     rows[f"diagnostics@{diag_every}"] = Row(
         f"diagnostics@{diag_every}", f"lightning + VisitDiagnostics(every_n_steps={diag_every}): one logging step "
         "per window", base_cfg, "lightning")
-    if not s.cuda and _glibc() is not None:
-        window["system malloc"] = SystemMallocChild(s)
-        rows["system malloc"] = Row("system malloc", "the bare loop in a child process with glibc's default malloc "
-                                    "(LOOPNET_MALLOC=system), windows interleaved with bare (windows), which runs "
-                                    "with keep_freed_memory() as `loopnet fit` does", base_cfg, "bare (windows)")
-    names = list(window)
-    for rep in range(s.reps):
-        for name in names if rep % 2 == 0 else names[::-1]:
-            t = time.perf_counter()
-            rows[name].times.append(window[name].run(memory_loader(batches), s.warmup, s.steps))
-            log(f"A {rep + 1}/{s.reps} {name:>16}: {rows[name].times[-1] * 1e3:9.1f} ms/step "
-                f"({time.perf_counter() - t:.1f} s)")
-    if "system malloc" in window:
-        window["system malloc"].close()
+    with contextlib.ExitStack() as stack:
+        if s.keep_freed_memory:  # the contrast only exists when this process applied it
+            window["system malloc"] = stack.enter_context(SystemMallocChild(s))
+            rows["system malloc"] = Row("system malloc", "the bare loop in a child process with glibc's default "
+                                        "malloc, windows interleaved with bare (windows), which runs with "
+                                        "keep_freed_memory() as `loopnet fit` on CPU does", base_cfg, "bare (windows)")
+        names = list(window)
+        for rep in range(s.reps):
+            for name in names if rep % 2 == 0 else names[::-1]:
+                t = time.perf_counter()
+                rows[name].times.append(window[name].run(memory_loader(batches), s.warmup, s.steps))
+                log(f"A {rep + 1}/{s.reps} {name:>16}: {rows[name].times[-1] * 1e3:9.1f} ms/step "
+                    f"({time.perf_counter() - t:.1f} s)")
     del window
     shutil.rmtree(root, ignore_errors=True)  # the Trainers' logs and checkpoints
     peak.probe()
@@ -857,7 +876,8 @@ def fast_paths(s: Settings) -> list[str]:
                   "pinned host batches and non_blocking copies to the GPU"]
     else:
         paths += ["host memory: glibc keeps freed memory for the next step (keep_freed_memory(), "
-                  f"{'applied' if s.keep_freed_memory else 'NOT applied'}; LOOPNET_MALLOC=system turns it off)",
+                  f"{'applied' if s.keep_freed_memory else 'NOT applied'}; the HostMemory callback of `loopnet fit`, "
+                  "--host_memory.keep_freed false turns it off)",
                   "attention: F.scaled_dot_product_attention(is_causal=True) (CPU flash kernel)",
                   "AdamW foreach (fused AdamW is used on CUDA)", "fp32 (bf16 autocast is used on GPU)"]
     paths.append(f"tied embeddings: {cfg.tie_embeddings} (LoopConfig.tie_embeddings)")
@@ -904,7 +924,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, s = parse(argv)
-    s.keep_freed_memory = keep_freed_memory()  # as `loopnet fit` runs (the system-malloc row is the contrast)
+    # As `loopnet fit` on CPU runs (the system-malloc row is the contrast).
+    s.keep_freed_memory = not s.cuda and keep_freed_memory()
     command = " ".join(["loopnet bench", *argv])
     res = benchmark(s, args.smoke, command)
     text = markdown(res)

@@ -18,6 +18,9 @@ from loopnet.data.sources import (
     SHAKESPEARE_VAL_FRACTION,
     ValSelector,
     builder_for,
+    check_revision,
+    hub_revision,
+    is_hub_id,
     load_documents,
     resolve_files,
 )
@@ -51,9 +54,11 @@ class TokenStreamDataModule(L.LightningDataModule):
             for `hub`: a dataset id or local folder (default Skylion007/openwebtext).
         name: dataset configuration name (`hub` only).
         split: dataset split to read (`hub` only).
-        revision: hub dataset revision to pin, a commit sha (or tag/branch), so that the stream, the
-            validation split and exact resume do not change when the dataset is updated upstream
-            (`hub` only; None: the latest).
+        revision: hub dataset revision: a commit sha pins it, so that the stream, the validation split
+            and exact resume cannot change when the dataset is updated upstream; a tag or branch, or
+            None (the latest), is resolved to its commit at start. The resolved commit is part of the
+            stream identity a resume checks, so a resume after an upstream change fails, naming both
+            commits, instead of silently reading other data (`hub` only).
         text_column: column holding the document text.
         sample_by: how .txt/.md files are cut into documents: `document` (whole file),
             `paragraph` (blank-line separated) or `line`.
@@ -101,16 +106,14 @@ class TokenStreamDataModule(L.LightningDataModule):
             raise DataConfigError(f"Unknown source {source!r}; choose shakespeare, files or hub")
         if source == "files":
             builder_for(resolve_files(path if path is not None else []))  # fail now on a bad path or type
-        if revision is not None and source != "hub":
-            raise DataConfigError(
-                f"`revision: {revision}` pins a hub dataset, but source is {source!r}; remove `revision:` or use `source: hub`"
-            )
+        check_revision(source, path, revision)
         if val_fraction is None:
             val_fraction = SHAKESPEARE_VAL_FRACTION if source == "shakespeare" else HUB_VAL_FRACTION
         self.val = ValSelector(val_fraction)
         self.seq_len, self.batch_size, self.num_workers, self.seed = seq_len, batch_size, num_workers, seed
         self.source, self.path, self.text_column = source, path, text_column
         self.docs = None
+        self.revision: str | None = None  # the hub commit streamed, resolved in setup()
         self._train_loader = lambda: None  # weak reference to the last training loader
         self._val_windows: torch.Tensor | None = None
 
@@ -128,7 +131,9 @@ class TokenStreamDataModule(L.LightningDataModule):
             gpt2_encoding()  # load once here, before workers fork, and fail early on bad files
             hp = self.hparams
             path = OPENWEBTEXT if self.source == "hub" and self.path is None else self.path
-            self.docs = load_documents(self.source, path, hp.name, hp.split, hp.sample_by, hp.revision)
+            # The commit streamed (hub datasets only): part of the stream identity checked on resume.
+            self.revision = hub_revision(path, hp.revision) if is_hub_id(self.source, path) else None
+            self.docs = load_documents(self.source, path, hp.name, hp.split, hp.sample_by, self.revision)
 
     def _config(self) -> dict:
         hp = self.hparams
@@ -140,12 +145,14 @@ class TokenStreamDataModule(L.LightningDataModule):
             "path",
             "name",
             "split",
-            "revision",
             "text_column",
             "sample_by",
             "shuffle_buffer",
         )
-        return {k: hp[k] for k in keys} | {"val_fraction": self.val.fraction}
+        config = {k: hp[k] for k in keys} | {"val_fraction": self.val.fraction}
+        if self.revision is not None:  # absent otherwise: checkpoints from before `revision` still resume
+            config["revision"] = self.revision
+        return config
 
     # -- loaders -------------------------------------------------------------------------------
 

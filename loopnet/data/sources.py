@@ -91,8 +91,31 @@ def hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE)
 
 
-def _check_hub_reachable(path: str, revision: str | None = None, timeout: float = 10.0) -> None:
-    """Fail within seconds, instead of load_dataset's ~20 s of retries, when the hub cannot be used."""
+def is_hub_id(source: str, path: str | list[str] | None) -> bool:
+    """True when the source is a dataset on the hub (not a local dataset folder)."""
+    return source == "hub" and not (isinstance(path, str) and os.path.isdir(path))
+
+
+def check_revision(source: str, path: str | list[str] | None, revision: str | None) -> None:
+    """`revision` pins a hub dataset; anywhere else it is a mistake, named before anything is read."""
+    if revision is None or is_hub_id(source, path):
+        return
+    where = f"source is {source!r}" if source != "hub" else f"{path!r} is a local folder"
+    raise DataConfigError(f"`revision: {revision}` pins a hub dataset, but {where}; fix: remove `revision:`")
+
+
+# (dataset id, revision asked for) -> the commit it resolved to, for this process.
+_RESOLVED: dict[tuple[str, str | None], str | None] = {}
+
+
+def hub_revision(path: str, revision: str | None = None, timeout: float = 10.0) -> str | None:
+    """The commit sha that `revision` (None: the latest) of hub dataset `path` resolves to now.
+
+    One request, no retry loop: fails within seconds, instead of load_dataset's ~20 s of retries,
+    when the hub cannot be used. Cached, so that a run reads one snapshot even if the dataset
+    changes upstream meanwhile, and so that the data module and `load_documents` ask only once."""
+    if (path, revision) in _RESOLVED:
+        return _RESOLVED[path, revision]
     if hub_offline():
         raise DataConfigError(
             f"Cannot stream {path!r} from the Hugging Face hub: offline mode is set "
@@ -101,12 +124,15 @@ def _check_hub_reachable(path: str, revision: str | None = None, timeout: float 
     from huggingface_hub import HfApi
 
     try:
-        HfApi().dataset_info(path, revision=revision, timeout=timeout)  # one request, no retry loop
+        info = HfApi().dataset_info(path, revision=revision, timeout=timeout)
     except Exception as e:  # network errors, 404, 401: all mean we cannot stream it
         raise DataConfigError(
             f"Cannot stream {path!r}{f' at revision {revision!r}' if revision else ''} from the Hugging Face hub "
             f"({type(e).__name__}: {e}). {LOCAL_ALTERNATIVES}"
         ) from e
+    sha = getattr(info, "sha", None) or revision
+    _RESOLVED[path, revision] = _RESOLVED[path, sha] = sha
+    return sha
 
 
 def load_documents(
@@ -125,12 +151,10 @@ def load_documents(
         name: dataset configuration name (``hub`` only).
         split: split to read (``hub`` only; local files form a single ``train`` split).
         sample_by: how `.txt`/`.md` files are cut into documents: whole file, blank-line paragraphs, or lines.
-        revision: hub dataset revision (commit sha, tag or branch) to pin (``hub`` only).
+        revision: hub dataset revision (commit sha, tag or branch; ``hub`` only). Whatever is given
+            (None: the latest) is resolved to a commit sha once, and that commit is streamed.
     """
-    if revision is not None and source != "hub":
-        raise DataConfigError(
-            f"`revision: {revision}` pins a hub dataset, but source is {source!r}; remove `revision:` or use `source: hub`"
-        )
+    check_revision(source, path, revision)
     if source == "shakespeare":
         return datasets.load_dataset(
             "text", data_files={"train": shakespeare_files()}, sample_by="document", split="train", streaming=True
@@ -147,17 +171,14 @@ def load_documents(
         if os.path.isdir(path):
             if not any(Path(path).iterdir()):
                 raise DataConfigError(f"The dataset folder {path!r} is empty")
-            if revision is not None:
-                raise DataConfigError(
-                    f"`revision: {revision}` pins a hub dataset, but {path!r} is a local folder; remove `revision:`"
-                )
         else:
-            _check_hub_reachable(path, revision)
+            revision = hub_revision(path, revision)
         try:
             return datasets.load_dataset(path, name=name, split=split, streaming=True, revision=revision)
         except ConnectionError as e:
             raise DataConfigError(
-                f"Cannot stream {path!r} from the Hugging Face hub ({e}). {LOCAL_ALTERNATIVES}"
+                f"Cannot stream {path!r}{f' at revision {revision!r}' if revision else ''} from the Hugging Face "
+                f"hub ({e}). {LOCAL_ALTERNATIVES}"
             ) from e
     raise DataConfigError(f"Unknown source {source!r}; choose shakespeare, files or hub")
 

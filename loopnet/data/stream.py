@@ -328,9 +328,10 @@ class ResumableLoader(DataLoader):
                 "Exact data resume needs the same number of devices"
             )
         local = ranks[stream.rank]
-        saved = {"revision": None} | local["config"]  # checkpoints from before `revision` existed
-        if saved != stream.config:
-            diff = {k: (saved.get(k), v) for k, v in stream.config.items() if saved.get(k) != v}
+        if local["config"] != stream.config:
+            keys = dict.fromkeys([*local["config"], *stream.config])
+            diff = {k: (local["config"].get(k), stream.config.get(k)) for k in keys
+                    if local["config"].get(k) != stream.config.get(k)}
             raise DataConfigError(
                 f"The checkpoint's data stream differs from this run's (checkpoint, now): {diff}. "
                 "Exact data resume needs the same data settings, num_workers and devices"

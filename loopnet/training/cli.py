@@ -25,8 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from loopnet.data import TokenStreamDataModule
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
-from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, TokenThroughput
-from loopnet.training.host_memory import keep_freed_memory
+from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, HostMemory, TokenThroughput
 from loopnet.training.module import LoopedLM, check_checkpoint_config
 
 
@@ -186,6 +185,7 @@ class LoopnetCLI(LightningCLI):
         parser.add_lightning_class_args(TokenThroughput, "throughput")
         parser.add_lightning_class_args(VisitDiagnostics, "diagnostics")
         parser.add_lightning_class_args(DivergenceGuard, "divergence")
+        parser.add_lightning_class_args(HostMemory, "host_memory")
 
     def _parse_ckpt_path(self) -> None:
         """Check `--ckpt_path` before anything is built. Unlike LightningCLI's default, the
@@ -254,7 +254,6 @@ TOOLS = {
 
 def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
-    keep_freed_memory()  # CPU steps stop page-faulting their activations back in (LOOPNET_MALLOC=system: off)
     if argv and argv[0] in TOOLS:
         import importlib
 

@@ -126,45 +126,69 @@ def test_empty_documents_are_skipped(tmp_path):
     assert w.tolist() == [[31373, 612, 50256], [50256, 87, 50256]]  # windows share a token
 
 
-def test_hub_revision_is_passed_to_the_hub_and_load_dataset(monkeypatch):
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """A reachable hub whose dataset resolves any revision to a commit sha; load_dataset recorded."""
     import datasets
     import huggingface_hub
 
-    seen = {}
+    seen = {"info": []}
+
+    class Info:
+        def __init__(self, revision):
+            self.sha = {None: "c0ffee" * 6 + "beef", "main": "c0ffee" * 6 + "beef"}.get(revision, revision)
 
     def info(self, repo_id, revision=None, timeout=None, **kw):
-        seen["info"] = (repo_id, revision)
+        seen["info"].append((repo_id, revision))
+        if revision == "nope":
+            raise ValueError(f"Invalid rev id: {revision}")  # what the hub's 404 for a revision says
+        return Info(revision)
 
     def load(path, **kw):
         seen["load"] = (path, kw.get("revision"), kw.get("streaming"))
         return "opened"
 
+    sources._RESOLVED.clear()
     monkeypatch.setattr(sources, "hub_offline", lambda: False)
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", info)
     monkeypatch.setattr(datasets, "load_dataset", load)
-    dm = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub", revision="83a3d4b")
+    yield seen
+    sources._RESOLVED.clear()
+
+
+@pytest.mark.parametrize("revision", [None, "main", "83a3d4b"])
+def test_hub_revision_resolves_to_one_commit_streamed_and_checked_on_resume(fake_hub, revision):
+    dm = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub", revision=revision)
     dm.setup("fit")
-    assert seen == {"info": ("Skylion007/openwebtext", "83a3d4b"), "load": ("Skylion007/openwebtext", "83a3d4b", True)}
-    assert dm._config()["revision"] == "83a3d4b"  # part of the stream identity checked on resume
+    sha = "c0ffee" * 6 + "beef" if revision in (None, "main") else revision
+    assert fake_hub["info"] == [("Skylion007/openwebtext", revision)]  # asked once (cached)
+    assert fake_hub["load"] == ("Skylion007/openwebtext", sha, True)  # that commit is streamed
+    assert dm._config()["revision"] == sha  # part of the stream identity checked on resume
 
 
-def test_unknown_hub_revision_fails_fast_naming_it(monkeypatch):
-    import huggingface_hub
-
-    def missing(self, repo_id, revision=None, timeout=None, **kw):
-        raise ValueError(f"Invalid rev id: {revision}")  # what the hub's 404 for a revision says
-
-    monkeypatch.setattr(sources, "hub_offline", lambda: False)
-    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", missing)
+def test_unknown_hub_revision_fails_fast_naming_it(fake_hub):
     with pytest.raises(DataConfigError, match="at revision 'nope'.*Invalid rev id"):
         load_documents("hub", "Skylion007/openwebtext", revision="nope")
 
 
+def test_local_sources_keep_their_stream_identity_without_revision():
+    # Checkpoints written before `revision` existed hold no such key; local sources must still match them.
+    assert "revision" not in TokenStreamDataModule(seq_len=8, batch_size=2, seed=0)._config()
+
+
 def test_revision_only_for_hub_datasets(tmp_path, txt_corpus):
     glob_txt, _ = txt_corpus
-    with pytest.raises(DataConfigError, match="revision.*pins a hub dataset.*remove `revision:`"):
+    with pytest.raises(DataConfigError, match="revision: main. pins a hub dataset, but source is 'files'; fix: remove"):
         TokenStreamDataModule(seq_len=8, batch_size=2, source="files", path=glob_txt, revision="main")
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "a.txt").write_text("x")
-    with pytest.raises(DataConfigError, match="local folder; remove `revision:`"):
+    with pytest.raises(DataConfigError, match="is a local folder; fix: remove `revision:`"):
         load_documents("hub", str(tmp_path / "folder"), revision="main")
+
+
+def test_resume_after_an_upstream_change_names_both_commits(fake_hub):
+    old = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub", revision="a1" * 20)
+    state = old.train_dataloader().state_dict()
+    new = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub")  # latest: another commit now
+    with pytest.raises(DataConfigError, match=f"revision.*{'a1' * 20}.*{'c0ffee' * 6}beef"):
+        new.train_dataloader().load_state_dict(state)

@@ -1,4 +1,5 @@
-"""keep_freed_memory(): freed large tensors are reused instead of page-faulted in again each step."""
+"""keep_freed_memory() and the HostMemory callback: freed large tensors are reused instead of
+page-faulted in again every step."""
 
 import json
 import os
@@ -7,14 +8,14 @@ import sys
 
 import pytest
 
-from loopnet.training.host_memory import _glibc
+from loopnet.training.host_memory import glibc_available
 
-pytestmark = pytest.mark.skipif(_glibc() is None, reason="glibc only")
+pytestmark = pytest.mark.skipif(not glibc_available(), reason="glibc only")
 
 CHILD = """
 import json, resource, sys, torch
 from loopnet.training.host_memory import keep_freed_memory
-applied = keep_freed_memory()
+applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 faults = []
 for _ in range(12):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -26,17 +27,36 @@ print(json.dumps({"applied": applied, "faults": faults}))
 
 
 def run_child(mode: str) -> dict:
-    env = dict(os.environ, LOOPNET_MALLOC=mode)
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_freed_memory_is_reused_without_page_faults():
-    pages = 64 * 2**20 // os.sysconf("SC_PAGE_SIZE")
-    keep = run_child("keep")
-    system = run_child("system")
+    keep, system = run_child("keep"), run_child("system")
     assert keep["applied"] and not system["applied"]
-    # glibc's default: every allocation is a fresh mmap, faulted in page by page.
-    assert all(f > 0.9 * pages for f in system["faults"]), system
-    # Kept: the first allocations grow the heap (new pages); once it holds the block, later ones reuse it.
-    assert keep["faults"][0] > 0.9 * pages and all(f < 0.01 * pages for f in keep["faults"][6:]), keep
+    # glibc's default: every allocation is a fresh mmap, faulted in again (page by page, or by huge
+    # pages where transparent huge pages back it: fewer faults, so compare the two runs).
+    if min(system["faults"]) < 100:
+        pytest.skip(f"too few page faults to compare on this machine: {system['faults']}")
+    # Kept: the first allocations grow the heap; once it holds the block, later ones reuse it.
+    assert max(keep["faults"][6:]) < 0.05 * min(system["faults"]), (keep, system)
+
+
+def test_callback_applies_only_on_cpu_and_can_be_turned_off(tmp_path):
+    import lightning as L
+
+    from loopnet.training.callbacks import HostMemory
+
+    on, off = HostMemory(), HostMemory(keep_freed=False)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        default_root_dir=tmp_path, callbacks=[on, off])
+    for cb in (on, off):
+        cb.setup(trainer, None, "fit")
+    assert on.applied and not off.applied
+
+
+def test_cli_exposes_the_switch():
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-m", "loopnet.training.cli", "fit", "--help"], capture_output=True,
+                         text=True, env=env)
+    assert "--host_memory.keep_freed" in out.stdout, out.stderr[-2000:]
