@@ -66,10 +66,9 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from loopnet.model import LoopConfig, LoopedTransformer  # noqa: E402
+from loopnet.training.callbacks import gpu_bf16_peak  # noqa: E402
 from loopnet.training.host_memory import keep_freed_memory  # noqa: E402
 
-# Dense bf16 peak FLOP/s of known accelerators (no sparsity). Matched against the device name.
-GPU_BF16_PEAK = [("H100 PCIe", 756e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12)]
 
 TARGETS = {
     "lightning": "≥ 0.95× bare (overhead ≤ 5%)",
@@ -196,7 +195,8 @@ class Peak:
         self.datasheet: Optional[tuple[str, float]] = None
         if s.cuda:
             name = torch.cuda.get_device_name(s.device)
-            self.datasheet = next(((name, f) for key, f in GPU_BF16_PEAK if key in name), None)
+            peak = gpu_bf16_peak(name)
+            self.datasheet = (name, peak) if peak is not None else None
         self.n = 256 if smoke else (8192 if s.cuda else 1024)
         self.seconds = 0.1 if smoke else 0.4
         self.probe()

@@ -15,6 +15,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import Callback, Checkpoint, ThroughputMonitor
+from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
@@ -26,9 +27,21 @@ def _tokens(batch) -> int:
     return batch[0].numel()
 
 
+# Dense (no sparsity) bf16 peak FLOP/s per GPU, the first key found in the device name counts
+# (so "H200 NVL" and "H100 NVL" meet "NVL" first). Lightning's table has no entry that
+# "NVIDIA H200" matches, and lists the with-sparsity figures for H200 and H100 NVL.
+GPU_BF16_PEAK = [("H100 PCIe", 756e12), ("NVL", 835e12), ("H200", 989e12), ("H100", 989e12), ("A100", 312e12)]
+
+
+def gpu_bf16_peak(device_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of a GPU by its `torch.cuda.get_device_name`, None if unknown."""
+    return next((flops for key, flops in GPU_BF16_PEAK if key in device_name), None)
+
+
 class TokenThroughput(ThroughputMonitor):
     """Lightning's ThroughputMonitor for (inputs, targets) token batches: reports sequences/s,
-    tokens/s and, where the device's peak is known, MFU from `LoopedLM.flops_per_batch`.
+    tokens/s and, where the device's peak is known, MFU from `LoopedLM.flops_per_batch`
+    (bf16 on GPUs in `GPU_BF16_PEAK`: that dense peak; otherwise Lightning's table).
 
     Args:
         window_size: Number of batches the rolling averages cover.
@@ -36,6 +49,16 @@ class TokenThroughput(ThroughputMonitor):
 
     def __init__(self, window_size: int = 50):
         super().__init__(batch_size_fn=_sequences, length_fn=_tokens, window_size=window_size)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        device = trainer.strategy.root_device
+        if device.type == "cuda" and _plugin_to_compute_dtype(trainer.precision_plugin) == torch.bfloat16:
+            peak = gpu_bf16_peak(torch.cuda.get_device_name(device))
+            if peak is not None:
+                self.available_flops = peak
+                for throughput in self._throughputs.values():
+                    throughput.available_flops = peak
 
 
 class HostMemory(Callback):

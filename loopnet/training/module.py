@@ -34,6 +34,8 @@ class OptimConfig:
         eps: AdamW ε.
         warmup_steps: Linear warm-up steps.
         decay_steps: Steps of the cosine decay; None uses the Trainer's max_steps.
+        fused: fused AdamW kernel; None: on CUDA unless fp16 (whose GradScaler Lightning must
+            unscale before clipping, which a fused step does internally).
     """
 
     lr: float = 6e-4
@@ -43,6 +45,7 @@ class OptimConfig:
     eps: float = 1e-8
     warmup_steps: int = 200
     decay_steps: Optional[int] = None
+    fused: Optional[bool] = None
 
 
 @dataclass
@@ -249,6 +252,34 @@ class LoopedLM(L.LightningModule):
         return text
 
     # ----------------------------------------------------------------------------- optimiser
+    def _grad_scaler(self) -> bool:
+        """Whether the run uses a GradScaler (fp16 mixed precision); bf16 and fp32 do not."""
+        trainer = self._trainer  # None outside a Trainer
+        return trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip as the Trainer is told to, also with fused AdamW.
+
+        Lightning refuses to clip any fused optimizer under mixed precision, bf16 included, because
+        with fp16 the GradScaler unscales inside a fused step. Without a scaler (bf16, fp32) there is
+        nothing to unscale, so clip here; with one, defer to Lightning (AdamW is not fused then).
+        Under FSDP the norm goes through the root module's `clip_grad_norm_`, the only one that sees
+        every shard."""
+        if not gradient_clip_val:
+            return
+        if self._grad_scaler():
+            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+            return
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+
     def configure_optimizers(self):
         o = self.optim
         params = [p for p in self.parameters() if p.requires_grad]
@@ -256,7 +287,9 @@ class LoopedLM(L.LightningModule):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        fused = self.device.type == "cuda"
+        fused = o.fused
+        if fused is None:
+            fused = self.device.type == "cuda" and not self._grad_scaler()
         optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, fused=fused)
         total = o.decay_steps or self.trainer.max_steps
         if total is None or total < 1:
