@@ -154,7 +154,8 @@ class LoopedLM(L.LightningModule):
         self.model = LoopedTransformer(self.config)
         if compile:
             self.model.compile()
-        self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor
+        self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor; set per stage and shape
+        self._flops: dict[tuple[str, int, int], float] = {}
         self._resume_rng: Optional[dict] = None  # RNG states from a checkpoint, applied at the next training step
         self.eval_loss = torch.nn.ModuleDict(
             {str(r): MeanMetric() for r in [self.config.n_rounds, *self.eval_rounds]}
@@ -189,9 +190,20 @@ class LoopedLM(L.LightningModule):
             # restore draws from torch's RNG, which the uninterrupted run did before saving.
             set_rng_states(self._resume_rng)
             self._resume_rng = None
-        if self.flops_per_batch is None:
-            B, T = batch[0].shape
-            self.flops_per_batch = self.model.flops_per_token(seq_len=T) * B * T
+        self._set_flops(batch, "train")
+
+    def _set_flops(self, batch, stage: str) -> None:
+        """`flops_per_batch` (read by ThroughputMonitor after each batch) for this stage's batches:
+        forward + backward in training; forward only (a third), at every evaluated R', otherwise."""
+        B, T = batch[0].shape
+        key = (stage, B, T)
+        if key not in self._flops:
+            if stage == "train":
+                per_token = self.model.flops_per_token(seq_len=T)
+            else:
+                per_token = sum(self.model.flops_per_token(seq_len=T, rounds=int(r)) for r in self.eval_loss) / 3
+            self._flops[key] = per_token * B * T
+        self.flops_per_batch = self._flops[key]
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
@@ -214,6 +226,12 @@ class LoopedLM(L.LightningModule):
             self.log(f"{stage}/loss{suffix}", loss, prog_bar=not suffix, sync_dist=False)
             self.log(f"{stage}/ppl{suffix}", torch.exp(loss), sync_dist=False)
             metric.reset()
+
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self._set_flops(batch, "eval")
+
+    def on_test_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self._set_flops(batch, "eval")
 
     def validation_step(self, batch, batch_idx):
         self._evaluate(batch)

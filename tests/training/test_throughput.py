@@ -41,3 +41,19 @@ def test_fp32_keeps_lightnings_lookup(monkeypatch):
     monitor = TokenThroughput()
     monitor.setup(fake_trainer(Precision()), None, "fit")
     assert monitor.available_flops == 1.25e12  # Lightning's answer for fp32, not the bf16 peak
+
+
+def test_flops_per_batch_follows_the_stage():
+    from loopnet.model import LoopConfig
+    from loopnet.training.module import LoopedLM, OptimConfig
+
+    cfg = LoopConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_blocks=2, n_rounds=3)
+    lm = LoopedLM(config=cfg, optim=OptimConfig(decay_steps=10), eval_rounds=[1])
+    batch = (torch.zeros(4, 16, dtype=torch.long), torch.zeros(4, 16, dtype=torch.long))
+    per_token = lm.model.flops_per_token
+    lm.on_train_batch_start(batch, 0)
+    assert lm.flops_per_batch == per_token(16) * 64  # forward + backward at R
+    lm.on_validation_batch_start(batch, 0)
+    assert lm.flops_per_batch == pytest.approx((per_token(16, 3) + per_token(16, 1)) / 3 * 64)  # forward at R and R'
+    lm.on_train_batch_start(batch, 1)
+    assert lm.flops_per_batch == per_token(16) * 64
