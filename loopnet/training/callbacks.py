@@ -27,10 +27,13 @@ def _tokens(batch) -> int:
     return batch[0].numel()
 
 
-# Dense (no sparsity) bf16 peak FLOP/s per GPU, the first key found in the device name counts
-# (so "H200 NVL" and "H100 NVL" meet "NVL" first). Lightning's table has no entry that
-# "NVIDIA H200" matches, and lists the with-sparsity figures for H200 and H100 NVL.
-GPU_BF16_PEAK = [("H100 PCIe", 756e12), ("NVL", 835e12), ("H200", 989e12), ("H100", 989e12), ("A100", 312e12)]
+# Dense (no sparsity) bf16 (= fp16) peak FLOP/s per GPU; the first key found in the device name
+# counts. Lightning's table has no entry that "NVIDIA H200" matches, and lists the with-sparsity
+# figures for H200 and H100 NVL. "HBM2e": the H100 PCIe as some clouds name it.
+GPU_BF16_PEAK = [
+    ("H100 PCIe", 756e12), ("H100 80GB HBM2e", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12),
+    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
+]
 
 
 def gpu_bf16_peak(device_name: str) -> float | None:
@@ -41,7 +44,7 @@ def gpu_bf16_peak(device_name: str) -> float | None:
 class TokenThroughput(ThroughputMonitor):
     """Lightning's ThroughputMonitor for (inputs, targets) token batches: reports sequences/s,
     tokens/s and, where the device's peak is known, MFU from `LoopedLM.flops_per_batch`
-    (bf16 on GPUs in `GPU_BF16_PEAK`: that dense peak; otherwise Lightning's table).
+    (bf16/fp16 on GPUs in `GPU_BF16_PEAK`: that dense peak; otherwise Lightning's table).
 
     Args:
         window_size: Number of batches the rolling averages cover.
@@ -53,7 +56,7 @@ class TokenThroughput(ThroughputMonitor):
     def setup(self, trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         device = trainer.strategy.root_device
-        if device.type == "cuda" and _plugin_to_compute_dtype(trainer.precision_plugin) == torch.bfloat16:
+        if device.type == "cuda" and _plugin_to_compute_dtype(trainer.precision_plugin) in (torch.bfloat16, torch.half):
             peak = gpu_bf16_peak(torch.cuda.get_device_name(device))
             if peak is not None:
                 self.available_flops = peak

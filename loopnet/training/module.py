@@ -233,6 +233,9 @@ class LoopedLM(L.LightningModule):
     def on_test_batch_start(self, batch, batch_idx, dataloader_idx=0):
         self._set_flops(batch, "eval")
 
+    def on_predict_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self.flops_per_batch = None  # generation: not counted
+
     def validation_step(self, batch, batch_idx):
         self._evaluate(batch)
 
@@ -276,24 +279,24 @@ class LoopedLM(L.LightningModule):
         return trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip as the Trainer is told to, also with fused AdamW.
+        """Clip as the Trainer is told to, also with fused AdamW and under FSDP.
 
         Lightning refuses to clip any fused optimizer under mixed precision, bf16 included, because
-        with fp16 the GradScaler unscales inside a fused step. Without a scaler (bf16, fp32) there is
-        nothing to unscale, so clip here; with one, defer to Lightning (AdamW is not fused then).
-        Under FSDP the norm goes through the root module's `clip_grad_norm_`, the only one that sees
-        every shard."""
-        if not gradient_clip_val:
+        with fp16 a fused step unscales internally; and it refuses norm clipping under FSDP. Here the
+        gradients are already unscaled (Lightning unscales before this hook), so clip them, under
+        FSDP through the root module's `clip_grad_norm_`, the only one that sees every shard. Only
+        a fused optimizer under fp16 is left to Lightning, which names the problem. DeepSpeed clips
+        by its own config."""
+        from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+
+        if not gradient_clip_val or gradient_clip_val <= 0 or isinstance(self.trainer.strategy, DeepSpeedStrategy):
             return
-        if self._grad_scaler():
+        if self._grad_scaler() and getattr(optimizer, "_step_supports_amp_scaling", False):
             return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if gradient_clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
-            return
-        from lightning.pytorch.strategies import FSDPStrategy
-
-        if isinstance(self.trainer.strategy, FSDPStrategy):
+        elif isinstance(self.trainer.strategy, FSDPStrategy):
             self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
         else:
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)

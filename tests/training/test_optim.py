@@ -45,3 +45,12 @@ def test_default_fused_only_on_cuda_without_a_grad_scaler(tmp_path):
     lm = LoopedLM(config=LoopConfig(vocab_size=V, seq_len=T, d_model=32, n_heads=2, n_blocks=1, n_rounds=1),
                   optim=OptimConfig(decay_steps=10))
     assert lm.configure_optimizers()["optimizer"].defaults["fused"] is False  # CPU
+
+
+def test_fp32_and_negative_clip_values(tmp_path):
+    clipped = fit(tmp_path, False, 1e-3, precision="32-true")
+    assert any(not torch.allclose(clipped[k], v) for k, v in fit(tmp_path, False, None, precision="32-true").items())
+    # Lightning treats a clip value <= 0 as no clipping (clip_grad_norm_ would flip the gradients).
+    negative, unclipped = fit(tmp_path, False, -1.0, precision="32-true"), fit(tmp_path, False, None, precision="32-true")
+    for k in negative:
+        torch.testing.assert_close(negative[k], unclipped[k])

@@ -13,7 +13,7 @@ from loopnet.training.callbacks import TokenThroughput, gpu_bf16_peak
 @pytest.mark.parametrize("name, peak", [
     ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA GH200 480GB", 989e12),
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12), ("Tesla T4", None),
+    ("NVIDIA H100 80GB HBM2e", 756e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("Tesla T4", None),
 ])
 def test_dense_bf16_peak_by_device_name(name, peak):
     assert gpu_bf16_peak(name) == peak
