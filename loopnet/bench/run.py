@@ -65,6 +65,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+from loopnet.data.tokenizer import N_VOCAB  # noqa: E402
 from loopnet.model import LoopConfig, LoopedTransformer  # noqa: E402
 from loopnet.training.callbacks import gpu_bf16_peak  # noqa: E402
 from loopnet.training.host_memory import keep_freed_memory  # noqa: E402
@@ -252,7 +253,7 @@ class RealData:
 
     def __next__(self):
         x, y = next(self.iterator)
-        if self.vocab_size < 50257:  # a benchmark vocabulary smaller than GPT-2's: fold the ids into it
+        if self.vocab_size < N_VOCAB:  # a benchmark vocabulary smaller than GPT-2's: fold the ids into it
             x, y = x.remainder(self.vocab_size), y.remainder(self.vocab_size)
         return x, y
 
@@ -278,10 +279,10 @@ def default_callbacks(root: str, diagnostics_every: int) -> list:
 
     from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
     from loopnet.training.callbacks import GracefulInterrupt, HostMemory, TokenThroughput
+    from loopnet.training.cli import CHECKPOINT_DEFAULTS
 
     callbacks = [
-        ModelCheckpoint(dirpath=os.path.join(root, "checkpoints"), monitor="val/loss", mode="min", save_last=True,
-                        save_top_k=1, filename="best-step{step:06d}", auto_insert_metric_name=False),
+        ModelCheckpoint(dirpath=os.path.join(root, "checkpoints"), **CHECKPOINT_DEFAULTS),
         GracefulInterrupt(),
         LearningRateMonitor(logging_interval="step"),
         TokenThroughput(),

@@ -36,11 +36,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from loopnet.model import LoopConfig, LoopedTransformer
+from loopnet.model import LoopConfig, LoopedTransformer, sample_next
 
 log = logging.getLogger(__name__)
 
-GPT2_VOCAB = 50257  # real GPT-2 ids; LoopConfig.vocab_size pads this to a multiple of 64
+# Real GPT-2 ids (loopnet.data.tokenizer.N_VOCAB, not imported: loopnet.data pulls in `datasets`);
+# LoopConfig.vocab_size pads this to a multiple of 64.
+GPT2_VOCAB = 50257
 DEFAULT_BATCH_SIZE = 16
 
 
@@ -335,14 +337,7 @@ class LoopnetLM(TemplateLM):
             windows = [sequences[i][-self.max_length:] for i in active]
             logits = self._logits(windows)
             last = logits[torch.arange(len(windows)), torch.tensor([len(w) - 1 for w in windows])]
-            if do_sample:
-                last = last / temperature
-                if top_k:
-                    kth = torch.topk(last, min(int(top_k), last.size(-1))).values[:, -1:]
-                    last = last.masked_fill(last < kth, -float("inf"))
-                next_tokens = torch.multinomial(F.softmax(last, dim=-1), 1).squeeze(-1)
-            else:
-                next_tokens = last.argmax(dim=-1)
+            next_tokens = sample_next(last, temperature if do_sample else 0.0, top_k).squeeze(-1)
             still = []
             for i, token in zip(active, next_tokens.tolist(), strict=True):
                 sequences[i].append(token)

@@ -6,10 +6,12 @@ DeepNorm, DeepLoop and any exponent p, and the loop wirings of the Fully Looped 
 
 from .config import LoopConfig
 from .scales import BETA_SCALED, SCHEMES, residual_scales
-from .transformer import LoopedTransformer
+from .transformer import LoopedTransformer, lm_loss, sample_next
 from .visits import SUBLAYERS, Visit, VisitObserver, VisitTrace, visit_order
 
 __all__ = [
-    "BETA_SCALED", "SCHEMES", "SUBLAYERS", "LoopConfig", "LoopedTransformer", "Visit",
+    "BETA_SCALED", "SCHEMES", "SUBLAYERS", "LoopConfig", "LoopedTransformer",
+    "lm_loss",
+    "sample_next", "Visit",
     "VisitObserver", "VisitTrace", "residual_scales", "visit_order",
 ]

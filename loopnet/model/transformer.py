@@ -32,6 +32,24 @@ from .scales import BETA_SCALED
 from .visits import Visit, VisitObserver, VisitTrace
 
 
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in fp32; targets of -1 are ignored. The one loss formula of
+    training and evaluation."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = None) -> torch.Tensor:
+    """Next token ids [B, 1] from last-position logits [B, V]: greedy when temperature <= 0,
+    otherwise sampled from softmax(logits / temperature), restricted to the top_k most likely."""
+    if temperature <= 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    return torch.multinomial(F.softmax(logits, -1), 1)
+
 class LoopedTransformer(nn.Module):
     def __init__(self, config: LoopConfig):
         super().__init__()
@@ -105,7 +123,7 @@ class LoopedTransformer(nn.Module):
         logits = self.lm_head(self.final_norm(x))
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, lm_loss(logits, targets)
 
     # ----------------------------------------------------------------------------- probes
     def attach_observer(self, observer: VisitObserver | None) -> None:

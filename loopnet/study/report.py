@@ -43,11 +43,11 @@ from typing import Any
 
 import yaml
 
-from loopnet.diagnostics import SUMMARY_NAME, read_summary
+from loopnet.diagnostics import SUMMARY_NAME
 from loopnet.model import SUBLAYERS, Visit
 
 from .grid import SHORT, slug
-from .sweep import FINAL_STATUSES, MANIFEST
+from .sweep import FINAL_STATUSES, MANIFEST, cell_summary
 
 STANDARD_KEYS = {"model.config.residual", "model.config.wiring", "model.config.p", "model.config.n_rounds",
                  "seed_everything"}
@@ -99,11 +99,7 @@ def load_runs(sweep_dir: Path) -> tuple[list[Run], dict]:
     cells = manifest.get("cells") or [{"id": p.parent.name, "params": {}} for p in sorted(sweep_dir.glob(f"*/{SUMMARY_NAME}"))]
     runs = []
     for cell in cells:
-        try:
-            summary = read_summary(sweep_dir / cell["id"] / SUMMARY_NAME)
-        except (FileNotFoundError, ValueError, json.JSONDecodeError):
-            summary = None
-        runs.append(Run(cell["id"], dict(cell.get("params") or {}), summary))
+        runs.append(Run(cell["id"], dict(cell.get("params") or {}), cell_summary(sweep_dir / cell["id"])))
     default_config = next((r.summary["config"] for r in runs if r.summary and r.summary.get("config")), {})
     for run in runs:
         describe(run, sweep_dir, default_config)

@@ -32,7 +32,8 @@ from loopnet.training.module import LoopedLM, check_checkpoint_config
 def load_hparams(path: str) -> dict:
     """A checkpoint's hyperparameters, read with torch's restricted (weights_only) unpickler."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:
         try:  # names what the file would import, without running anything
             unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
@@ -49,6 +50,16 @@ def load_hparams(path: str) -> dict:
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
     return ckpt.get("hyper_parameters", {})
+
+# ModelCheckpoint's settings for `loopnet fit` (the benchmark's Lightning variant uses them too).
+CHECKPOINT_DEFAULTS = {
+    "monitor": "val/loss",
+    "mode": "min",
+    "save_last": True,
+    "save_top_k": 1,
+    "filename": "best-step{step:06d}",
+    "auto_insert_metric_name": False,
+}
 
 TRAINER_DEFAULTS = {
     "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": "runs"}},
@@ -171,14 +182,7 @@ class LoopnetCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.config.seq_len", "data.seq_len")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({
-            "checkpoint.monitor": "val/loss",
-            "checkpoint.mode": "min",
-            "checkpoint.save_last": True,
-            "checkpoint.save_top_k": 1,
-            "checkpoint.filename": "best-step{step:06d}",
-            "checkpoint.auto_insert_metric_name": False,
-        })
+        parser.set_defaults({f"checkpoint.{k}": v for k, v in CHECKPOINT_DEFAULTS.items()})
         parser.add_lightning_class_args(GracefulInterrupt, "interrupt")  # after "checkpoint": uses its folder
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})

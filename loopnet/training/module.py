@@ -15,11 +15,11 @@ from typing import Any, Optional
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from loopnet.data import gpt2_encoding
-from loopnet.model import LoopConfig, LoopedTransformer
+from loopnet.data.tokenizer import EOT_ID, N_VOCAB
+from loopnet.model import LoopConfig, LoopedTransformer, lm_loss, sample_next
 
 
 @dataclass
@@ -216,7 +216,7 @@ class LoopedLM(L.LightningModule):
         inputs, targets = batch
         for rounds, metric in self.eval_loss.items():
             logits, _ = self.model(inputs, rounds=int(rounds))
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+            loss = lm_loss(logits, targets)
             metric.update(loss, weight=(targets != -1).sum())
 
     def _log_eval(self, stage: str):
@@ -250,7 +250,7 @@ class LoopedLM(L.LightningModule):
 
     # ----------------------------------------------------------------------------- predict
     def predict_dataloader(self):
-        ids = gpt2_encoding().encode_ordinary(self.gen.prompt) or [50256]
+        ids = gpt2_encoding().encode_ordinary(self.gen.prompt) or [EOT_ID]
         return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len:])], batch_size=1)
 
     @torch.no_grad()
@@ -258,16 +258,8 @@ class LoopedLM(L.LightningModule):
         idx, g = batch, self.gen
         for _ in range(g.max_new_tokens):
             logits, _ = self.model(idx[:, -self.config.seq_len:], rounds=g.rounds)
-            logits = logits[:, -1, : min(50257, self.config.vocab_size)].float()
-            if g.temperature <= 0:
-                nxt = logits.argmax(-1, keepdim=True)
-            else:
-                logits = logits / g.temperature
-                if g.top_k:
-                    kth = torch.topk(logits, min(g.top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, -float("inf"))
-                nxt = torch.multinomial(F.softmax(logits, -1), 1)
-            idx = torch.cat([idx, nxt], dim=1)
+            logits = logits[:, -1, : min(N_VOCAB, self.config.vocab_size)].float()
+            idx = torch.cat([idx, sample_next(logits, g.temperature, g.top_k)], dim=1)
         text = gpt2_encoding().decode(idx[0].tolist())
         print(text)
         return text
