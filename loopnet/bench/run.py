@@ -7,7 +7,8 @@ All variants train the same model on the same batches, in this process (all but 
 fresh process):
 
   bare          a plain PyTorch loop: forward, backward, gradient clipping at 1.0, LoopedLM's own
-                AdamW and schedule (fused AdamW and bf16 autocast on CUDA). The baseline.
+                AdamW and schedule (fused AdamW on CUDA; bf16 autocast on CUDA or with --precision bf16).
+                The baseline.
   lightning     the same LoopedLM through Lightning's Trainer with the CLI's default callbacks
                 (ModelCheckpoint, GracefulInterrupt, LearningRateMonitor, TokenThroughput,
                 DivergenceGuard, TensorBoard logging every 10 steps), VisitDiagnostics off.
@@ -32,7 +33,7 @@ timed on its own. Tokens/s come from the median step time; a ratio is the median
 
 MFU = model FLOPs (`LoopedTransformer.flops_per_token`, recomputation not counted)
 × tokens/s / peak; the peak is the device's dense bf16 peak from a table on known GPUs (H100, H200,
-A100), otherwise this machine's own matmul FLOP/s (fp32 on CPU), the best of probes at start,
+A100), otherwise this machine's own matmul FLOP/s in the run's precision, the best of probes at start,
 between the phases and at the end.
 
 Memory, one forward + backward per configuration: "saved" is the bytes of the distinct tensors
@@ -104,10 +105,17 @@ class Settings:
     residual: str = "deeploop"
     wiring: str = "lt"
     keep_freed_memory: bool = False  # whether this process applied loopnet.training.host_memory.keep_freed_memory
+    bf16: bool = False  # bf16 autocast (Lightning's bf16-mixed); the default on CUDA, --precision bf16 on CPU
 
     @property
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+    def autocast(self):
+        """The forward's precision context: bf16 autocast, or nothing (fp32)."""
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda" if self.cuda else "cpu", dtype=torch.bfloat16)
 
     @property
     def tokens_per_step(self) -> int:
@@ -187,14 +195,14 @@ def matmul_flops(device: str, dtype: torch.dtype, n: int, seconds: float = 0.4, 
 
 class Peak:
     """The FLOP/s that MFU divides by. Known GPUs: the datasheet's dense bf16 peak. Otherwise this
-    machine's own matmul FLOP/s (fp32 on CPU), probed at start, between the phases and at the end;
+    machine's own matmul FLOP/s in the run's precision (fp32 or bf16), probed at start, between the phases and at the end;
     the best probe counts, so that a probe slowed by other work on a shared machine does not
     inflate MFU."""
 
     def __init__(self, s: Settings, smoke: bool):
         self.s, self.probes = s, []
         self.datasheet: Optional[tuple[str, float]] = None
-        if s.cuda:
+        if s.cuda and s.bf16:
             name = torch.cuda.get_device_name(s.device)
             peak = gpu_bf16_peak(name)
             self.datasheet = (name, peak) if peak is not None else None
@@ -204,7 +212,7 @@ class Peak:
 
     def probe(self) -> None:
         if self.datasheet is None:
-            dtype = torch.bfloat16 if self.s.cuda else torch.float32
+            dtype = torch.bfloat16 if self.s.bf16 else torch.float32
             self.probes.append(matmul_flops(self.s.device, dtype, self.n, seconds=self.seconds))
 
     @property
@@ -215,8 +223,9 @@ class Peak:
     def method(self) -> str:
         if self.datasheet:
             return f"{self.datasheet[0]}: dense bf16 peak {self.datasheet[1] / 1e12:.0f} TFLOP/s (datasheet)"
-        what = (f"{torch.cuda.get_device_name(self.s.device)} bf16" if self.s.cuda
-                else f"this CPU's fp32, {torch.get_num_threads()} threads,")
+        dtype = "bf16" if self.s.bf16 else "fp32"
+        what = (f"{torch.cuda.get_device_name(self.s.device)} {dtype}" if self.s.cuda
+                else f"this CPU's {dtype}, {torch.get_num_threads()} threads,")
         unit, scale = ("TFLOP/s", 1e12) if self.s.cuda else ("GFLOP/s", 1e9)
         return (f"{what} {self.n}×{self.n} matmul, best of 5 trials at start, between the phases and at the end: "
                 f"{self.flops / scale:.1f} {unit} (the probes: "
@@ -309,7 +318,7 @@ class Bare:
         opt = self.lm.configure_optimizers()  # AdamW, fused on CUDA
         self.opt, self.sched = opt["optimizer"], opt["lr_scheduler"]["scheduler"]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if s.cuda else contextlib.nullcontext()
+        self.autocast = s.autocast()
         self.source = source  # an endless iterator of (inputs, targets) for timed_step
         self.first_step_s: Optional[float] = None
 
@@ -380,7 +389,7 @@ class Lit:
 
         trainer = L.Trainer(
             accelerator="gpu" if self.s.cuda else "cpu", devices=1,
-            precision="bf16-mixed" if self.s.cuda else "32-true",
+            precision="bf16-mixed" if self.s.bf16 else "32-true",
             max_steps=warmup + steps + 1, limit_val_batches=0, num_sanity_val_steps=0,
             gradient_clip_val=1.0, log_every_n_steps=10,
             logger=TensorBoardLogger(self.root, name=self.name),
@@ -480,7 +489,7 @@ def step_memory(s: Settings, config: LoopConfig, batch) -> dict:
     torch.manual_seed(0)
     model = LoopedTransformer(config).to(s.device)
     x, y = (t.to(s.device) for t in batch)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if s.cuda else contextlib.nullcontext()
+    autocast = s.autocast()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -798,7 +807,7 @@ def evaluate(s: Settings, rows: dict[str, Row], memory: list[dict], peak: float)
         best = max((r for r in out_rows if not r["derived"]), key=lambda r: r["mfu"])
         name = torch.cuda.get_device_name(s.device)
         known = "H100" in name or "H200" in name
-        met = best["mfu"] >= 0.40 if known and s.d_model == 768 else None
+        met = best["mfu"] >= 0.40 if known and s.d_model == 768 and s.bf16 else None
         detail = f"best: {best['name']}, {best['mfu'] * 100:.1f}% of {peak / 1e12:.0f} TFLOP/s on {name}"
         if not best["target"]:
             best["target"] = TARGETS["mfu"]
@@ -822,7 +831,7 @@ def markdown(res: dict) -> str:
         f"- Peak for MFU: {res['peak_method']}",
         f"- Model: {s['residual']} {s['wiring']}, K={s['n_blocks']} R={s['n_rounds']}, d={s['d_model']}, "
         f"{s['n_heads']} heads, T={s['seq_len']}, batch {s['batch_size']}, vocabulary {s['vocab_size']}, "
-        f"{'bf16 autocast' if s['device'].startswith('cuda') else 'fp32'}; {s['batch_size'] * s['seq_len']} "
+        f"{'bf16 autocast' if s['bf16'] else 'fp32'}; {s['batch_size'] * s['seq_len']} "
         f"tokens/step",
         f"- Timing: lightning and diagnostics against the bare loop in {s['reps']} reps of {s['steps']}-step windows "
         f"(after {s['warmup']} warm-up steps), alternating order; the bare-loop variants one step each in turn, "
@@ -873,14 +882,15 @@ def fast_paths(s: Settings) -> list[str]:
         flash = torch.backends.cuda.flash_sdp_enabled()
         paths.append(f"attention: F.scaled_dot_product_attention(is_causal=True), flash backend "
                      f"{'enabled' if flash else 'disabled'}")
-        paths += ["AdamW fused=True (LoopedLM.configure_optimizers on CUDA)", "bf16 autocast (precision bf16-mixed)",
+        paths += ["AdamW fused=True (LoopedLM.configure_optimizers on CUDA)",
                   "pinned host batches and non_blocking copies to the GPU"]
     else:
         paths += ["host memory: glibc keeps freed memory for the next step (keep_freed_memory(), "
                   f"{'applied' if s.keep_freed_memory else 'NOT applied'}; the HostMemory callback of `loopnet fit`, "
                   "--host_memory.keep_freed false turns it off)",
                   "attention: F.scaled_dot_product_attention(is_causal=True) (CPU flash kernel)",
-                  "AdamW foreach (fused AdamW is used on CUDA)", "fp32 (bf16 autocast is used on GPU)"]
+                  "AdamW foreach (fused AdamW is used on CUDA)"]
+    paths.append("bf16 autocast (precision bf16-mixed)" if s.bf16 else "fp32 (--precision bf16: bf16 autocast)")
     paths.append(f"tied embeddings: {cfg.tie_embeddings} (LoopConfig.tie_embeddings)")
     paths.append(f"vocabulary {cfg.vocab_size}: {'a' if cfg.vocab_size % 64 == 0 else 'NOT a'} multiple of 64")
     if s.compile:
@@ -900,6 +910,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
         p.add_argument(f"--{name}", type=int, default=None, help="default: from the device's profile")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's, 1 with --smoke: tiny ops gain nothing from more)")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default=None,
+                   help="bf16 autocast (Lightning's bf16-mixed) or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--rounds", type=int, nargs="+", default=[1, 3, 6, 12], help="round counts at fixed K")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
     p.add_argument("--compile", action="store_true", help="run the torch.compile variant even with --smoke")
@@ -916,8 +928,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     for key in profile:
         if getattr(args, key, None) is not None:
             profile[key] = getattr(args, key)
+    bf16 = args.precision == "bf16" if args.precision else device.startswith("cuda")
     s = Settings(device=device, rounds=sorted(set(args.rounds)), compile=(not args.smoke or args.compile)
-                 and not args.no_compile, data=not args.no_data, memory=not args.no_memory, **profile)
+                 and not args.no_compile, data=not args.no_data, memory=not args.no_memory, bf16=bf16, **profile)
     s.config()  # fail early on a bad model shape
     return args, s
 

@@ -50,3 +50,35 @@ def test_compiled_model_matches_eager_and_reuses_graphs_across_rounds():
     before = counters["stats"]["unique_graphs"]
     compiled(x, x, rounds=5)[1].backward()  # another R': the same graphs
     assert counters["stats"]["unique_graphs"] == before
+
+
+def test_bf16_on_cpu_runs_autocast_and_measures_a_bf16_peak(tmp_path):
+    """--precision bf16 on CPU: every variant in bf16 autocast (Lightning: bf16-mixed), MFU against
+    this CPU's own bf16 matmul rate."""
+    js = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loopnet.bench.run", "--smoke", "--precision", "bf16", "--no-memory", "--no-data",
+         "--rounds", "6", "--json", str(js)],
+        capture_output=True, text=True, timeout=300, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "T=32, batch 2, vocabulary 256, bf16 autocast" in proc.stdout
+    result = json.loads(js.read_text())
+    assert result["settings"]["bf16"] is True and result["peak_method"].startswith("this CPU's bf16")
+    assert {"bare", "lightning", "checkpoint"} <= {r["name"] for r in result["rows"]}
+
+
+def test_bare_loop_forward_runs_in_the_chosen_precision():
+    from loopnet.bench.run import Bare, parse, random_batches
+
+    threads = torch.get_num_threads()  # parse() sets 1 thread for --smoke
+    try:
+        for flag, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+            _, s = parse(["--smoke", "--device", "cpu", "--precision", flag])
+            runner = Bare(s, s.config())
+            x, y = random_batches(s, 1)[0]
+            with runner.autocast:
+                logits, _ = runner.model(x, y)
+            assert logits.dtype == dtype
+    finally:
+        torch.set_num_threads(threads)
