@@ -282,8 +282,9 @@ class Row:
     derived: bool = False
 
 
-def default_callbacks(root: str, diagnostics_every: int) -> list:
-    """The callbacks `loopnet fit` adds (training/cli.py), with its defaults."""
+def default_callbacks(root: str, diagnostics_every: int, keep_freed: bool = True) -> list:
+    """The callbacks `loopnet fit` adds (training/cli.py), with its defaults (`keep_freed`: HostMemory's,
+    False under --system-malloc so that no Trainer changes this process's allocator)."""
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
@@ -296,7 +297,7 @@ def default_callbacks(root: str, diagnostics_every: int) -> list:
         LearningRateMonitor(logging_interval="step"),
         TokenThroughput(),
         DivergenceGuard(),
-        HostMemory(),
+        HostMemory(keep_freed=keep_freed),
     ]
     if diagnostics_every:
         callbacks.append(VisitDiagnostics(every_n_steps=diagnostics_every))
@@ -393,7 +394,8 @@ class Lit:
             max_steps=warmup + steps + 1, limit_val_batches=0, num_sanity_val_steps=0,
             gradient_clip_val=1.0, log_every_n_steps=10,
             logger=TensorBoardLogger(self.root, name=self.name),
-            callbacks=[*default_callbacks(os.path.join(self.root, self.name), self.diagnostics_every), WindowTimer()],
+            callbacks=[*default_callbacks(os.path.join(self.root, self.name), self.diagnostics_every,
+                                          keep_freed=self.s.cuda or self.s.keep_freed_memory), WindowTimer()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=self.root,
         )
         trainer.fit(self.lm, train_dataloaders=source)
@@ -522,7 +524,8 @@ def step_memory(s: Settings, config: LoopConfig, batch) -> dict:
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker:
-            _, loss = model(x, y)
+            with autocast:
+                _, loss = model(x, y)
             loss.backward()
         snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
         out["peak"] = sum(v for k, v in snap.items() if str(k).rsplit(".", 1)[-1] in ("GRAD", "ACT", "TEMP", "OTH"))
@@ -917,6 +920,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--compile", action="store_true", help="run the torch.compile variant even with --smoke")
     p.add_argument("--no-data", action="store_true", help="skip the real data-loader variant")
     p.add_argument("--no-memory", action="store_true", help="skip the memory table")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="CPU: leave glibc's malloc settings as they are in this process (no keep_freed_memory(), "
+                        "as `loopnet fit --host_memory.keep_freed false`): every variant, compile included, "
+                        "runs with the system allocator")
     p.add_argument("--out", default=None, help="also write the markdown report here")
     p.add_argument("--json", default=None, help="also write every number as JSON here")
     args = p.parse_args(argv)
@@ -939,7 +946,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, s = parse(argv)
     # As `loopnet fit` on CPU runs (the system-malloc row is the contrast).
-    s.keep_freed_memory = not s.cuda and keep_freed_memory()
+    s.keep_freed_memory = not s.cuda and not args.system_malloc and keep_freed_memory()
     command = " ".join(["loopnet bench", *argv])
     res = benchmark(s, args.smoke, command)
     text = markdown(res)

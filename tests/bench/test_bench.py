@@ -82,3 +82,21 @@ def test_bare_loop_forward_runs_in_the_chosen_precision():
             assert logits.dtype == dtype
     finally:
         torch.set_num_threads(threads)
+
+
+def test_system_malloc_leaves_the_allocator_alone(tmp_path):
+    """--system-malloc: no keep_freed_memory() in the bench process, nor through a Trainer's HostMemory."""
+    code = ("import sys\n"
+            "import loopnet.training.host_memory as hm\n"
+            "calls = []\n"
+            "real = hm.keep_freed_memory\n"
+            "hm.keep_freed_memory = lambda: calls.append(1) or real()\n"
+            "import loopnet.bench.run as run\n"
+            "run.keep_freed_memory = hm.keep_freed_memory\n"
+            "run.main(['--smoke', '--system-malloc', '--no-memory', '--no-data', '--rounds', '6'])\n"
+            "print('CALLS', len(calls))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CALLS 0" in proc.stdout and "keep_freed_memory(), NOT applied" in proc.stdout
+    assert "| system malloc |" not in proc.stdout and "| lightning |" in proc.stdout
