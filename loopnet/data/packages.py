@@ -12,11 +12,12 @@ from pathlib import Path
 
 
 def package_dir(name: str) -> Path | None:
-    """The folder of the installed package `name`, or None when it is not installed."""
+    """The folder of the installed package `name`, or None when it is not installed (a bare folder
+    of that name on sys.path, a namespace package, does not count: both packages have __init__.py)."""
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
-    if spec is None or not spec.submodule_search_locations:
+    if spec is None or spec.origin is None or not spec.submodule_search_locations:
         return None
-    return Path(next(iter(spec.submodule_search_locations)))
+    return Path(spec.origin).parent

