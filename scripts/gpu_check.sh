@@ -3,7 +3,7 @@
 # Here, once:   make device-wheels        (cp312 wheels, into .whl/, of what the device image lacks or
 #                                          holds at versions older than datasets 5.2 needs: pyarrow, fsspec)
 # There, in one call of the device tool:  bash scripts/gpu_check.sh   with carry [".whl"], timeout_s 420.
-# It runs (~5 min on an H200, inner limits 30 + 120 + 240 s): the versions it found; a 100-step `loopnet fit` at
+# It runs (estimated ~5 min on an H200; inner limits 30 + 120 + 240 s): the versions it found; a 100-step `loopnet fit` at
 # GPT-2-small width in bf16-mixed on the embedded corpus (fused AdamW, gradient clipping, TokenThroughput's
 # tokens/s and MFU logged); then `loopnet bench` (GPU profile, 2 reps). versions.txt, fit.log, bench.log,
 # bench.md and bench.json land in $OUT (the device tool brings them back). Exit status: the first failure's.
