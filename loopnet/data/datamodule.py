@@ -135,6 +135,11 @@ class TokenStreamDataModule(L.LightningDataModule):
             self.revision = hub_revision(path, hp.revision) if is_hub_id(self.source, path) else None
             self.docs = load_documents(self.source, path, hp.name, hp.split, hp.sample_by, self.revision)
 
+    @property
+    def num_slots(self) -> int:
+        """Independent stream positions of the training stream: one per loader worker (or one)."""
+        return max(1, self.num_workers)
+
     def _config(self) -> dict:
         hp = self.hparams
         keys = (
@@ -154,6 +159,19 @@ class TokenStreamDataModule(L.LightningDataModule):
             config["revision"] = self.revision
         return config
 
+    def check_resume(self, saved: dict, where: str) -> None:
+        """Before anything is built: the data settings a checkpoint's training stream was read with
+        (`saved`, its loader state's config) must be this module's, else a resume would stop at the
+        restore, after logs and the run summary were written. The hub commit and the device count
+        are checked at the restore itself (they are known only then)."""
+        now = self._config() | {"num_slots": self.num_slots}
+        diff = {k: (saved[k], v) for k, v in now.items() if k in saved and k != "revision" and saved[k] != v}
+        if diff:
+            raise DataConfigError(
+                f"{where} was trained on another data stream (checkpoint, now): {diff}; fix: resume with the data "
+                "settings it was trained with (config.yaml beside it; num_workers counts too), or leave out "
+                "--ckpt_path to start a new run")
+
     # -- loaders -------------------------------------------------------------------------------
 
     def train_dataloader(self) -> ResumableLoader:
@@ -170,7 +188,7 @@ class TokenStreamDataModule(L.LightningDataModule):
             shuffle_buffer=self.hparams.shuffle_buffer,
             rank=rank,
             world_size=world,
-            num_slots=max(1, self.num_workers),
+            num_slots=self.num_slots,
             config=self._config(),
         )
         loader = ResumableLoader(

@@ -211,12 +211,13 @@ def val_windows(
     all ranks get the same number of windows (up to world_size - 1 are dropped) even when the
     split is a handful of documents (the embedded corpus holds out one play).
     """
-    packer, rows, n_docs, n_text = Packer(seq_len), [], 0, 0
+    packer, rows, n_docs, n_text, n_held = Packer(seq_len), [], 0, 0, 0
     for _, text in iter_texts(docs, text_column):
         n_docs += 1
         n_text += bool(text and text.strip())
         if not text or not val(text):
             continue
+        n_held += 1
         packer.push(None, encode(text))
         while (w := packer.pop()) is not None:
             rows.append(w.copy())
@@ -229,9 +230,15 @@ def val_windows(
             "Fix: point data.path at files that hold text (or set text_column:)"
         )
     if n == 0:
+        few = ""
+        if n_held == 0 and n_docs * val.fraction < 1:  # the hold-out is drawn per document
+            few = (f"; the hold-out is chosen per document and this corpus is {n_docs} document(s) "
+                   f"(a .txt/.md file is one), so val_fraction {val.fraction:g} selects none. Fix: cut the files "
+                   f"into documents with data.sample_by: paragraph (or line), or raise val_fraction")
         raise DataConfigError(
-            f"The validation split holds {len(rows)} windows of seq_len + 1 = {seq_len + 1} tokens, "
-            f"fewer than the {world_size} device(s). Fix: raise val_fraction, lower seq_len, or add data"
+            f"The validation split holds {len(rows)} windows of seq_len + 1 = {seq_len + 1} tokens "
+            f"({n_held} held-out document(s)), fewer than the {world_size} device(s)"
+            + (few or ". Fix: raise val_fraction, lower seq_len, or add data")
         )
     return torch.from_numpy(np.stack(rows[rank:n:world_size])).long()
 

@@ -85,8 +85,21 @@ class DivergenceGuard(Callback):
         self.last_good_checkpoint: Optional[str] = None
         self.summary_path: Optional[str] = None
         self._step = 0
+        self._stepped = False  # whether this process ran a training step (see on_exception)
         self._train_loss: Optional[float] = None
         self._val_history: list[list[float]] = []
+        self._earlier_wall_s = 0.0  # wall time of the run's earlier segments (resumed from a checkpoint)
+        self._t0 = time.monotonic()
+
+    # The history of a run resumed from a checkpoint continues that of the run it resumes.
+    def state_dict(self) -> dict[str, Any]:
+        return {"val_history": [list(v) for v in self._val_history], "train_loss": self._train_loss,
+                "wall_time_s": self._earlier_wall_s + time.monotonic() - self._t0}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._val_history = [list(v) for v in state_dict.get("val_history", [])]
+        self._train_loss = state_dict.get("train_loss")
+        self._earlier_wall_s = float(state_dict.get("wall_time_s", 0.0))
         self._t0 = time.monotonic()
 
     @property
@@ -94,11 +107,13 @@ class DivergenceGuard(Callback):
         return self.diverged_at_step is not None
 
     # ------------------------------------------------------------------------------ detection
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start_fit()
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # before a checkpoint's state is loaded into this callback
+            self._start_fit()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step = trainer.global_step
+        self._stepped = True
 
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
@@ -158,6 +173,10 @@ class DivergenceGuard(Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # a failing `test` must not overwrite the fit's summary
             return
+        path = os.path.join(_log_dir(trainer), self.summary_name)
+        if not self._stepped and os.path.exists(path):  # a resume that failed to start: keep the run's record
+            rank_zero_warn(f"loopnet: the run stopped before its first step ({exception!r}); {path} is kept as it was")
+            return
         try:  # never let the summary replace the exception that ended the run
             self._write(trainer, pl_module, "diverged" if self.diverged else "interrupted", error=repr(exception))
         except Exception as err:
@@ -191,7 +210,7 @@ class DivergenceGuard(Callback):
             "diagnostics_step": stats["step"] if stats else None,
             "log_dir": _log_dir(trainer),
             "error": error,
-            "wall_time_s": round(time.monotonic() - self._t0, 3),
+            "wall_time_s": round(self._earlier_wall_s + time.monotonic() - self._t0, 3),
         }
 
     def _write(self, trainer, pl_module, status: str, error: Optional[str] = None) -> None:

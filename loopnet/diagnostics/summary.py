@@ -76,6 +76,9 @@ def write_summary(path: str | os.PathLike, summary: dict) -> Path:
     data = {"schema": SCHEMA_VERSION, **jsonable(summary)}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 otherwise: readable like the logs and checkpoints
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, allow_nan=False)
             f.write("\n")

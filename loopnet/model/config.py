@@ -103,7 +103,7 @@ class LoopConfig:
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"LoopConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                f"pick n_heads among the divisors of d_model"
+                f"fix: pick n_heads among the divisors of d_model"
             )
         if self.positions == "rope" and self.head_dim % 2:
             raise ValueError(f"positions='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}")

@@ -264,6 +264,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_cells(sweep, cells: list[Cell]) -> None:
+    """Every unfinished cell's `loopnet fit` command passes the CLI's own checks (keys, types, the
+    model config) before any cell runs: a typo in the grid fails here, not in each cell's log."""
+    from loopnet.training.cli import check_command
+
+    bad: dict[str, list[str]] = {}
+    for cell in cells:
+        if not is_finished(sweep.out / cell.id):
+            why = check_command(cell.command[3:])  # after `python -m loopnet.training.cli`
+            if why:
+                bad.setdefault(why.removeprefix("loopnet: error: "), []).append(cell.id)
+    if bad:
+        lines = [f"{len(ids)} cell(s) ({', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}): {why}"
+                 for why, ids in bad.items()]
+        raise SweepError(f"{sum(map(len, bad.values()))} of {len(cells)} cells would fail at once, so none was "
+                         "started; fix the sweep file: " + " | ".join(lines))
+
+
 def run(argv: list[str], echo=None) -> int:
     """`loopnet sweep` without exiting: returns 0 when every selected cell is finished, 1 otherwise."""
     echo = echo or (lambda line: print(line, flush=True))  # flushed: sweeps run for hours under nohup
@@ -278,6 +296,7 @@ def run(argv: list[str], echo=None) -> int:
             echo(f"{c.id}  [{state}]\n    {shell_command(c.command)}")
         echo(f"{len(cells)} cells, out: {sweep.out}")
         return 0
+    check_cells(sweep, cells)
     sweep.out.mkdir(parents=True, exist_ok=True)
     runner = SweepRunner(sweep, cells, jobs=args.jobs, threads=args.threads, max_cells=args.max_cells,
                          resume=args.resume, echo=echo)

@@ -20,17 +20,31 @@ import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from loopnet.data import TokenStreamDataModule
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
+from loopnet.model import LoopConfig
 from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, HostMemory, TokenThroughput
 from loopnet.training.module import LoopedLM, check_checkpoint_config
 
 
 def load_hparams(path: str) -> dict:
     """A checkpoint's hyperparameters, read with torch's restricted (weights_only) unpickler."""
+    return load_checkpoint_meta(path).get("hyper_parameters", {})
+
+
+def saved_stream_config(ckpt: dict) -> dict | None:
+    """The data settings a checkpoint's training stream was read with (rank 0's loader state), if any."""
+    try:
+        return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["ranks"][0]["config"]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def load_checkpoint_meta(path: str) -> dict:
+    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
     try:
         # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -49,7 +63,7 @@ def load_hparams(path: str) -> dict:
                          f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
-    return ckpt.get("hyper_parameters", {})
+    return ckpt
 
 # ModelCheckpoint's settings for `loopnet fit` (the benchmark's Lightning variant uses them too).
 CHECKPOINT_DEFAULTS = {
@@ -162,11 +176,26 @@ class OneLineErrorParser(LightningArgumentParser):
                         if isinstance(a.dest, str) and a.dest.rpartition(".")[0] == parent}
             close = [siblings[k] for k in difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.75)]
             return (f"did you mean '{close[0]}'? " if close else "check the key's spelling and nesting; ") + help_
+        if "File does not exist" in message:
+            return "check the path given with --config (relative paths start from the current folder)"
         if "Problems parsing config" in message or "Unable to load config" in message:
             return "give an existing YAML file with --config, valid YAML; " + help_
         if "Expected a" in message or "Does not validate" in message or "not a valid" in message.lower():
             return "give the option a value of the expected type; " + help_
         return help_
+
+
+class SaveConfigOnStart(SaveConfigCallback):
+    """LightningCLI's config.yaml beside the logs, but for `fit` written when training starts, after a
+    checkpoint's state was restored: a resume refused at the restore leaves the run's config.yaml as
+    it was (Lightning writes it in `setup`, before the restore)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit":
+            super().setup(trainer, pl_module, stage)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().setup(trainer, pl_module, "fit")
 
 
 class LoopnetCLI(LightningCLI):
@@ -198,13 +227,35 @@ class LoopnetCLI(LightningCLI):
         those of the command line."""
         if not self.config.get("subcommand"):
             return
-        cfg = self.config[self.config.subcommand]
+        sub = self.config.subcommand
+        cfg = self.config[sub]
         path = cfg.get("ckpt_path")
+        if sub in EVALUATION and not path:
+            raise ValueError(f"`loopnet {sub}` needs --ckpt_path: without one it would run the model with its "
+                             f"random initial weights; fix: --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt "
+                             f"(or a best-*.ckpt), or 'last' for the newest last.ckpt of this config's run")
+        if sub in EVALUATION and path in ("best", "hpc"):
+            raise ValueError(f"--ckpt_path {path} names a checkpoint of a fit in this process, which `loopnet {sub}` "
+                             f"does not have; fix: give the .ckpt file (runs/<run>/version_N/checkpoints/best-*.ckpt) "
+                             f"or 'last'")
         if not path or path in ("last", "best", "hpc"):
             return
+        if Path(path).is_dir():
+            raise ValueError(f"--ckpt_path {path} is a folder; fix: give a .ckpt file in it, e.g. "
+                             f"{Path(path) / 'last.ckpt'}")
         if not Path(path).is_file():
             raise FileNotFoundError(f"--ckpt_path {path} does not exist; give a .ckpt file (e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
-        check_checkpoint_config(load_hparams(path).get("config"), cfg.model.config.as_dict())
+        self._check_checkpoint(path, cfg, sub)
+
+    @staticmethod
+    def _check_checkpoint(path: str, cfg: Namespace, subcommand: str) -> None:
+        """The checks a checkpoint passes before anything is built: readable plain data, the same model
+        config and, to resume a fit, the same data stream."""
+        ckpt = load_checkpoint_meta(path)
+        check_checkpoint_config(ckpt.get("hyper_parameters", {}).get("config"), cfg.model.config.as_dict())
+        saved = saved_stream_config(ckpt)
+        if subcommand == "fit" and saved is not None:
+            TokenStreamDataModule(**cfg.data.as_dict()).check_resume(saved, f"the checkpoint {path}")
 
     def before_predict(self) -> None:
         # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus.
@@ -212,6 +263,7 @@ class LoopnetCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
+        LoopConfig(**cfg.model.config.as_dict())  # a bad model config fails here with its own message
         logger = cfg.trainer.logger
         if isinstance(logger, Namespace) and logger.class_path.endswith("TensorBoardLogger"):
             if logger.init_args.get("name") in (None, "lightning_logs"):
@@ -226,6 +278,8 @@ class LoopnetCLI(LightningCLI):
             if isinstance(logger, Namespace):
                 resume_in_last_version(logger.init_args)
             self._check_last_checkpoint(cfg)
+        if self.subcommand in EVALUATION and cfg.ckpt_path == "last":
+            cfg.ckpt_path = self._newest_run_checkpoint(cfg)
         # Checkpoints are loaded with torch's restricted (weights_only) unpickler unless asked otherwise.
         if "weights_only" in cfg and cfg.weights_only is None:
             cfg.weights_only = True
@@ -241,11 +295,35 @@ class LoopnetCLI(LightningCLI):
             folder = Path(args.save_dir) / (args.get("name") or "") / version / "checkpoints"
         last = newest_last_checkpoint(Path(folder)) if folder is not None else None
         if last is not None:
-            check_checkpoint_config(load_hparams(str(last)).get("config"), cfg.model.config.as_dict())
+            self._check_checkpoint(str(last), cfg, "fit")
             cfg.ckpt_path = str(last)
             if rank_zero_only.rank == 0:
                 print(f"loopnet: resuming from {last}", file=sys.stderr)
 
+
+    def _newest_run_checkpoint(self, cfg: Namespace) -> str:
+        """`test`/`validate`/`predict --ckpt_path last`: the newest last*.ckpt of this config's run
+        (under --checkpoint-less evaluation, Lightning's own 'last' would find none and quietly use
+        the random initial weights)."""
+        logger = cfg.trainer.logger
+        if not isinstance(logger, Namespace) or logger.init_args.get("save_dir") is None:
+            raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder to look in; "
+                             "fix: give the .ckpt file with --ckpt_path")
+        args = logger.init_args
+        root = Path(args.save_dir) / (args.get("name") or "")
+        found = sorted(root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise FileNotFoundError(f"--ckpt_path last: no last*.ckpt under {root}/version_*/checkpoints; fix: "
+                                    f"give the .ckpt file with --ckpt_path, or use the config (and run name) "
+                                    f"the model was trained with")
+        self._check_checkpoint(str(found[-1]), cfg, self.subcommand)
+        if rank_zero_only.rank == 0:
+            print(f"loopnet: evaluating {found[-1]}", file=sys.stderr)
+        return str(found[-1])
+
+
+# The Trainer entry points that evaluate a trained model: they need a checkpoint.
+EVALUATION = ("validate", "test", "predict")
 
 # Subcommands that are not Trainer entry points, each with its own parser.
 TOOLS = {
@@ -256,23 +334,56 @@ TOOLS = {
 }
 
 
-def main(args: list[str] | None = None) -> None:
+class CheckOnly(LoopnetCLI):
+    """Parses and checks a command line as `loopnet` does (config files, keys, types, the model config,
+    checkpoints, writable folders), but builds and runs nothing."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def check_command(argv: list[str]) -> str | None:
+    """None when `loopnet <argv>` would get past its checks; else its one-line error (for `loopnet sweep`,
+    so that a typo in a grid fails before any cell runs)."""
+    import contextlib
+    import io
+
+    err, environ = io.StringIO(), dict(os.environ)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            main(argv, cli_class=CheckOnly)
+        return None
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            return None
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        return lines[-1] if lines else f"exit status {exit_.code}"
+    finally:  # seed_everything exports PL_GLOBAL_SEED; the caller's environment stays its own
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in TOOLS:
         import importlib
 
         return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
-    if argv and argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help"):
         print("loopnet tools: " + "; ".join(f"{name}: {help}" for name, (_, help) in TOOLS.items()))
     try:
         for path in config_files(argv):
             check_yaml(path)
-        LoopnetCLI(
+        cli_class(
             LoopedLM,
             TokenStreamDataModule,
             subclass_mode_model=False,
             subclass_mode_data=False,
             trainer_defaults=TRAINER_DEFAULTS,
+            save_config_callback=SaveConfigOnStart,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # LoopedLM.configure_optimizers owns AdamW and the schedule
             parser_class=OneLineErrorParser,

@@ -117,3 +117,18 @@ def test_model_on_before_batch_transfer_still_runs(tmp_path):
     )
     trainer.fit(Hooked(), datamodule=dm)
     assert Hooked.calls == 3
+
+
+def test_one_text_file_names_sample_by_as_the_fix(tmp_path):
+    """One .txt file is one document: no per-document hold-out can pick it at val_fraction 0.0005,
+    so the error says how to cut it into documents; with sample_by: paragraph it works."""
+    from loopnet.data import DataConfigError
+
+    text = "\n\n".join(f"Paragraph {i}: " + "words and more words " * 30 for i in range(400))
+    (tmp_path / "notes.txt").write_text(text)
+    kw = dict(seq_len=32, batch_size=2, source="files", path=str(tmp_path / "notes.txt"))
+    with pytest.raises(DataConfigError, match="this corpus is 1 document.*Fix: cut the files into documents with "
+                                              "data.sample_by: paragraph"):
+        TokenStreamDataModule(**kw).val_windows()
+    windows = TokenStreamDataModule(**kw, sample_by="paragraph", val_fraction=0.05).val_windows()
+    assert windows.shape[0] > 0

@@ -121,3 +121,65 @@ def test_unwritable_checkpoint_folder(unchanged):
 
 def test_prior_run_still_loads(prior):
     assert load(prior / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt")["global_step"] == 2
+
+
+def test_resume_on_another_data_stream_is_refused_before_anything_is_written(unchanged):
+    # Found by a walkthrough: this was refused only at the restore, after the finished run's summary.json
+    # (status "interrupted", no losses) and config.yaml had been overwritten.
+    versions = sorted((unchanged / "runs" / RUN).iterdir())
+    res = loopnet("fit", *SHORT, "--data.batch_size", "2", "--ckpt_path", "last", cwd=unchanged)
+    check(res, "was trained on another data stream (checkpoint, now): {'batch_size': (4, 2)}",
+          "fix: resume with the data settings it was trained with")
+    assert sorted((unchanged / "runs" / RUN).iterdir()) == versions  # no new log folder either
+
+
+def test_resume_that_fails_at_the_restore_keeps_the_run_summary(unchanged, monkeypatch):
+    """Checks that only the restore can make (the device count, the hub commit) still fail late: the
+    finished run's summary is kept, not replaced by an 'interrupted' one without losses."""
+    from loopnet.data.errors import DataConfigError
+    from loopnet.data.stream import ResumableLoader
+
+    def refuse(self, state_dict):
+        raise DataConfigError("The checkpoint's data state is for 2 ranks, this run has 1")
+
+    monkeypatch.setattr(ResumableLoader, "load_state_dict", refuse)
+    summary = unchanged / "runs" / RUN / "version_0" / "summary.json"
+    before = summary.read_bytes()
+    res = loopnet("fit", *SHORT, "--trainer.max_steps", "4", "--ckpt_path", "last", cwd=unchanged)
+    assert res.code == 2 and "data state is for 2 ranks" in res.last_err_line, res.err[-3000:]
+    assert summary.read_bytes() == before
+
+
+@pytest.mark.parametrize("sub", ["test", "validate", "predict"])
+def test_evaluation_needs_a_checkpoint(tmp_path, sub):
+    res = loopnet(sub, *SHORT, cwd=tmp_path)
+    check(res, f"`loopnet {sub}` needs --ckpt_path: without one it would run the model with its random initial "
+          "weights", "fix: --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_evaluation_of_last_takes_the_newest_checkpoint_of_the_run(unchanged):
+    res = loopnet("test", *SHORT, "--ckpt_path", "last", cwd=unchanged)
+    assert res.code == 0, res.err[-3000:]
+    assert f"loopnet: evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err
+    res = loopnet("test", *SHORT, "--model.config.n_rounds", "3", "--ckpt_path", "last", cwd=unchanged)
+    check(res, "--ckpt_path last: no last*.ckpt under runs/deeploop_lt_k2_r3/version_*/checkpoints",
+          "fix: give the .ckpt file with --ckpt_path")
+    res = loopnet("test", *SHORT, "--ckpt_path", "best", cwd=unchanged)
+    check(res, "--ckpt_path best names a checkpoint of a fit in this process", "fix: give the .ckpt file")
+
+
+def test_scaled_residual_without_p(tmp_path):
+    res = loopnet("fit", *SHORT, "--model.config.residual", "scaled", cwd=tmp_path)
+    check(res, "LoopConfig.residual='scaled' needs p > 0", "e.g. p: 0.4")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_config_file(tmp_path):
+    res = loopnet("fit", "--config", "nope.yaml", cwd=tmp_path)
+    check(res, "nope.yaml", "check the path given with --config")
+
+
+def test_summary_is_readable_like_the_checkpoints(prior):
+    run = prior / "runs" / RUN / "version_0"
+    assert (run / "summary.json").stat().st_mode & 0o777 == (run / "checkpoints" / "last.ckpt").stat().st_mode & 0o777

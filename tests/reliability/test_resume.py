@@ -2,6 +2,7 @@
 uninterrupted run, compared exactly, from either kind of checkpoint (the interruption checkpoint
 written between steps, and last.ckpt written at a validation)."""
 
+import json
 import shutil
 
 import pytest
@@ -59,6 +60,10 @@ def test_resume_from_interruption_matches_uninterrupted_run(reference, interrupt
     assert resumed == reference  # every step, exactly: 0-5 before the stop, 6-7 after
     assert not (ckpts / "last-interrupted.ckpt").exists()  # removed once the fit completed
     assert load(ckpts / "last.ckpt")["global_step"] == 8
+    # The run summary covers the whole run: the validation before the stop (step 4) is still in it.
+    summary = json.loads((interrupted / "runs" / RUN / "version_0" / "summary.json").read_text())
+    assert summary["status"] == "completed" and [s for s, _ in summary["val_history"]] == [4, 8]
+    assert summary["best_val_loss"] == min(v for _, v in summary["val_history"])
 
 
 def test_resume_from_validation_checkpoint_matches_uninterrupted_run(reference, interrupted, tmp_path):

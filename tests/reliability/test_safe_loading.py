@@ -71,7 +71,7 @@ def test_trainer_loads_with_weights_only_by_default(evil, tmp_path, monkeypatch)
     import loopnet.training.cli as cli
 
     path, marker = evil
-    monkeypatch.setattr(cli, "load_hparams", lambda _: {})
+    monkeypatch.setattr(cli.LoopnetCLI, "_check_checkpoint", staticmethod(lambda *args: None))
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         loopnet("test", *SHORT, "--ckpt_path", str(path), cwd=tmp_path)
     assert not marker.exists()

@@ -156,15 +156,34 @@ def test_report_curves_come_from_tensorboard(swept):
 
 
 def test_a_failing_cell_is_reported_not_finished(tmp_path):
-    # n_heads 3 does not divide d_model 32: the fit exits with an error before training.
-    overrides = {k: v for k, v in TINY.items() if k != "model.config.n_heads"}
-    sweep_file = write_sweep(tmp_path, {"model.config.n_heads": [3]}, overrides)
+    # An empty corpus: the command line is valid, the fit fails when it reads the data.
+    (tmp_path / "empty.txt").write_text("")
+    sweep_file = write_sweep(tmp_path, {"data.path": [str(tmp_path / "empty.txt")]},
+                             {**TINY, "data.source": "files"})
     echo = []
     assert run([str(sweep_file)], echo=echo.append) == 1
     out = tmp_path / "sweep"
-    assert not is_finished(out / "n_heads3")
+    (cell,) = [d for d in out.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    assert not is_finished(cell)
     assert any("FAILED" in line for line in echo)
     assert [e["event"] for e in log_events(out)] == ["started", "failed"]
+
+
+def test_cells_that_would_fail_at_once_stop_the_sweep_before_any_runs(tmp_path):
+    """A typo in a grid key or a bad value is found by the CLI's own checks before any cell starts."""
+    from loopnet.study.grid import SweepError
+
+    overrides = {k: v for k, v in TINY.items() if k != "model.config.n_heads"}
+    sweep_file = write_sweep(tmp_path, {"model.config.n_heads": [2, 3], "model.config.residul": ["deeploop"]},
+                             overrides)
+    with pytest.raises(SweepError, match=r"2 of 2 cells would fail at once, so none was started; fix the sweep "
+                                         r"file: 2 cell\(s\) .*--model.config.residul deeploop; "
+                                         r"fix: did you mean 'model.config.residual'"):
+        run([str(sweep_file)], echo=lambda line: None)
+    sweep_file = write_sweep(tmp_path, {"model.config.n_heads": [2, 3]}, overrides)
+    with pytest.raises(SweepError, match=r"1 of 2 cells would fail at once.*n_heads3\): .*not divisible by n_heads=3"):
+        run([str(sweep_file)], echo=lambda line: None)
+    assert not (tmp_path / "sweep" / "sweep.json").exists()  # nothing ran
 
 
 def test_unigram_entropy():
