@@ -173,11 +173,13 @@ class DivergenceGuard(Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # a failing `test` must not overwrite the fit's summary
             return
-        path = os.path.join(_log_dir(trainer), self.summary_name)
-        if not self._stepped and os.path.exists(path):  # a resume that failed to start: keep the run's record
-            rank_zero_warn(f"loopnet: the run stopped before its first step ({exception!r}); {path} is kept as it was")
-            return
         try:  # never let the summary replace the exception that ended the run
+            path = os.path.join(_log_dir(trainer), self.summary_name)
+            if not self._stepped and trainer.ckpt_path is not None and os.path.exists(path):
+                # A resume that failed before its first step: the run's record stays as it was.
+                rank_zero_warn(f"loopnet: the resumed run stopped before its first step ({exception!r}); "
+                               f"{path} is kept as it was")
+                return
             self._write(trainer, pl_module, "diverged" if self.diverged else "interrupted", error=repr(exception))
         except Exception as err:
             rank_zero_warn(f"could not write the run summary: {err!r}")

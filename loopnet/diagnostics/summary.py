@@ -29,7 +29,7 @@ Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
       "diagnostics_step": int | null,    # the step those two were measured at
       "log_dir": str,
       "error": str | null,               # the exception, for status "interrupted"
-      "wall_time_s": float
+      "wall_time_s": float               # of the fit, resumed segments included (each up to its last checkpoint)
     }
 """
 
@@ -76,10 +76,10 @@ def write_summary(path: str | os.PathLike, summary: dict) -> Path:
     data = {"schema": SCHEMA_VERSION, **jsonable(summary)}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 otherwise: readable like the logs and checkpoints
         with os.fdopen(fd, "w") as f:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(f.fileno(), 0o666 & ~umask)  # mkstemp's 0600 otherwise: readable like the checkpoints
             json.dump(data, f, indent=2, allow_nan=False)
             f.write("\n")
         os.replace(tmp, path)

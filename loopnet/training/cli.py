@@ -186,16 +186,21 @@ class OneLineErrorParser(LightningArgumentParser):
 
 
 class SaveConfigOnStart(SaveConfigCallback):
-    """LightningCLI's config.yaml beside the logs, but for `fit` written when training starts, after a
-    checkpoint's state was restored: a resume refused at the restore leaves the run's config.yaml as
-    it was (Lightning writes it in `setup`, before the restore)."""
+    """LightningCLI's config.yaml beside the logs, with two guards for what is already there:
+    a `fit` from a checkpoint writes it when training starts, after the checkpoint's state was
+    restored, so a resume refused at the restore leaves the run's config.yaml as it was (Lightning
+    writes it in `setup`, before the restore); `validate`/`test`/`predict` write `<stage>_config.yaml`,
+    so one pinned to a fit's folder (--trainer.logger.init_args.version) never replaces its config."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
+            self.config_filename = f"{stage}_config.yaml"
+            super().setup(trainer, pl_module, stage)
+        elif not self.config.get("ckpt_path"):  # the CLI's config: is this fit a resume?
             super().setup(trainer, pl_module, stage)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        super().setup(trainer, pl_module, "fit")
+        super().setup(trainer, pl_module, "fit")  # a no-op when setup already wrote it
 
 
 class LoopnetCLI(LightningCLI):
@@ -302,20 +307,30 @@ class LoopnetCLI(LightningCLI):
 
 
     def _newest_run_checkpoint(self, cfg: Namespace) -> str:
-        """`test`/`validate`/`predict --ckpt_path last`: the newest last*.ckpt of this config's run
-        (under --checkpoint-less evaluation, Lightning's own 'last' would find none and quietly use
-        the random initial weights)."""
+        """`test`/`validate`/`predict --ckpt_path last`: the newest last*.ckpt of this config's run, in
+        --checkpoint.dirpath or the logger's pinned version when given, else across its versions
+        (Lightning's own 'last' would look in this evaluation's new folder, find none and quietly
+        use the random initial weights)."""
         logger = cfg.trainer.logger
-        if not isinstance(logger, Namespace) or logger.init_args.get("save_dir") is None:
-            raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder to look in; "
-                             "fix: give the .ckpt file with --ckpt_path")
-        args = logger.init_args
-        root = Path(args.save_dir) / (args.get("name") or "")
-        found = sorted(root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
+        args = logger.init_args if isinstance(logger, Namespace) else None
+        dirpath = cfg.checkpoint.get("dirpath") if cfg.get("checkpoint") else None
+        if dirpath is not None:
+            pattern, root = "last*.ckpt", Path(dirpath)
+        elif args is not None and args.get("save_dir") is not None:
+            root = Path(args.save_dir) / (args.get("name") or "")
+            version = args.get("version")
+            if version is None:
+                pattern = "version_*/checkpoints/last*.ckpt"
+            else:
+                pattern = f"{version if isinstance(version, str) else f'version_{version}'}/checkpoints/last*.ckpt"
+                pattern = pattern.lstrip("/")  # version "" (sweep cells): <save_dir>/<name>/checkpoints
+        else:
+            raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder or --checkpoint.dirpath "
+                             "to look in; fix: give the .ckpt file with --ckpt_path")
+        found = sorted(root.glob(pattern), key=lambda p: p.stat().st_mtime)
         if not found:
-            raise FileNotFoundError(f"--ckpt_path last: no last*.ckpt under {root}/version_*/checkpoints; fix: "
-                                    f"give the .ckpt file with --ckpt_path, or use the config (and run name) "
-                                    f"the model was trained with")
+            raise FileNotFoundError(f"--ckpt_path last: no {pattern} under {root}; fix: give the .ckpt file with "
+                                    f"--ckpt_path, or use the config (and run name) the model was trained with")
         self._check_checkpoint(str(found[-1]), cfg, self.subcommand)
         if rank_zero_only.rank == 0:
             print(f"loopnet: evaluating {found[-1]}", file=sys.stderr)
@@ -338,6 +353,9 @@ class CheckOnly(LoopnetCLI):
     """Parses and checks a command line as `loopnet` does (config files, keys, types, the model config,
     checkpoints, writable folders), but builds and runs nothing."""
 
+    def _set_seed(self) -> None:  # the caller's RNGs and log stay untouched
+        pass
+
     def instantiate_classes(self) -> None:
         pass
 
@@ -359,6 +377,8 @@ def check_command(argv: list[str]) -> str | None:
     except SystemExit as exit_:
         if exit_.code in (0, None):
             return None
+        if exit_.code == 130:  # Ctrl-C: the caller's to handle, not this command's error
+            raise KeyboardInterrupt from None
         lines = [line for line in err.getvalue().splitlines() if line.strip()]
         return lines[-1] if lines else f"exit status {exit_.code}"
     finally:  # seed_everything exports PL_GLOBAL_SEED; the caller's environment stays its own
