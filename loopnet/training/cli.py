@@ -257,7 +257,10 @@ class LoopnetCLI(LightningCLI):
         """The checks a checkpoint passes before anything is built: readable plain data, the same model
         config and, to resume a fit, the same data stream."""
         ckpt = load_checkpoint_meta(path)
-        check_checkpoint_config(ckpt.get("hyper_parameters", {}).get("config"), cfg.model.config.as_dict())
+        try:
+            check_checkpoint_config(ckpt.get("hyper_parameters", {}).get("config"), cfg.model.config.as_dict())
+        except ValueError as err:  # name the file: with --ckpt_path last the user did not
+            raise ValueError(f"{path}: {err}") from None
         saved = saved_stream_config(ckpt)
         if subcommand == "fit" and saved is not None:
             TokenStreamDataModule(**cfg.data.as_dict()).check_resume(saved, f"the checkpoint {path}")
