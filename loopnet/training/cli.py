@@ -97,10 +97,27 @@ def resume_in_last_version(logger_args: Namespace) -> None:
     TensorBoard curves continue in the same folder. With none, training starts afresh."""
     if logger_args.get("version") is not None:
         return
-    root = Path(logger_args.save_dir) / logger_args.name
+    found = newest_version_checkpoint(Path(logger_args.save_dir) / logger_args.name)
+    if found is not None:
+        logger_args.version = found.parent.parent.name
+
+
+def newest_version_checkpoint(root: Path) -> Path | None:
+    """The newest `last*.ckpt` in any `version_*/checkpoints/` folder of the run folder `root`."""
     found = sorted(root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
-    if found:
-        logger_args.version = found[-1].parent.parent.name
+    return found[-1] if found else None
+
+
+def pinned_checkpoint_folder(cfg: Namespace) -> Path | None:
+    """Where a run's checkpoints are when the command pins them: --checkpoint.dirpath, or the
+    checkpoints/ of the logger's pinned version (version "" for sweep cells: no version level)."""
+    folder = cfg.checkpoint.get("dirpath") if cfg.get("checkpoint") else None
+    logger = cfg.trainer.logger
+    if folder is None and isinstance(logger, Namespace) and logger.init_args.get("version") is not None:
+        args = logger.init_args
+        version = args.version if isinstance(args.version, str) else f"version_{args.version}"
+        folder = Path(args.save_dir) / (args.get("name") or "") / version / "checkpoints"
+    return Path(folder) if folder is not None else None
 
 
 def newest_last_checkpoint(folder: Path) -> Path | None:
@@ -295,19 +312,13 @@ class LoopnetCLI(LightningCLI):
     def _check_last_checkpoint(self, cfg: Namespace) -> None:
         """`fit --ckpt_path last`: check the checkpoint Lightning will pick as a given path is
         checked (readable, plain data, same model config), and name it explicitly."""
-        folder = cfg.checkpoint.get("dirpath") if cfg.get("checkpoint") else None
-        logger = cfg.trainer.logger
-        if folder is None and isinstance(logger, Namespace) and logger.init_args.get("version") is not None:
-            args = logger.init_args
-            version = args.version if isinstance(args.version, str) else f"version_{args.version}"
-            folder = Path(args.save_dir) / (args.get("name") or "") / version / "checkpoints"
-        last = newest_last_checkpoint(Path(folder)) if folder is not None else None
+        folder = pinned_checkpoint_folder(cfg)
+        last = newest_last_checkpoint(folder) if folder is not None else None
         if last is not None:
             self._check_checkpoint(str(last), cfg, "fit")
             cfg.ckpt_path = str(last)
             if rank_zero_only.rank == 0:
                 print(f"loopnet: resuming from {last}", file=sys.stderr)
-
 
     def _newest_run_checkpoint(self, cfg: Namespace) -> str:
         """`test`/`validate`/`predict --ckpt_path last`: the newest last*.ckpt of this config's run, in
@@ -315,29 +326,22 @@ class LoopnetCLI(LightningCLI):
         (Lightning's own 'last' would look in this evaluation's new folder, find none and quietly
         use the random initial weights)."""
         logger = cfg.trainer.logger
-        args = logger.init_args if isinstance(logger, Namespace) else None
-        dirpath = cfg.checkpoint.get("dirpath") if cfg.get("checkpoint") else None
-        if dirpath is not None:
-            pattern, root = "last*.ckpt", Path(dirpath)
-        elif args is not None and args.get("save_dir") is not None:
-            root = Path(args.save_dir) / (args.get("name") or "")
-            version = args.get("version")
-            if version is None:
-                pattern = "version_*/checkpoints/last*.ckpt"
-            else:
-                pattern = f"{version if isinstance(version, str) else f'version_{version}'}/checkpoints/last*.ckpt"
-                pattern = pattern.lstrip("/")  # version "" (sweep cells): <save_dir>/<name>/checkpoints
+        folder = pinned_checkpoint_folder(cfg)
+        if folder is not None:
+            where, found = f"{folder}/last*.ckpt", newest_last_checkpoint(folder)
+        elif isinstance(logger, Namespace) and logger.init_args.get("save_dir") is not None:
+            root = Path(logger.init_args.save_dir) / (logger.init_args.get("name") or "")
+            where, found = f"{root}/version_*/checkpoints/last*.ckpt", newest_version_checkpoint(root)
         else:
             raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder or --checkpoint.dirpath "
                              "to look in; fix: give the .ckpt file with --ckpt_path")
-        found = sorted(root.glob(pattern), key=lambda p: p.stat().st_mtime)
-        if not found:
-            raise FileNotFoundError(f"--ckpt_path last: no {pattern} under {root}; fix: give the .ckpt file with "
-                                    f"--ckpt_path, or use the config (and run name) the model was trained with")
-        self._check_checkpoint(str(found[-1]), cfg, self.subcommand)
+        if found is None:
+            raise FileNotFoundError(f"--ckpt_path last: no {where}; fix: give the .ckpt file with --ckpt_path, "
+                                    f"or use the config (and run name) the model was trained with")
+        self._check_checkpoint(str(found), cfg, self.subcommand)
         if rank_zero_only.rank == 0:
-            print(f"loopnet: evaluating {found[-1]}", file=sys.stderr)
-        return str(found[-1])
+            print(f"loopnet: evaluating {found}", file=sys.stderr)
+        return str(found)
 
 
 # The Trainer entry points that evaluate a trained model: they need a checkpoint.
