@@ -24,7 +24,7 @@ from loopnet.data.sources import (
     load_documents,
     resolve_files,
 )
-from loopnet.data.stream import ResumableLoader, TrainStream, WindowBatches, val_windows
+from loopnet.data.stream import ResumableLoader, TrainStream, WindowBatches, stream_config_diff, val_windows
 from loopnet.data.tokenizer import gpt2_encoding
 
 
@@ -165,7 +165,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         restore, after logs and the run summary were written. The hub commit and the device count
         are checked at the restore itself (they are known only then)."""
         now = self._config() | {"num_slots": self.num_slots}
-        diff = {k: (saved[k], v) for k, v in now.items() if k in saved and k != "revision" and saved[k] != v}
+        diff = stream_config_diff(saved, now, keys=[k for k in now if k in saved and k != "revision"])
         if diff:
             raise DataConfigError(
                 f"{where} was trained on another data stream (checkpoint, now): {diff}; fix: resume with the data "

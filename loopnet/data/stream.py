@@ -263,6 +263,12 @@ def _identity(batch: Any) -> Any:
     return batch
 
 
+def stream_config_diff(saved: dict, now: dict, keys=None) -> dict:
+    """{key: (saved, now)} for the stream settings that differ (over `keys`, default all of either)."""
+    keys = dict.fromkeys([*saved, *now]) if keys is None else keys
+    return {k: (saved.get(k), now.get(k)) for k in keys if saved.get(k) != now.get(k)}
+
+
 class ResumableLoader(DataLoader):
     """DataLoader over a `TrainStream`: (inputs, targets) LongTensors [batch_size, seq_len], and a
     `state_dict()` that resumes at the next unconsumed batch.
@@ -335,10 +341,8 @@ class ResumableLoader(DataLoader):
                 "Exact data resume needs the same number of devices"
             )
         local = ranks[stream.rank]
-        if local["config"] != stream.config:
-            keys = dict.fromkeys([*local["config"], *stream.config])
-            diff = {k: (local["config"].get(k), stream.config.get(k)) for k in keys
-                    if local["config"].get(k) != stream.config.get(k)}
+        diff = stream_config_diff(local["config"], stream.config)
+        if diff:
             raise DataConfigError(
                 f"The checkpoint's data stream differs from this run's (checkpoint, now): {diff}. "
                 "Exact data resume needs the same data settings, num_workers and devices"

@@ -39,9 +39,10 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from loopnet.files import atomic_write
 
 SUMMARY_NAME = "summary.json"
 SCHEMA_VERSION = 1
@@ -71,22 +72,8 @@ def jsonable(value: Any) -> Any:
 def write_summary(path: str | os.PathLike, summary: dict) -> Path:
     """Write `summary` as JSON atomically (a temporary file in the same folder, then os.replace),
     so a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"schema": SCHEMA_VERSION, **jsonable(summary)}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(f.fileno(), 0o666 & ~umask)  # mkstemp's 0600 otherwise: readable like the checkpoints
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda f: f.write(json.dumps(data, indent=2, allow_nan=False) + "\n"), binary=False)
 
 
 def read_summary(path: str | os.PathLike) -> dict:

@@ -10,8 +10,6 @@ from .transformer import LoopedTransformer, lm_loss, sample_next
 from .visits import SUBLAYERS, Visit, VisitObserver, VisitTrace, visit_order
 
 __all__ = [
-    "BETA_SCALED", "SCHEMES", "SUBLAYERS", "LoopConfig", "LoopedTransformer",
-    "lm_loss",
-    "sample_next", "Visit",
-    "VisitObserver", "VisitTrace", "residual_scales", "visit_order",
+    "BETA_SCALED", "SCHEMES", "SUBLAYERS", "LoopConfig", "LoopedTransformer", "Visit", "VisitObserver",
+    "VisitTrace", "lm_loss", "residual_scales", "sample_next", "visit_order",
 ]

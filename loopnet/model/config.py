@@ -119,7 +119,7 @@ class LoopConfig:
         if self.residual == "scaled" and (self.p is None or not self.p > 0):
             raise ValueError(f"LoopConfig.residual='scaled' needs p > 0 (e.g. p: 0.4), got p={self.p}")
         if self.residual != "scaled" and self.p is not None:
-            raise ValueError(f"LoopConfig.p is only used with residual='scaled'; remove it or set residual: scaled")
+            raise ValueError("LoopConfig.p is only used with residual='scaled'; remove it or set residual: scaled")
         if self.sandwich and self.residual == "preln":
             raise ValueError("LoopConfig.sandwich applies to the Post-LN family; Pre-LN already normalises the branch input")
 

@@ -32,7 +32,6 @@ from .scales import BETA_SCALED
 from .visits import Visit, VisitObserver, VisitTrace
 
 
-
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in fp32; targets of -1 are ignored. The one loss formula of
     training and evaluation."""
@@ -49,6 +48,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = No
         kth = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -float("inf"))
     return torch.multinomial(F.softmax(logits, -1), 1)
+
 
 class LoopedTransformer(nn.Module):
     def __init__(self, config: LoopConfig):

@@ -168,11 +168,15 @@ def expand(sweep: Sweep) -> list[Cell]:
     return cells
 
 
+# How a cell starts the `loopnet` CLI (its arguments follow).
+CLI = [sys.executable, "-m", "loopnet.training.cli"]
+
+
 def fit_command(sweep: Sweep, cid: str, params: dict[str, Any]) -> list[str]:
     """The `loopnet fit` command of one cell. Later options win, so the cell's grid values override
     `overrides`, and the pinned logger folder (``<out>/<cell_id>/``, no version_N level) comes last.
     The logger is loopnet's default TensorBoardLogger; only its folder is set here."""
-    cmd = [sys.executable, "-m", "loopnet.training.cli", "fit"]
+    cmd = [*CLI, "fit"]
     for file in sweep.base:
         cmd += ["--config", str(file)]
     for key, value in {**sweep.overrides, **params}.items():

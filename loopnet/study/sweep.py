@@ -41,7 +41,7 @@ from typing import Any
 
 from loopnet.diagnostics import SUMMARY_NAME, read_summary
 
-from .grid import Cell, Sweep, SweepError, expand, load_sweep
+from .grid import CLI, Cell, Sweep, SweepError, expand, load_sweep
 
 FINAL_STATUSES = ("completed", "diverged")
 MANIFEST = "sweep.json"
@@ -272,7 +272,7 @@ def check_cells(sweep, cells: list[Cell]) -> None:
     bad: dict[str, list[str]] = {}
     for cell in cells:
         if not is_finished(sweep.out / cell.id):
-            why = check_command(cell.command[3:])  # after `python -m loopnet.training.cli`
+            why = check_command(cell.command[len(CLI):])
             if why:
                 bad.setdefault(why.removeprefix("loopnet: error: "), []).append(cell.id)
     if bad:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
-import tempfile
 import threading
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -17,6 +14,8 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import Callback, Checkpoint, ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from loopnet.files import atomic_write
 
 
 def _sequences(batch) -> int:
@@ -98,28 +97,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 otherwise
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        with contextlib.suppress(OSError):  # make the rename itself durable
-            dirfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dirfd)
-            finally:
-                os.close(dirfd)
+        atomic_write(path, lambda f: torch.save(checkpoint, f))
 
 
 class GracefulInterrupt(Checkpoint):
