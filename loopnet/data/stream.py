@@ -39,11 +39,13 @@ def split_strategy(docs: datasets.IterableDataset, parts: int) -> str:
     return "shards" if docs.num_shards >= parts else "examples"
 
 
-def encode(text: str) -> np.ndarray:
-    """GPT-2 tokens of one document followed by end-of-text."""
+def encode(text: str, table: np.ndarray | None = None) -> np.ndarray:
+    """GPT-2 tokens of one document followed by end-of-text; with `table` (GPT-2 id -> compact id,
+    see `TokenStreamDataModule`'s `vocab: compact`) the compact ids."""
     ids = gpt2_encoding().encode_ordinary(text)
     ids.append(EOT_ID)
-    return np.asarray(ids, dtype=np.int32)
+    ids = np.asarray(ids, dtype=np.int32)
+    return ids if table is None else table[ids]
 
 
 def iter_texts(
@@ -107,8 +109,9 @@ class TrainStream(IterableDataset):
         world_size: int = 1,
         num_slots: int = 1,
         config: dict | None = None,
+        table: np.ndarray | None = None,
     ):
-        self.docs, self.text_column, self.val = docs, text_column, val
+        self.docs, self.text_column, self.val, self.table = docs, text_column, val, table
         self.seq_len, self.batch_size, self.seed, self.shuffle_buffer = seq_len, batch_size, seed, shuffle_buffer
         self.rank, self.world_size, self.num_slots = rank, world_size, num_slots
         self.config = dict(config or {}, num_slots=num_slots, world_size=world_size)
@@ -131,7 +134,7 @@ class TrainStream(IterableDataset):
             for p, text in iter_texts(self.slot_docs(slot, epoch), self.text_column, epoch, ds_state, row):
                 if not text or self.val(text):  # empty documents are skipped, no lone end-of-text
                     continue
-                tokens = encode(text)
+                tokens = encode(text, self.table)
                 n_tokens += len(tokens)
                 yield p, tokens
             if full_epoch and n_tokens < self.seq_len + 1:
@@ -203,6 +206,7 @@ def val_windows(
     rank: int = 0,
     world_size: int = 1,
     max_tokens: int | None = None,
+    table: np.ndarray | None = None,
 ) -> torch.Tensor:
     """This rank's held-out windows, in the source's natural order: LongTensor [n, seq_len + 1].
 
@@ -218,7 +222,7 @@ def val_windows(
         if not text or not val(text):
             continue
         n_held += 1
-        packer.push(None, encode(text))
+        packer.push(None, encode(text, table))
         while (w := packer.pop()) is not None:
             rows.append(w.copy())
         if max_tokens is not None and len(rows) * seq_len >= max_tokens:

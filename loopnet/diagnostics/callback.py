@@ -10,6 +10,10 @@ On a logging step (``global_step % every_n_steps == 0``) it attaches a `VisitPro
     on_train_batch_end      ‖ΔW‖/‖W‖ of the step just taken; one device→host copy of every
                             number; write the scalars, histograms and keep `last_stats`
 
+With `update_size` the batch is also run once before the forward and once after the optimiser
+step, without grad (`loopnet.diagnostics.update_size`): the relative change of every round's final
+state and of the logits that the step caused, the quantity DeepLoop's theory bounds.
+
 Between logging steps no observer is attached, so the model computes nothing extra and nothing
 is synchronised: the callback costs one modulo per step. Tag names: `loopnet.diagnostics.tags`.
 While the probe is attached the model bypasses activation checkpointing (`checkpoint_rounds`),
@@ -29,6 +33,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from loopnet.model import SUBLAYERS, Visit
 
 from .probe import VisitProbe, alignment
+from .update_size import relative_changes, round_outputs
 from .tags import HIST_QUANTITIES, VISIT_QUANTITIES, custom_scalars_layout, hist_tag, sublayer_tag, visit_tag
 
 FORWARD_QUANTITIES = ("resid_norm", "state_norm", "branch_ratio")  # the order of VisitProbe.fwd
@@ -106,9 +111,13 @@ class VisitDiagnostics(Callback):
         histograms: Also log per-round histograms of the round's final state (``hist/state/r03``)
             and of the per-token RMS of its pre-Norm stream (``hist/token_rms/r03``).
         hist_samples: About how many values each histogram samples (a fixed stride over the batch).
+        update_size: Also measure how much the step changed the output: the batch run again after
+            the optimiser step (``update/output_change``, per round ``update/output_change/r03``,
+            ``update/logit_change``); two extra forwards without grad on logging steps.
     """
 
-    def __init__(self, every_n_steps: int = 50, histograms: bool = True, hist_samples: int = 16384):
+    def __init__(self, every_n_steps: int = 50, histograms: bool = True, hist_samples: int = 16384,
+                 update_size: bool = True):
         if every_n_steps < 0:
             raise ValueError(f"diagnostics.every_n_steps must be >= 0 (0 turns it off), got {every_n_steps}")
         if hist_samples < 1:
@@ -116,6 +125,7 @@ class VisitDiagnostics(Callback):
         self.every_n_steps = every_n_steps
         self.histograms = histograms
         self.hist_samples = hist_samples
+        self.update_size = update_size
         # The last measured step, for the run summary: {"step", "visits": {tag: {q: v}}, "kappa": {j: v}}.
         self.last_stats: dict[str, Any] | None = None
         self._reset()
@@ -125,6 +135,8 @@ class VisitDiagnostics(Callback):
         self._step = -1
         self._grad_side: dict[str, Any] | None = None  # tensors from on_before_optimizer_step
         self._weights_before: dict[str, list[torch.Tensor]] = {}
+        self._inputs: torch.Tensor | None = None  # the step's first micro-batch, for update_size
+        self._outputs_before: list[torch.Tensor] | None = None
 
     def _detach(self, pl_module) -> None:
         if self._probe is None:
@@ -153,6 +165,9 @@ class VisitDiagnostics(Callback):
             keep = trainer.accumulate_grad_batches > 1 or trainer.world_size > 1
             self._probe = VisitProbe(keep_grads=keep, hist_samples=self.hist_samples if self.histograms else 0)
             self._step = trainer.global_step
+            if self.update_size:  # before the forward: the weights the step starts from
+                self._inputs = batch[0]
+                self._outputs_before = round_outputs(find_looped_model(pl_module), self._inputs)
         find_looped_model(pl_module).attach_observer(self._probe)
 
     @torch.no_grad()
@@ -196,6 +211,9 @@ class VisitDiagnostics(Callback):
             named[sublayer_tag("update_ratio", j)] = delta / total_norm(before).clamp_min(1e-30)
         named["grad/global_norm"] = side["global_norm"]
         named["grad/kappa_model"] = alignment(sum(num.values()), sum(den.values()))
+        if self._outputs_before is not None:
+            after = round_outputs(find_looped_model(pl_module), self._inputs)
+            named.update(relative_changes(self._outputs_before, after))
         values = torch.stack([t.to(device=device, dtype=torch.float32) for t in named.values()]).tolist()
         scalars = dict(zip(named, values))
 
@@ -216,6 +234,7 @@ class VisitDiagnostics(Callback):
                       "model": scalars["grad/kappa_model"]},
             "update_ratio": {j: scalars[sublayer_tag("update_ratio", j)] for j in physical},
             "global_grad_norm": scalars["grad/global_norm"],
+            "update": {t.removeprefix("update/"): v for t, v in scalars.items() if t.startswith("update/")},
         }
         self._reset()
 

@@ -12,7 +12,8 @@ from typing import Literal, Optional, get_args
 from .scales import SCHEMES, residual_scales
 
 Residual = Literal["preln", "postln", "deepnorm", "deeploop", "scaled"]
-Wiring = Literal["lt", "inject", "flt"]
+Wiring = Literal["carry", "lt", "inject", "flt"]
+Init = Literal["xavier", "normal"]
 Injection = Literal["add", "attention"]
 InjectInto = Literal["first", "every"]
 Positions = Literal["learned", "rope"]
@@ -28,6 +29,7 @@ _CHOICES = {
     "positions": Positions,
     "norm": Norm,
     "loss_rounds": LossRounds,
+    "init": (None, *get_args(Init)),
 }
 
 
@@ -45,25 +47,36 @@ class LoopConfig:
         mlp_ratio: FFN hidden width as a multiple of d_model.
         dropout: Dropout on attention weights, branch outputs and embeddings.
         bias: Biases in linear layers.
-        tie_embeddings: Share the token embedding with the LM head.
+        tie_embeddings: Share the token embedding with the LM head (GPT-2, nanoGPT; the FLT code unties).
+        input_norm: Feed Norm(e) (parameter-free RMSNorm of the embedding) into round 1 instead of e
+            itself. The FLT code does (its configs set it); GPT-2, nanoGPT and DeepNet do not. With a
+            tied head it costs Pre-LN ~0.3 nat at small scale: the embedding's scale no longer reaches
+            the stream, so the head and the input pull the shared matrix apart.
         positions: "learned" absolute positions or "rope" rotary embeddings.
         norm: "rmsnorm" (DeepLoop's choice) or "layernorm".
         residual: Residual scheme: "preln", "postln", "deepnorm" (p = 1/4), "deeploop" (p = 1/2),
             or "scaled" with exponent `p`.
         p: Exponent for residual="scaled": α = (2N)^p, β = (8N)^-p.
         sandwich: Post-LN family only: add an inner Norm on the branch input, x ← Norm(α·x + f(Norm(x))).
-        wiring: Loop wiring: "lt" carries the stream from round to round (FLT paper's LT);
-            "inject" restarts every round from Norm(e) and injects the previous round's
-            h = Norm(x_end) (see `injection`, `inject_into`); "flt" is the Fully Looped
-            Transformer (= inject by attention into every block).
-        injection: For wiring="inject": "add" does x ← Norm(x + h) before the block; "attention"
-            makes the block's attention take its query from h (K/V from the current stream).
+        wiring: Loop wiring. With x_end the stream at the end of a round and h = Norm(x_end):
+            "carry" starts round r+1 from x_end itself (DeepLoop's x_{r+1,1} = x_{r,K+1});
+            "lt" starts it from h (the FLT code's plain looped Transformer, LT);
+            "inject" restarts from the round-1 input and injects h (see `injection`, `inject_into`);
+            "flt" is the Fully Looped Transformer (= inject by attention into every block).
+        injection: For wiring="inject": "add" starts the round from Norm(e + h) (LT_i) or, into every
+            block, does x ← Norm(x + h) before each block (FLT_res); "attention" makes the
+            block's attention take its query from h (K/V from the current stream).
         inject_into: For wiring="inject": the "first" block only (LT_i, LT_ia) or "every" block (FLT_res).
         loss_rounds: Train on the "last" round (default), the mean over "all" rounds, or over the
             "last_third" of rounds.
         checkpoint_rounds: Activation checkpointing per round, so stored activations grow with K, not K·R.
         truncate_rounds: Run the first n rounds without grad (truncated backprop through rounds).
-        init_std: Standard deviation of the standard (β = 1) normal initialisation.
+        init: Initialiser of the linear layers before β: "xavier" (DeepNet/torchscale: xavier_normal,
+            gain β on V/O/fc1/fc2, gain 1 elsewhere) or "normal" (GPT-2: N(0, init_std²), then ×β on
+            V/O/fc1/fc2). None: the scheme's own, "normal" for Pre-LN, "xavier" for the Post-LN
+            family. Embeddings are N(0, init_std²) under both.
+        init_std: Standard deviation of the normal initialisation (embeddings always; linear layers
+            with init="normal").
     """
 
     vocab_size: int = 50304
@@ -76,25 +89,28 @@ class LoopConfig:
     dropout: float = 0.0
     bias: bool = False
     tie_embeddings: bool = True
+    input_norm: bool = False
     positions: Positions = "learned"
     norm: Norm = "rmsnorm"
     residual: Residual = "deeploop"
     p: Optional[float] = None
     sandwich: bool = False
-    wiring: Wiring = "lt"
+    wiring: Wiring = "carry"
     injection: Injection = "add"
     inject_into: InjectInto = "first"
     loss_rounds: LossRounds = "last"
     checkpoint_rounds: bool = False
     truncate_rounds: int = 0
+    init: Optional[Init] = None
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():  # name the field and the allowed values
-            allowed = get_args(choices)
+            allowed = choices if isinstance(choices, tuple) else get_args(choices)
             if getattr(self, name) not in allowed:
+                names = ", ".join("null" if a is None else a for a in allowed)
                 raise ValueError(
-                    f"LoopConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {', '.join(allowed)}"
+                    f"LoopConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {names}"
                 )
         for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_blocks", "n_rounds"):
             if getattr(self, name) < 1:
@@ -107,6 +123,8 @@ class LoopConfig:
             )
         if self.positions == "rope" and self.head_dim % 2:
             raise ValueError(f"positions='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}")
+        if self.init_std <= 0:
+            raise ValueError(f"LoopConfig.init_std must be > 0, got {self.init_std}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"LoopConfig.dropout must be in [0, 1), got {self.dropout}")
         if self.mlp_ratio <= 0:
@@ -150,3 +168,11 @@ class LoopConfig:
     @property
     def pre_norm(self) -> bool:
         return self.residual == "preln"
+
+    @property
+    def init_scheme(self) -> str:
+        """The initialiser used: `init`, or the scheme's own (GPT-2's normal for Pre-LN, DeepNet's
+        xavier for the Post-LN family)."""
+        if self.init is not None:
+            return self.init
+        return "normal" if self.pre_norm else "xavier"

@@ -5,12 +5,14 @@ Notation (DeepLoop / loopnet): K physical blocks, R rounds, N = K·R unrolled de
 calls the loop count K; here it is R. With e = embedding(tokens) and Norm the parameter-free
 RMSNorm used between rounds:
 
-    round 1 starts from x = Norm(e)
-    lt:      round r+1 starts from the stream x where round r ended
-    inject:  round r+1 restarts from x = Norm(e), and h = Norm(x_end of round r) enters the first
-             (or every) block, by x ← Norm(x + h) ("add") or as that block's attention query
-             ("attention"); round 1 is plain self-attention
-    flt:     inject by attention into every block (Fully Looped Transformer)
+    round 1 starts from x0 = e, or Norm(e) with `input_norm` (the FLT code's choice)
+    carry:   round r+1 starts from the stream x_end where round r ended (DeepLoop)
+    lt:      round r+1 starts from h = Norm(x_end) (the FLT code's LT)
+    inject:  h enters round r+1: "add" into the first block starts it from Norm(e + h) (LT_i),
+             "add" into every block restarts from x0 and does x ← Norm(x + h) before each (FLT_res),
+             "attention" restarts from x0 and the first (or every) block's attention takes its
+             query from h (LT_ia); round 1 is plain self-attention
+    flt:     restart from x0, inject by attention into every block (Fully Looped Transformer)
 
 Logits come from LM_head(Norm_final(x_end)). α and β always belong to the *training* depth
 N = K·config.n_rounds, also when `forward(..., rounds=R')` runs another round count.
@@ -71,14 +73,25 @@ class LoopedTransformer(nn.Module):
     # ----------------------------------------------------------------------------- init
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Standard init W̃ ~ N(0, init_std²), then W = β·W̃ for the DeepNorm set (value, output,
-        fc1, fc2). β is applied here once and never again at run time."""
-        std = self.config.init_std
+        """Initialise, then W = β·W̃ for the DeepNorm set (value, output, fc1, fc2) only. β is
+        applied here once and never again at run time.
+
+        init="xavier" (DeepNet, torchscale): every linear W̃ ~ xavier_normal (std √(2/(fan_in+fan_out))),
+        so W = xavier_normal with gain β on V/O/fc1/fc2 and gain 1 on Q, K and an untied head.
+        init="normal" (GPT-2): every linear W̃ ~ N(0, init_std²). Embeddings are N(0, init_std²)."""
+        cfg = self.config
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, std)
-                if getattr(module, "bias", None) is not None:
+            if module is self.lm_head and cfg.tie_embeddings:
+                continue  # its weight is the embedding's
+            if isinstance(module, nn.Linear):
+                if cfg.init_scheme == "xavier":
+                    nn.init.xavier_normal_(module.weight)
+                else:
+                    nn.init.normal_(module.weight, 0.0, cfg.init_std)
+                if module.bias is not None:
                     nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, cfg.init_std)
             elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
                 module.reset_parameters()
         for name, param in self.named_parameters():
@@ -92,14 +105,22 @@ class LoopedTransformer(nn.Module):
             n -= self.wpe.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len: int | None = None, rounds: int | None = None) -> float:
-        """Training FLOPs per token (forward + backward ≈ 3 × forward), PaLM/nanoGPT style,
-        counting every visit: 6·(R·K·block_params + head_params) + 12·N·d·T for attention."""
+    def flops_per_token(self, seq_len: int | None = None, rounds: int | None = None, training: bool = True) -> float:
+        """Model FLOPs per token, PaLM/nanoGPT style, counting every visit: a forward pass costs
+        2·params + 4·d·T (attention scores and mixing) per block visit and 2·head_params per LM-head
+        evaluation; training adds backward (2× forward) for the rounds that get gradients, not for the
+        `truncate_rounds` run without grad, and evaluates the head once per loss round. Evaluation
+        (`training=False`) is one forward with one head."""
         cfg = self.config
         R, T = rounds or cfg.n_rounds, seq_len or cfg.seq_len
         block = sum(p.numel() for p in self.blocks[0].parameters())
         head = self.lm_head.weight.numel()
-        return 6.0 * (R * cfg.n_blocks * block + head) + 12.0 * R * cfg.n_blocks * cfg.d_model * T
+        per_round = cfg.n_blocks * (2.0 * block + 4.0 * cfg.d_model * T)  # forward of one round
+        if not training:
+            return R * per_round + 2.0 * head
+        no_grad = min(cfg.truncate_rounds, R - 1)
+        heads = len(self.loss_round_indices(R))
+        return 3.0 * (R - no_grad) * per_round + no_grad * per_round + 6.0 * head * heads
 
     # ----------------------------------------------------------------------------- compile
     def compile(self, *args, **kwargs) -> None:
@@ -142,8 +163,9 @@ class LoopedTransformer(nn.Module):
 
     # ----------------------------------------------------------------------------- forward
     def _round(self, r: int, x, h):
+        """Round r from its start x; h = Norm(x_end of round r-1), None in round 1."""
         cfg = self.config
-        injecting = h is not None and cfg.wiring != "lt"
+        injecting = h is not None and cfg.wiring in ("inject", "flt")
         attention_inject = cfg.wiring == "flt" or cfg.injection == "attention"
         every = cfg.wiring == "flt" or cfg.inject_into == "every"
         for k, block in enumerate(self.blocks, start=1):
@@ -151,11 +173,25 @@ class LoopedTransformer(nn.Module):
             if injecting and (every or k == 1):
                 if attention_inject:
                     q_src = h
-                else:
+                elif every:  # FLT_res; LT_i injected at the round's start (`_round_start`)
                     x = unit_rms(x + h)
             x = self._visit(Visit(r, k, "attn"), block.attn, x, q_src)
             x = self._visit(Visit(r, k, "ffn"), block.ffn, x, None)
         return x
+
+    def _round_start(self, r: int, e, x0, x, h):
+        """Where round r starts: x0 (the round-1 input) in round 1; then, by wiring, the stream
+        x_end itself (carry), h = Norm(x_end) (lt), Norm(e + h) (LT_i, as the FLT code has it), or x0."""
+        cfg = self.config
+        if r == 1 or cfg.wiring == "flt":
+            return x0
+        if cfg.wiring == "carry":
+            return x
+        if cfg.wiring == "lt":
+            return h
+        if cfg.injection == "add" and cfg.inject_into == "first":
+            return unit_rms(e + h)
+        return x0
 
     def loss_round_indices(self, rounds: int) -> range:
         """Rounds (1-based) whose logits enter the loss."""
@@ -166,9 +202,9 @@ class LoopedTransformer(nn.Module):
             return range(rounds - max(1, math.ceil(rounds / 3)) + 1, rounds + 1)
         return range(rounds, rounds + 1)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, rounds: int | None = None):
-        """Return (logits of the last round, loss or None). `rounds` = R' ≥ 1 evaluates the same
-        weights at another round count (α, β stay those of the training N)."""
+    def iter_rounds(self, idx: torch.Tensor, rounds: int | None = None):
+        """Run the loop on token ids `idx`, yielding (r, x_end of round r) for r = 1..R'.
+        The one loop of the model: `forward` and the update-size diagnostic read it."""
         cfg = self.config
         R = cfg.n_rounds if rounds is None else rounds
         if R < 1:
@@ -180,21 +216,33 @@ class LoopedTransformer(nn.Module):
         e = self.wte(idx)
         if self.wpe is not None:
             e = e + self.wpe(torch.arange(T, device=idx.device))
-        x0 = unit_rms(self.drop(e))
-        loss_rounds = self.loss_round_indices(R) if targets is not None else range(R, R + 1)
+        e = self.drop(e)
+        x0 = unit_rms(e) if cfg.input_norm else e
         use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled()
-        head = self._head if self._compiled_head is None else self._compiled_head
-        x, h, losses, logits = x0, None, [], None
+        x, h = x0, None
         for r in range(1, R + 1):
-            start = x if cfg.wiring == "lt" else x0
+            start = self._round_start(r, e, x0, x, h)
             with torch.set_grad_enabled(torch.is_grad_enabled() and r > cfg.truncate_rounds):
                 if use_ckpt and r > cfg.truncate_rounds:
                     x = checkpoint(self._round, r, start, h, use_reentrant=False)
                 else:
                     x = self._round(r, start, h)
             h = unit_rms(x)
+            yield r, x
+
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
+        """(logits, loss or None) of a final state x; compiled with the model."""
+        return (self._head if self._compiled_head is None else self._compiled_head)(x, targets)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, rounds: int | None = None):
+        """Return (logits of the last round, loss or None). `rounds` = R' ≥ 1 evaluates the same
+        weights at another round count (α, β stay those of the training N)."""
+        R = self.config.n_rounds if rounds is None else rounds
+        loss_rounds = self.loss_round_indices(R) if targets is not None else range(R, R + 1)
+        losses, logits = [], None
+        for r, x in self.iter_rounds(idx, R):
             if r in loss_rounds:
-                logits, loss = head(x, targets)
+                logits, loss = self.head(x, targets)
                 if loss is not None:
                     losses.append(loss)
         loss = torch.stack(losses).mean() if losses else None

@@ -16,9 +16,11 @@ checkpoint. Writes into `--out` (default ``<sweep>/report``):
     kappa_vs_R.png          measured visit alignment κ̂ (whole model) vs R
     loss_curves.png         training and validation loss curves, one panel per R
     kappa_curves.png        κ̂ at every diagnostics step, one panel per R > 1
+    window.png              (runs with diagnostics at >= 8 steps) the FLT paper's window: end-of-loop
+                            state norm, first FFN's gradient and update size over the steps
     exponent.png            (sweeps of the exponent p) escape fraction and loss vs p
 
-A *method* is the residual scheme and the wiring (``deeploop-lt``, ``preln-flt``, ``p0.4-lt`` for
+A *method* is the residual scheme and the wiring (``deeploop-carry``, ``preln-flt``, ``p0.4-carry`` for
 `scaled` with p = 0.4), plus any other grid key the sweep varies except R and the seed. A run
 *escapes* when it did not diverge and its final validation loss (the final training loss if it
 never validated) is strictly below the unigram plateau: by default (`--plateau auto`) the loss
@@ -44,11 +46,13 @@ from typing import Any
 import yaml
 
 from loopnet.diagnostics import SUMMARY_NAME
+from loopnet.diagnostics.tags import sublayer_tag, visit_tag
 from loopnet.model import SUBLAYERS, Visit
 
 from .grid import SHORT, slug
 from .sweep import FINAL_STATUSES, MANIFEST, cell_summary
 
+FIRST_FFN_GRAD = sublayer_tag("grad_norm", Visit(1, 1, "ffn").physical)  # the FLT paper's first-FFN gradient
 STANDARD_KEYS = {"model.config.residual", "model.config.wiring", "model.config.p", "model.config.n_rounds",
                  "seed_everything"}
 
@@ -66,6 +70,7 @@ class Run:
     rounds: int | None = None
     seed: Any = None
     escaped: bool | None = None
+    plateau: float | None = None
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
     @property
@@ -83,6 +88,19 @@ class Run:
     def kappa(self) -> float | None:
         kappa = self.value("kappa") or {}
         return kappa.get("model")
+
+    @property
+    def escape_step(self) -> int | None:
+        """Steps to escape: the first step at which the training loss, smoothed (EMA 0.9), is below the
+        plateau; None when the run did not escape (or logged no training loss)."""
+        if not self.escaped or "train/loss" not in self.curves or self.plateau is None:
+            return None
+        ema = None
+        for step, value in self.curves["train/loss"]:
+            ema = value if ema is None else 0.9 * ema + 0.1 * value
+            if ema < self.plateau:
+                return step
+        return None
 
     @property
     def end_loss(self) -> float | None:
@@ -128,7 +146,15 @@ def describe(run: Run, sweep_dir: Path, default_config: dict) -> None:
             pass
 
 
-def read_curves(run_dir: Path, tags=("train/loss", "val/loss", "grad/kappa_model")) -> dict[str, list[tuple[int, float]]]:
+CURVES = ("train/loss", "val/loss", "grad/kappa_model", "update/output_change", FIRST_FFN_GRAD)
+
+
+def final_state_tag(n_blocks: int, n_rounds: int) -> str:
+    """The state at the end of the last round: the last visit's output (Pre-LN: the stream)."""
+    return visit_tag("state_norm", Visit(n_rounds, n_blocks, SUBLAYERS[-1]))
+
+
+def read_curves(run_dir: Path, tags=CURVES) -> dict[str, list[tuple[int, float]]]:
     """Scalar curves of a run from its TensorBoard event files."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -252,6 +278,9 @@ class Group:
             return "—"
         k = sum(r.escaped for r in judged)
         return f"{k}/{len(judged)}"
+
+    def escape_steps(self) -> tuple[float | None, float | None]:
+        return mean_std([r.escape_step for r in self.finished if r.escape_step is not None])
 
     def stat_cell(self, stat) -> str:
         mean, std = stat()
@@ -479,6 +508,40 @@ def plot_kappa_curves(methods, rounds, runs, path) -> bool:
     return True
 
 
+def plot_window(methods, runs, path) -> bool:
+    """The FLT paper's diagnostic window, mean over seeds per method and R: the state norm at the end
+    of the last round, the first FFN's gradient norm and the update size of the step, over the steps
+    that logged diagnostics. Drawn when the runs logged diagnostics at ≥ 8 steps."""
+    keys = [("state", "state RMS at the end of the last round"), (FIRST_FFN_GRAD, "first FFN's gradient norm"),
+            ("update/output_change", "output change of the step")]
+    series: dict[tuple[str, int], dict[str, dict[int, list[float]]]] = {}
+    for run in runs:
+        cfg = (run.summary or {}).get("config") or {}
+        curves = dict(run.curves)
+        if "n_blocks" in cfg and final_state_tag(cfg["n_blocks"], cfg["n_rounds"]) in curves:
+            curves["state"] = curves[final_state_tag(cfg["n_blocks"], cfg["n_rounds"])]
+        for key, _ in keys:
+            for step, value in curves.get(key, []):
+                series.setdefault((run.method, run.rounds), {}).setdefault(key, {}).setdefault(step, []).append(value)
+    if not series or max(len(v.get(FIRST_FFN_GRAD, {})) for v in series.values()) < 8:
+        return False
+    plt = _pyplot()
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4))
+    for i, ((method, r), data) in enumerate(sorted(series.items(), key=lambda kv: (methods.index(kv[0][0]), kv[0][1]))):
+        for ax, (key, title) in zip(axes, keys):
+            if key in data:
+                steps = sorted(data[key])
+                ax.plot(steps, [statistics.fmean(data[key][s]) for s in steps], marker=".", lw=1,
+                        color=cycle[i % len(cycle)], label=f"{method}, R = {r}")
+            ax.set(title=title, xlabel="step", yscale="log")
+    for ax in axes:
+        _legend(ax, fontsize=7)
+    fig.suptitle("Diagnostic window (mean over seeds)", fontsize=10)
+    _save(plt, fig, path)
+    return True
+
+
 def plot_exponent(runs: list[Run], path) -> bool:
     """For sweeps of the exponent p (`scaled`): escape fraction and final val loss vs p, per R."""
     scaled = [r for r in runs if r.scheme == "scaled" and r.p is not None and r.finished]
@@ -556,7 +619,10 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
     for run in runs:
         if plateau is not None and run.finished:
             run.escaped = run.status == "completed" and run.end_loss is not None and run.end_loss < plateau
-        run.curves = read_curves(sweep_dir / run.id)
+        run.plateau = plateau
+        config = (run.summary or {}).get("config") or {}
+        extra = (final_state_tag(config["n_blocks"], config["n_rounds"]),) if "n_blocks" in config else ()
+        run.curves = read_curves(sweep_dir / run.id, CURVES + extra)
 
     methods, rounds, groups = group_runs(runs)
     plots = {
@@ -575,6 +641,8 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
     plot_loss_curves(methods, rounds, runs, plateau, out / "loss_curves.png")
     if plot_kappa_curves(methods, rounds, runs, out / "kappa_curves.png"):
         plots["kappa_curves.png"] = "κ̂ over training"
+    if plot_window(methods, runs, out / "window.png"):
+        plots["window.png"] = "Diagnostic window: end-of-loop state norm, first FFN's gradient, update size"
     if plot_exponent(runs, out / "exponent.png"):
         plots["exponent.png"] = "Exponent sweep: escape fraction and loss vs p"
     write_csv(runs, out / "cells.csv")
@@ -615,6 +683,9 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
         f"Seeds whose final validation loss is below the unigram plateau, out of the finished seeds. "
         f"Plateau: {'—' if plateau is None else f'{plateau:.4f} nats'}, {plateau_how}. A diverged seed did not escape.", "",
         wide_table(methods, rounds, groups, Group.escape_cell), "",
+        "Steps to escape: the first step at which the training loss, smoothed by an EMA of weight 0.9, is below "
+        "the plateau; mean ± std over the seeds that escaped.", "",
+        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.escape_steps)), "",
         "## Measured visit alignment κ̂ (whole model)", "",
         "κ̂ = ‖Σ_r g_r‖² / Σ_r ‖g_r‖² over all sublayers at the last diagnostics step (1: orthogonal visits, "
         "R: identical); mean ± std over completed seeds.", "",

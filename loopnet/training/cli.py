@@ -86,7 +86,7 @@ TRAINER_DEFAULTS = {
 
 
 def run_name(config: Namespace) -> str:
-    """One log folder per run, named after the scheme, wiring and R, e.g. ``deeploop_lt_k2_r6``."""
+    """One log folder per run, named after the scheme, wiring and R, e.g. ``deeploop_carry_k2_r6``."""
     residual = config.residual if config.residual != "scaled" else f"p{config.p:g}"
     return f"{residual}_{config.wiring}_k{config.n_blocks}_r{config.n_rounds}"
 
@@ -351,6 +351,7 @@ EVALUATION = ("validate", "test", "predict")
 TOOLS = {
     "sweep": ("loopnet.study.sweep", "run a grid of fits (resumable)"),
     "report": ("loopnet.study.report", "turn a sweep folder into a markdown report with plots"),
+    "probe": ("loopnet.study.probe", "update size and κ̂ of the first AdamW steps over R and schemes"),
     "eval": ("loopnet.eval.cli", "downstream tasks through lm-evaluation-harness at several R'"),
     "bench": ("loopnet.bench.run", "training throughput, MFU and memory benchmarks"),
 }

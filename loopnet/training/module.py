@@ -183,6 +183,15 @@ class LoopedLM(L.LightningModule):
         world = self.trainer.world_size if self._trainer is not None else 1
         self._resume_rng = states[rank] if states and len(states) == world else None
 
+    def setup(self, stage: str) -> None:
+        """The data's ids must fit the embedding (else an IndexError deep inside the first step)."""
+        dm = self._tokens()
+        if dm is not None and dm.vocab_size > self.config.vocab_size:
+            raise ValueError(
+                f"model.config.vocab_size={self.config.vocab_size} is smaller than the data's {dm.vocab_size} "
+                f"token ids (data.vocab: {getattr(dm, 'vocab', 'gpt2')}); fix: set model.config.vocab_size to at least "
+                f"{dm.vocab_size} (a multiple of 64 is fastest, e.g. {-(-dm.vocab_size // 64) * 64})")
+
     # ----------------------------------------------------------------------------- train
     def on_train_batch_start(self, batch, batch_idx):
         if self._resume_rng is not None:
@@ -194,14 +203,14 @@ class LoopedLM(L.LightningModule):
 
     def _set_flops(self, batch, stage: str) -> None:
         """`flops_per_batch` (read by ThroughputMonitor after each batch) for this stage's batches:
-        forward + backward in training; forward only (a third), at every evaluated R', otherwise."""
+        forward + backward in training; one forward at every evaluated R' otherwise."""
         B, T = batch[0].shape
         key = (stage, B, T)
         if key not in self._flops:
             if stage == "train":
                 per_token = self.model.flops_per_token(seq_len=T)
             else:
-                per_token = sum(self.model.flops_per_token(seq_len=T, rounds=int(r)) for r in self.eval_loss) / 3
+                per_token = sum(self.model.flops_per_token(seq_len=T, rounds=int(r), training=False) for r in self.eval_loss)
             self._flops[key] = per_token * B * T
         self.flops_per_batch = self._flops[key]
 
@@ -249,18 +258,26 @@ class LoopedLM(L.LightningModule):
         self._log_eval("test")
 
     # ----------------------------------------------------------------------------- predict
+    def _tokens(self):
+        """The data module that says how text becomes ids (a compact vocabulary renumbers them),
+        or GPT-2's encoding when there is none."""
+        dm = self._trainer.datamodule if self._trainer is not None else None
+        return dm if dm is not None and hasattr(dm, "decode") else None
+
     def predict_dataloader(self):
-        ids = gpt2_encoding().encode_ordinary(self.gen.prompt) or [EOT_ID]
+        dm = self._tokens()
+        ids = (dm.encode(self.gen.prompt) if dm else gpt2_encoding().encode_ordinary(self.gen.prompt)) or [EOT_ID]
         return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len:])], batch_size=1)
 
     @torch.no_grad()
     def predict_step(self, batch, batch_idx=0):
-        idx, g = batch, self.gen
+        idx, g, dm = batch, self.gen, self._tokens()
+        n_vocab = dm.vocab_size if dm else N_VOCAB
         for _ in range(g.max_new_tokens):
             logits, _ = self.model(idx[:, -self.config.seq_len:], rounds=g.rounds)
-            logits = logits[:, -1, : min(N_VOCAB, self.config.vocab_size)].float()
+            logits = logits[:, -1, : min(n_vocab, self.config.vocab_size)].float()
             idx = torch.cat([idx, sample_next(logits, g.temperature, g.top_k)], dim=1)
-        text = gpt2_encoding().decode(idx[0].tolist())
+        text = dm.decode(idx[0].tolist()) if dm else gpt2_encoding().decode(idx[0].tolist())
         print(text)
         return text
 

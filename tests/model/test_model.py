@@ -7,7 +7,7 @@ import torch
 from loopnet.model import LoopConfig, LoopedTransformer, Visit, residual_scales, visit_order
 
 SCHEMES = ["preln", "postln", "deepnorm", "deeploop", "scaled"]
-WIRINGS = [dict(wiring="lt"), dict(wiring="flt"),
+WIRINGS = [dict(wiring="carry"), dict(wiring="flt"), dict(wiring="lt"),
            dict(wiring="inject", injection="add", inject_into="first"),
            dict(wiring="inject", injection="add", inject_into="every"),
            dict(wiring="inject", injection="attention", inject_into="first")]
@@ -166,7 +166,7 @@ def test_truncated_rounds_contribute_no_gradient():
 def test_loss_round_modes():
     idx = torch.randint(0, 97, (2, 16))
     torch.manual_seed(0)
-    model = LoopedTransformer(tiny(n_rounds=6, loss_rounds="all"))
+    model = LoopedTransformer(tiny(n_rounds=6, loss_rounds="all", init_std=0.5))  # logits large enough to differ
     assert list(model.loss_round_indices(6)) == [1, 2, 3, 4, 5, 6]
     model.config.loss_rounds = "last_third"
     assert list(model.loss_round_indices(6)) == [5, 6]
@@ -174,10 +174,11 @@ def test_loss_round_modes():
     assert list(model.loss_round_indices(6)) == [6]
     with torch.no_grad():
         _, last = model(idx, idx)
+        per_round = [model(idx, idx, rounds=r)[1] for r in range(1, 7)]  # each round's own loss
         model.config.loss_rounds = "all"
         _, mean_all = model(idx, idx)
-        per_round = [model(idx, idx, rounds=r)[1] for r in range(1, 7)]
     model.config.loss_rounds = "last"
+    assert len({round(v.item(), 4) for v in per_round}) == 6  # the rounds' losses differ, so the mean is a test
     assert torch.allclose(mean_all, torch.stack(per_round).mean(), atol=1e-6)
     assert torch.allclose(last, per_round[-1])
 
@@ -207,7 +208,7 @@ def test_visit_tags_round_trip():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(residual="deepnet"), "residual='deepnet' is not allowed; choose one of preln, postln"),
-    (dict(wiring="loop"), "wiring='loop' is not allowed; choose one of lt, inject, flt"),
+    (dict(wiring="loop"), "wiring='loop' is not allowed; choose one of carry, lt, inject, flt"),
     (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
     (dict(n_rounds=0), "n_rounds must be >= 1"),
     (dict(residual="scaled", p=0.0), "needs p > 0"),
@@ -233,3 +234,72 @@ def test_compiles_without_graph_breaks():
     idx = torch.randint(0, 97, (2, 16))
     explanation = torch._dynamo.explain(model)(idx, idx)
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+# ------------------------------------------------------------------ init, wirings, FLOPs (issue 14)
+def test_xavier_init_is_deepnets_recipe_and_the_post_ln_default():
+    kw = dict(vocab_size=64, seq_len=8, d_model=128, n_heads=4, n_blocks=1, n_rounds=6)
+    assert LoopConfig(residual="preln", **kw).init_scheme == "normal"
+    assert LoopConfig(residual="deeploop", **kw).init_scheme == "xavier"
+    torch.manual_seed(0)
+    model = LoopedTransformer(LoopConfig(residual="deeploop", **kw))
+    beta, d, d_ff = model.beta, 128, 512
+    attn, ffn = model.blocks[0].attn.f, model.blocks[0].ffn.f
+    square = math.sqrt(2 / (2 * d))  # xavier_normal std of a d x d matrix
+    assert attn.q_proj.weight.std().item() == pytest.approx(square, rel=0.03)  # gain 1 on Q, K
+    assert attn.k_proj.weight.std().item() == pytest.approx(square, rel=0.03)
+    assert attn.v_proj.weight.std().item() == pytest.approx(beta * square, rel=0.03)  # gain β on V, O, fc1, fc2
+    assert attn.o_proj.weight.std().item() == pytest.approx(beta * square, rel=0.03)
+    assert ffn.fc1.weight.std().item() == pytest.approx(beta * math.sqrt(2 / (d + d_ff)), rel=0.03)
+    assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.03)  # embeddings stay N(0, init_std²)
+    normal = LoopedTransformer(LoopConfig(residual="deeploop", init="normal", init_std=0.05, **kw))
+    assert normal.blocks[0].attn.f.q_proj.weight.std().item() == pytest.approx(0.05, rel=0.03)
+    assert normal.blocks[0].ffn.f.fc2.weight.std().item() == pytest.approx(0.05 * beta, rel=0.03)
+
+
+def _round_inputs(model, idx):
+    rec = Recorder()
+    model.attach_observer(rec)
+    with torch.no_grad():
+        model(idx)
+    model.attach_observer(None)
+    return rec.traces
+
+
+@pytest.mark.parametrize("input_norm", [False, True])
+def test_wirings_start_each_round_where_their_papers_do(input_norm):
+    from loopnet.model.layers import unit_rms
+
+    idx = torch.randint(0, 97, (2, 16))
+    torch.manual_seed(0)
+    ref = LoopedTransformer(tiny(residual="preln", input_norm=input_norm))
+    e = ref.wte(idx) + ref.wpe(torch.arange(16))
+    x0 = unit_rms(e) if input_norm else e
+    for wiring, start in [("carry", lambda end, h: end), ("lt", lambda end, h: h),
+                          ("inject", lambda end, h: unit_rms(e + h))]:  # LT_i: Norm(e + h), as the FLT code
+        model = LoopedTransformer(tiny(residual="preln", input_norm=input_norm, wiring=wiring))
+        model.load_state_dict(ref.state_dict())
+        traces = _round_inputs(model, idx)
+        assert torch.allclose(traces[Visit(1, 1, "attn")].x, x0)
+        end = traces[Visit(1, 2, "ffn")].state
+        assert torch.allclose(traces[Visit(2, 1, "attn")].x, start(end, unit_rms(end)), atol=1e-6), wiring
+    flt = LoopedTransformer(tiny(residual="preln", input_norm=input_norm, wiring="flt"))
+    flt.load_state_dict(ref.state_dict())
+    assert torch.allclose(_round_inputs(flt, idx)[Visit(3, 1, "attn")].x, x0)  # every round restarts
+
+
+def test_flops_count_every_loss_head_and_no_backward_for_truncated_rounds():
+    def count(**kw):
+        model = LoopedTransformer(tiny(n_rounds=6, **kw))
+        return model, model.flops_per_token(seq_len=16)
+
+    model, base = count()
+    K, d, T = 2, 32, 16
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    head = model.lm_head.weight.numel()
+    fwd_round = K * (2 * block + 4 * d * T)
+    assert base == 3 * 6 * fwd_round + 6 * head  # 6(R·K·block + head) + 12·N·d·T, nanoGPT's formula
+    assert count(loss_rounds="all")[1] == 3 * 6 * fwd_round + 6 * head * 6
+    assert count(loss_rounds="last_third")[1] == 3 * 6 * fwd_round + 6 * head * 2
+    assert count(truncate_rounds=2)[1] == 3 * 4 * fwd_round + 2 * fwd_round + 6 * head
+    assert model.flops_per_token(seq_len=16, rounds=3, training=False) == 3 * fwd_round + 2 * head

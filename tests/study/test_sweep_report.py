@@ -124,7 +124,7 @@ def test_report_tables_equal_the_summaries(swept, tmp_path):
     # Per method x R: mean ± std over the two seeds.
     losses = [s["final_val_loss"] for s in summaries.values()]
     (loss_row,) = _table_after(md, "## Final validation loss")[1:]
-    assert loss_row[0] == "deeploop-lt"
+    assert loss_row[0] == "deeploop-carry"
     mean, std = re.match(r"([\d.]+) ± ([\d.]+)$", loss_row[1]).groups()
     assert mean == report_mod.fmt(statistics.fmean(losses)) and std == report_mod.fmt(statistics.stdev(losses))
     # Loss ~10.8 after 4 steps: below the given 10.9-nat plateau, so both escaped.
