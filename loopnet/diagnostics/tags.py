@@ -18,6 +18,10 @@ holding every visit (or every physical sublayer) of it:
         update_ratio     ‖ΔW_j‖ / ‖W_j‖ of the optimiser step (W_j: all the sublayer's parameters)
     grad/global_norm     global gradient norm of all parameters, before clipping
     grad/kappa_model     κ̂_R over all sublayers at once (their gradients concatenated)
+    update/output_change ‖x' − x‖/‖x‖ of the final state (end of the last round) caused by the
+                         optimiser step, on the step's batch (`loopnet.diagnostics.update_size`)
+    update/output_change/r<rr>  the same for the state at the end of round r
+    update/logit_change  the same for the logits
     hist/state/r<rr>     histogram of the state at the end of round r (a strided sample of values)
     hist/token_rms/r<rr> histogram of the per-token RMS of the last pre-Norm stream of round r
 
@@ -33,6 +37,7 @@ from loopnet.model import Visit
 VISIT_QUANTITIES = ("resid_norm", "state_norm", "branch_ratio", "act_grad_norm", "param_grad_norm")
 SUBLAYER_QUANTITIES = ("kappa", "grad_norm", "update_ratio")
 GLOBAL_TAGS = ("grad/global_norm", "grad/kappa_model")
+UPDATE_QUANTITIES = ("output_change", "logit_change")
 HIST_QUANTITIES = ("state", "token_rms")
 
 
@@ -48,21 +53,29 @@ def hist_tag(quantity: str, round_: int) -> str:
     return f"hist/{quantity}/r{round_:02d}"
 
 
+def update_tag(quantity: str, round_: int | None = None) -> str:
+    """``update/output_change``, ``update/logit_change``, ``update/output_change/r03``."""
+    return f"update/{quantity}" if round_ is None else f"update/{quantity}/r{round_:02d}"
+
+
 def parse_tag(tag: str) -> tuple[str, str, Visit | str | None]:
     """Split a diagnostics tag into (group, quantity, name): the name is a `Visit` for
     ``visits/...``, the physical sublayer (``"k1_attn"``) for ``sublayers/...``, the round number
-    as a string for ``hist/...`` and None for ``grad/...``."""
+    as a string for ``hist/...`` and for per-round ``update/...``, None for ``grad/...`` and the other
+    ``update/...``."""
     parts = tag.split("/")
     if parts[0] == "visits" and len(parts) == 3:
         return "visits", parts[1], Visit.parse(parts[2])
     if parts[0] in ("sublayers", "hist") and len(parts) == 3:
         return parts[0], parts[1], parts[2]
-    if parts[0] == "grad" and len(parts) == 2:
-        return "grad", parts[1], None
+    if parts[0] in ("grad", "update") and len(parts) == 2:
+        return parts[0], parts[1], None
+    if parts[0] == "update" and len(parts) == 3:
+        return "update", parts[1], parts[2]
     raise ValueError(f"{tag!r} is not a loopnet diagnostics tag (see loopnet.diagnostics.tags)")
 
 
-def expected_scalar_tags(n_blocks: int, n_rounds: int) -> list[str]:
+def expected_scalar_tags(n_blocks: int, n_rounds: int, update_size: bool = True) -> list[str]:
     """Every scalar tag one logging step writes for a K-block, R-round model."""
     from loopnet.model import visit_order
 
@@ -70,7 +83,9 @@ def expected_scalar_tags(n_blocks: int, n_rounds: int) -> list[str]:
     physical = sorted({v.physical for v in visits})
     return ([visit_tag(q, v) for q in VISIT_QUANTITIES for v in visits]
             + [sublayer_tag(q, j) for q in SUBLAYER_QUANTITIES for j in physical]
-            + list(GLOBAL_TAGS))
+            + list(GLOBAL_TAGS)
+            + ([update_tag(q) for q in UPDATE_QUANTITIES]
+               + [update_tag("output_change", r) for r in range(1, n_rounds + 1)] if update_size else []))
 
 
 def custom_scalars_layout(n_rounds: int) -> dict:
@@ -85,5 +100,7 @@ def custom_scalars_layout(n_rounds: int) -> dict:
         "loss": ["Multiline", [r"train/loss", r"val/loss"]],
         "global grad norm (before clipping)": ["Multiline", [r"grad/global_norm"]],
         "kappa (model)": ["Multiline", [r"grad/kappa_model"]],
+        "update size (output change of the step)": ["Multiline", [r"update/output_change", r"update/logit_change"]],
+        "update size per round": ["Multiline", [r"update/output_change/r.*"]],
     }
     return {"visits": visits, "sublayers": sublayers, "training": train, "visits per round": rounds}

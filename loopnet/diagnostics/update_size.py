@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from .tags import update_tag
+
 
 @torch.no_grad()
 def round_outputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -42,8 +44,3 @@ def relative_changes(before: list[torch.Tensor], after: list[torch.Tensor]) -> d
     out = {update_tag("output_change"): rounds[-1], update_tag("logit_change"): logits}
     out.update({update_tag("output_change", r): value for r, value in enumerate(rounds, start=1)})
     return out
-
-
-def update_tag(quantity: str, round_: int | None = None) -> str:
-    """``update/output_change``, ``update/logit_change``, ``update/output_change/r03``."""
-    return f"update/{quantity}" if round_ is None else f"update/{quantity}/r{round_:02d}"

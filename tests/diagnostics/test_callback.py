@@ -60,7 +60,7 @@ def test_event_files_hold_every_expected_tag(fitted):
     _, _, _, acc = fitted
     scalars = set(acc.Tags()["scalars"])
     expected = expected_scalar_tags(K, R)
-    assert len(expected) == 5 * 2 * K * R + 3 * 2 * K + 2
+    assert len(expected) == 5 * 2 * K * R + 3 * 2 * K + 2 + (2 + R)  # + update/output_change, logit_change, per round
     assert set(expected) <= scalars, sorted(set(expected) - scalars)
     for tag in expected:
         assert [e.step for e in acc.Scalars(tag)] == [0, 2, 4], tag
