@@ -9,7 +9,7 @@ CONFIG ?= configs/deeploop_r6.yaml
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup fit test tensorboard clean device-wheels
+.PHONY: setup fit test tensorboard clean device-wheels study
 
 setup: $(STAMP)
 
@@ -26,6 +26,20 @@ fit: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The CPU study that orders the schemes (issue 14; docs/results/order/README.md): four sweeps, the
+# update-size probe and their reports, ~1-2 h on 2 cores. Rerunning skips the finished cells.
+ORDER := docs/results/order
+STUDY_CONFIG := --config configs/deeploop_r6.yaml --config configs/cpu.yaml --config configs/study_cpu.yaml
+study: $(STAMP)
+	for s in lr schemes exponent flt; do $(VENV)/bin/loopnet sweep configs/sweeps/order/$$s.yaml --jobs 2 || exit 1; done
+	OMP_NUM_THREADS=2 $(VENV)/bin/loopnet probe $(STUDY_CONFIG) --model.optim.lr 1e-3 --rounds 1 2 4 8 16 32 \
+	    --schemes postln deepnorm deeploop p0.375 --seeds 1 2 3 --steps 3 --out $(ORDER)/update_size \
+	    --title "Update size vs R at initialisation" --notes $(ORDER)/update_size/notes.md
+	$(VENV)/bin/loopnet report runs/sweeps/order_lr --out $(ORDER)/lr --title "Order study 1/4: learning rate per scheme" --notes $(ORDER)/lr/notes.md
+	$(VENV)/bin/loopnet report runs/sweeps/order_schemes --out $(ORDER)/schemes --title "Order study 2/4: schemes x R" --notes $(ORDER)/schemes/notes.md
+	$(VENV)/bin/loopnet report runs/sweeps/order_exponent --out $(ORDER)/exponent --title "Order study 3/4: exponent sweep" --notes $(ORDER)/exponent/notes.md
+	$(VENV)/bin/loopnet report runs/sweeps/order_flt --out $(ORDER)/flt --title "Order study 4/4: LT vs FLT at 12 loops" --notes $(ORDER)/flt/notes.md
 
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006

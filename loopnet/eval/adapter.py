@@ -64,6 +64,9 @@ def load_checkpoint(ckpt_path: str | Path, device: str | torch.device = "cpu") -
             f"{path} is not a loopnet checkpoint (expected hyper_parameters.config and state_dict, "
             f"as saved by loopnet fit)"
         ) from None
+    if (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2") != "gpt2":
+        raise ValueError(f"{path} was trained with data.vocab: compact (its own token ids), but the harness "
+                         f"feeds GPT-2 ids; fix: evaluate a model trained with data.vocab: gpt2")
     model = LoopedTransformer(LoopConfig(**config))
     # LoopedLM keeps the network under `self.model`; other entries (metrics) are not weights.
     weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}

@@ -116,3 +116,18 @@ def test_generate_until_is_greedy_and_stops(tiny_ckpt, tiny_model):
         expected = enc.decode(out).split("\n")[0].split("<|endoftext|>")[0]
         assert text == expected
         assert "\n" not in text
+
+
+def test_a_compact_vocabulary_checkpoint_is_refused(tmp_path):
+    import torch
+
+    from loopnet.eval.adapter import load_checkpoint
+    from loopnet.model import LoopConfig
+
+    cfg = LoopConfig(vocab_size=64, seq_len=8, d_model=16, n_heads=2, n_blocks=1, n_rounds=1)
+    path = tmp_path / "compact.ckpt"
+    from dataclasses import asdict
+    torch.save({"hyper_parameters": {"config": asdict(cfg)}, "state_dict": {},
+                "datamodule_hyper_parameters": {"vocab": "compact"}}, path)
+    with pytest.raises(ValueError, match="data.vocab: compact.*fix: evaluate a model trained with data.vocab: gpt2"):
+        load_checkpoint(path)
