@@ -28,6 +28,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_warn
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from loopnet.model import SUBLAYERS, Visit
@@ -148,6 +149,12 @@ class VisitDiagnostics(Callback):
     # ------------------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         find_looped_model(pl_module)  # fail early, with a clear message, on a module without visits
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if self.update_size and isinstance(trainer.strategy, FSDPStrategy):
+            # Its extra forwards call the inner model, outside the root FSDP module that gathers the shards.
+            rank_zero_warn("VisitDiagnostics: update_size is off under FSDP (it would read sharded weights)")
+            self.update_size = False
         if not self.every_n_steps or not trainer.is_global_zero:
             return
         rounds = find_looped_model(pl_module).config.n_rounds

@@ -282,6 +282,12 @@ class Group:
     def escape_steps(self) -> tuple[float | None, float | None]:
         return mean_std([r.escape_step for r in self.finished if r.escape_step is not None])
 
+    def escape_steps_cell(self) -> str:
+        mean, std = self.escape_steps()
+        if mean is None:
+            return "—"
+        return f"{mean:.0f}" + ("" if std is None else f" ± {std:.0f}")
+
     def stat_cell(self, stat) -> str:
         mean, std = stat()
         if mean is None:
@@ -685,7 +691,7 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
         wide_table(methods, rounds, groups, Group.escape_cell), "",
         "Steps to escape: the first step at which the training loss, smoothed by an EMA of weight 0.9, is below "
         "the plateau; mean ± std over the seeds that escaped.", "",
-        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.escape_steps)), "",
+        wide_table(methods, rounds, groups, Group.escape_steps_cell), "",
         "## Measured visit alignment κ̂ (whole model)", "",
         "κ̂ = ‖Σ_r g_r‖² / Σ_r ‖g_r‖² over all sublayers at the last diagnostics step (1: orthogonal visits, "
         "R: identical); mean ± std over completed seeds.", "",
