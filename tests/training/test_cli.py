@@ -11,7 +11,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name not in ("cpu.yaml",))
+OVERLAYS = ("cpu.yaml", "study_cpu.yaml")  # composed on top of a method config, not run alone
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name not in OVERLAYS)
 TINY = [
     "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
     "--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "32",
@@ -85,6 +86,9 @@ def test_cpu_overlay_composes(tmp_path):
     out = loopnet("fit", "--config", str(ROOT / "configs/flt_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
                   "--print_config", cwd=tmp_path).stdout
     assert "wiring: flt" in out and "d_model: 128" in out and "accelerator: cpu" in out
+    out = loopnet("fit", "--config", str(ROOT / "configs/flt_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
+                  "--config", str(ROOT / "configs/study_cpu.yaml"), "--print_config", cwd=tmp_path).stdout
+    assert "wiring: flt" in out and "d_model: 64" in out and "vocab: compact" in out and "vocab_size: 19136" in out
 
 
 @pytest.mark.parametrize("args,message", [
