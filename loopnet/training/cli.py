@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import pickle
 import re
@@ -24,6 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from loopnet.data import TokenStreamDataModule
+from loopnet.data.tokenizer import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
 from loopnet.model import LoopConfig
 from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, HostMemory, TokenThroughput
@@ -127,12 +129,17 @@ def newest_last_checkpoint(folder: Path) -> Path | None:
 
 
 def check_writable(folder: str, option: str) -> None:
-    """Fail before anything is built when a log or checkpoint folder cannot be created or written."""
+    """Fail before anything is built when a log or checkpoint folder cannot be created or written.
+    Nothing is created: the folder, or its nearest existing parent, must be a writable folder."""
     if "://" in str(folder):  # remote (s3://, gs://): left to fsspec
         return
+    existing = Path(folder).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
         raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
@@ -165,6 +172,25 @@ def check_yaml(path: str) -> None:
                          "fix its syntax there (brackets, quotes, indentation with spaces)") from None
     except UnicodeDecodeError:
         raise ValueError(f"the config file {path} is not UTF-8 text; fix: give a YAML file") from None
+
+
+def check_vocab_size(model_vocab: int, data_vocab: int, vocab: str) -> None:
+    """The data's token ids must fit the model's embedding (else an IndexError in the first step)."""
+    if model_vocab < data_vocab:
+        raise ValueError(f"model.config.vocab_size={model_vocab} is smaller than the data's {data_vocab} token ids "
+                         f"(data.vocab: {vocab}); fix: set model.config.vocab_size to at least {data_vocab} "
+                         f"(a multiple of 64 is fastest, e.g. {-(-data_vocab // 64) * 64})"
+                         + ("" if vocab == "compact" else ", or use data.vocab: compact"))
+
+
+def check_run_settings(subcommand: str | None, cfg: Namespace) -> None:
+    """Settings that cannot work, refused before anything is built or written."""
+    if subcommand == "fit" and cfg.trainer.get("max_steps") == 0:
+        raise ValueError("--trainer.max_steps 0 trains no step (the run would end at once, with an empty run folder); "
+                         "fix: give max_steps ≥ 1 (the number of optimiser steps to train)")
+    data = cfg.get("data")
+    if data is not None and data.get("vocab", "gpt2") == "gpt2":  # a compact vocabulary's size is known later
+        check_vocab_size(cfg.model.config.vocab_size, N_VOCAB, "gpt2")
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -282,6 +308,22 @@ class LoopnetCLI(LightningCLI):
         if subcommand == "fit" and saved is not None:
             TokenStreamDataModule(**cfg.data.as_dict()).check_resume(saved, f"the checkpoint {path}")
 
+    def before_fit(self) -> None:
+        self._check_data(train=True)
+
+    def before_validate(self) -> None:
+        self._check_data(train=False)
+
+    def before_test(self) -> None:
+        self._check_data(train=False)
+
+    def _check_data(self, train: bool) -> None:
+        """Built, not yet run, nothing written: read the corpus as the first steps would (empty, binary,
+        too small, hub out of reach: a one-line error now instead of a run folder with an 'interrupted'
+        summary), and check a compact vocabulary's size against the model's (known only now)."""
+        self.datamodule.check(self.trainer.global_rank, self.trainer.world_size, train=train)
+        check_vocab_size(self.model.config.vocab_size, self.datamodule.vocab_size, self.datamodule.vocab)
+
     def before_predict(self) -> None:
         # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus.
         self.datamodule = None
@@ -289,6 +331,7 @@ class LoopnetCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
         LoopConfig(**cfg.model.config.as_dict())  # a bad model config fails here with its own message
+        check_run_settings(self.subcommand, cfg)
         logger = cfg.trainer.logger
         if isinstance(logger, Namespace) and logger.class_path.endswith("TensorBoardLogger"):
             if logger.init_args.get("name") in (None, "lightning_logs"):
