@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import json
 import os
 import pickle
 import re
@@ -94,20 +95,40 @@ def run_name(config: Namespace) -> str:
 
 
 def resume_in_last_version(logger_args: Namespace) -> None:
-    """For `fit --ckpt_path last`: continue in the newest version folder of this run name that
-    holds a checkpoint, so Lightning finds its last.ckpt (or last-interrupted.ckpt) and the
-    TensorBoard curves continue in the same folder. With none, training starts afresh."""
+    """For `fit --ckpt_path last`: continue in the version folder of this run name that holds a
+    checkpoint, so Lightning finds its last.ckpt (or last-interrupted.ckpt) and the TensorBoard
+    curves continue in the same folder. With none, training starts afresh; with several, the
+    choice is the user's (`run_checkpoint`)."""
     if logger_args.get("version") is not None:
         return
-    found = newest_version_checkpoint(Path(logger_args.save_dir) / logger_args.name)
+    found = run_checkpoint(Path(logger_args.save_dir) / logger_args.name)
     if found is not None:
         logger_args.version = found.parent.parent.name
 
 
-def newest_version_checkpoint(root: Path) -> Path | None:
-    """The newest `last*.ckpt` in any `version_*/checkpoints/` folder of the run folder `root`."""
-    found = sorted(root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+def run_checkpoint(root: Path) -> Path | None:
+    """The newest `last*.ckpt` of the one `version_*` folder of the run folder `root` that holds any.
+    When several versions do, 'last' is ambiguous (file times would let a later short fit silently
+    stand in for the run meant): refused, naming them and how to pick one."""
+    versions: dict[Path, list[Path]] = {}
+    for ckpt in root.glob("version_*/checkpoints/last*.ckpt"):
+        versions.setdefault(ckpt.parent.parent, []).append(ckpt)
+    if len(versions) > 1:
+        names = sorted((v.name for v in versions), key=lambda n: (len(n), n))
+        listed = ", ".join(f"{n} ({_run_state(root / n)})" for n in names)
+        raise ValueError(f"--ckpt_path last is ambiguous: {len(names)} versions of {root} hold a last*.ckpt: {listed}; "
+                         f"fix: pick one with --trainer.logger.init_args.version N (e.g. {names[-1].split('_')[-1]}), "
+                         f"or give the .ckpt file with --ckpt_path")
+    return newest_last_checkpoint(next(iter(versions)) / "checkpoints") if versions else None
+
+
+def _run_state(version: Path) -> str:
+    """'completed at step 8' (from the version's summary.json), or 'no summary'."""
+    try:
+        summary = json.loads((version / "summary.json").read_text())
+        return f"{summary['status']} at step {summary['global_step']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no summary"
 
 
 def pinned_checkpoint_folder(cfg: Namespace) -> Path | None:
@@ -365,7 +386,8 @@ class LoopnetCLI(LightningCLI):
 
     def _newest_run_checkpoint(self, cfg: Namespace) -> str:
         """`test`/`validate`/`predict --ckpt_path last`: the newest last*.ckpt of this config's run, in
-        --checkpoint.dirpath or the logger's pinned version when given, else across its versions
+        --checkpoint.dirpath or the logger's pinned version when given, else in its one version that
+        holds checkpoints (several: refused as ambiguous)
         (Lightning's own 'last' would look in this evaluation's new folder, find none and quietly
         use the random initial weights)."""
         logger = cfg.trainer.logger
@@ -374,7 +396,7 @@ class LoopnetCLI(LightningCLI):
             where, found = f"{folder}/last*.ckpt", newest_last_checkpoint(folder)
         elif isinstance(logger, Namespace) and logger.init_args.get("save_dir") is not None:
             root = Path(logger.init_args.save_dir) / (logger.init_args.get("name") or "")
-            where, found = f"{root}/version_*/checkpoints/last*.ckpt", newest_version_checkpoint(root)
+            where, found = f"{root}/version_*/checkpoints/last*.ckpt", run_checkpoint(root)
         else:
             raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder or --checkpoint.dirpath "
                              "to look in; fix: give the .ckpt file with --ckpt_path")

@@ -229,3 +229,21 @@ def test_bad_run_settings_fail_before_anything_is_written(tmp_path, args, proble
     res = loopnet("fit", *SHORT, *args, cwd=tmp_path)
     check(res, problem, fix)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("sub", ["test", "fit"])
+def test_last_is_refused_when_several_versions_hold_checkpoints(prior, tmp_path, sub):
+    """Issue 16, item 4: `--ckpt_path last` took the newest last*.ckpt by file time across versions, so a
+    later short fit silently replaced the model `loopnet test` evaluated (or `fit` resumed)."""
+    shutil.copytree(prior / "runs", tmp_path / "runs")
+    run = tmp_path / "runs" / RUN
+    shutil.copytree(run / "version_0", run / "version_9")  # a later fit of the same run name
+    before = snapshot(tmp_path)
+    res = loopnet(sub, *SHORT, "--ckpt_path", "last", cwd=tmp_path)
+    check(res, f"--ckpt_path last is ambiguous: 2 versions of runs/{RUN} hold a last*.ckpt: "
+          "version_0 (completed at step 2), version_9 (completed at step 2)",
+          "fix: pick one with --trainer.logger.init_args.version N (e.g. 9), or give the .ckpt file")
+    assert snapshot(tmp_path) == before
+    if sub == "test":
+        res = loopnet(sub, *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=tmp_path)
+        assert res.code == 0 and f"evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
