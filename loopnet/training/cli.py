@@ -250,21 +250,62 @@ class OneLineErrorParser(LightningArgumentParser):
 
 
 class SaveConfigOnStart(SaveConfigCallback):
-    """LightningCLI's config.yaml beside the logs, with two guards for what is already there:
+    """LightningCLI's config.yaml beside the logs, with guards for what is already there:
     a `fit` from a checkpoint writes it when training starts, after the checkpoint's state was
     restored, so a resume refused at the restore leaves the run's config.yaml as it was (Lightning
     writes it in `setup`, before the restore); `validate`/`test`/`predict` write `<stage>_config.yaml`,
-    so one pinned to a fit's folder (--trainer.logger.init_args.version) never replaces its config."""
+    so one pinned to a fit's folder (--trainer.logger.init_args.version) never replaces its config;
+    a symbolic link in the file's place is replaced, never written through."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
-            self.config_filename = f"{stage}_config.yaml"
-            super().setup(trainer, pl_module, stage)
+            self.config_filename = f"{getattr(stage, 'value', stage)}_config.yaml"  # TrainerFn is a str enum
+            self._save(trainer, pl_module, stage)
         elif not self.config.get("ckpt_path"):  # the CLI's config: is this fit a resume?
-            super().setup(trainer, pl_module, stage)
+            self._save(trainer, pl_module, stage)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        super().setup(trainer, pl_module, "fit")  # a no-op when setup already wrote it
+        self._save(trainer, pl_module, "fit")  # a no-op when setup already wrote it
+
+    def _save(self, trainer, pl_module, stage: str) -> None:
+        if not self.already_saved:
+            path = os.path.join(trainer.log_dir, self.config_filename)  # log_dir: every rank calls it
+            if trainer.is_global_zero and os.path.islink(path):
+                os.unlink(path)
+        super().setup(trainer, pl_module, stage)
+
+
+def check_fresh_version(cfg: Namespace) -> None:
+    """A fit without --ckpt_path pinned (--trainer.logger.init_args.version) to a folder that holds a
+    run would overwrite that run's config.yaml and summary.json: refused before anything is written."""
+    logger = cfg.trainer.logger
+    if not isinstance(logger, Namespace) or logger.init_args.get("version") in (None, ""):
+        return
+    args = logger.init_args
+    version = args.version if isinstance(args.version, str) else f"version_{args.version}"
+    folder = Path(args.save_dir) / (args.get("name") or "") / version
+    held = [name for name in ("config.yaml", "summary.json") if (folder / name).exists()]
+    held += ["checkpoints"] if any(folder.glob("checkpoints/*.ckpt")) else []
+    if held:
+        raise ValueError(f"{folder} already holds a run ({', '.join(held)}), which a new fit there would overwrite; "
+                         f"fix: resume it with --ckpt_path last, pin another version, or leave out "
+                         f"--trainer.logger.init_args.version for a new one")
+
+
+def evaluate_in_run_folder(cfg: Namespace, subcommand: str) -> None:
+    """`validate`/`test`/`predict` log into the checkpoint's own version folder when it is one of
+    this run name's (`<version>/<subcommand>/`, beside the fit's curves, no new `version_N`), or into a
+    `<subcommand>/` sub-folder of the version pinned; never over the fit's own files."""
+    logger = cfg.trainer.logger
+    if not isinstance(logger, Namespace) or not logger.class_path.endswith("TensorBoardLogger"):
+        return
+    args = logger.init_args
+    if args.get("version") is None and cfg.get("ckpt_path"):
+        ckpt, root = Path(cfg.ckpt_path).absolute(), (Path(args.save_dir) / (args.get("name") or "")).absolute()
+        if ckpt.parent.name == "checkpoints" and ckpt.parent.parent.parent == root:
+            args.version = ckpt.parent.parent.name
+    if args.get("version") is not None and args.get("sub_dir") is None:
+        args.sub_dir = subcommand
 
 
 class LoopnetCLI(LightningCLI):
@@ -369,6 +410,10 @@ class LoopnetCLI(LightningCLI):
             self._check_last_checkpoint(cfg)
         if self.subcommand in EVALUATION and cfg.ckpt_path == "last":
             cfg.ckpt_path = self._newest_run_checkpoint(cfg)
+        if self.subcommand in EVALUATION:
+            evaluate_in_run_folder(cfg, self.subcommand)
+        if self.subcommand == "fit" and not cfg.ckpt_path:
+            check_fresh_version(cfg)
         # Checkpoints are loaded with torch's restricted (weights_only) unpickler unless asked otherwise.
         if "weights_only" in cfg and cfg.weights_only is None:
             cfg.weights_only = True

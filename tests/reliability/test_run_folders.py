@@ -1,0 +1,61 @@
+"""Issue 16, item 5: what commands leave in `runs/`: evaluations add no version folder and never touch a
+fit's files, a finished run is not overwritten, a config.yaml link is not written through."""
+
+import shutil
+
+import pytest
+
+from .helpers import RUN, TINY, loopnet, snapshot
+
+SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("finished")
+    res = loopnet("fit", *SHORT, cwd=cwd)
+    assert res.code == 0, res.err[-3000:]
+    return cwd
+
+
+@pytest.fixture
+def run(finished, tmp_path):
+    shutil.copytree(finished / "runs", tmp_path / "runs")
+    return tmp_path
+
+
+def test_evaluations_log_beside_the_fit_without_a_new_version(run):
+    version = run / "runs" / RUN / "version_0"
+    before = snapshot(version)
+    for sub in ("test", "validate"):
+        res = loopnet(sub, *SHORT, "--ckpt_path", f"runs/{RUN}/version_0/checkpoints/last.ckpt", cwd=run)
+        assert res.code == 0, res.err[-3000:]
+    res = loopnet("test", *SHORT, "--ckpt_path", "last", cwd=run)
+    assert res.code == 0, res.err[-3000:]
+    assert sorted(p.name for p in (run / "runs" / RUN).iterdir()) == ["version_0"]
+    after = snapshot(version)
+    assert {k: after[k] for k in before} == before  # the fit's own files are untouched
+    assert (version / "test" / "test_config.yaml").is_file() and (version / "validate" / "validate_config.yaml").is_file()
+    assert not list(version.rglob("TrainerFn*"))
+
+
+def test_a_fit_pinned_to_a_finished_run_is_refused(run):
+    before = snapshot(run)
+    res = loopnet("fit", *SHORT, "--trainer.logger.init_args.version", "0", cwd=run)
+    assert res.code == 2, res.err[-3000:]
+    assert res.last_err_line.startswith(f"loopnet: error: runs/{RUN}/version_0 already holds a run "
+                                        "(config.yaml, summary.json, checkpoints)"), res.err[-3000:]
+    assert "fix: resume it with --ckpt_path last" in res.last_err_line
+    assert snapshot(run) == before
+
+
+def test_a_config_link_is_replaced_not_written_through(run):
+    target = run / "elsewhere.yaml"
+    target.write_text("precious\n")
+    config = run / "runs" / RUN / "version_0" / "config.yaml"
+    config.unlink()
+    config.symlink_to(target)
+    res = loopnet("fit", *SHORT, "--trainer.max_steps", "3", "--ckpt_path", "last", cwd=run)
+    assert res.code == 0, res.err[-3000:]
+    assert target.read_text() == "precious\n"
+    assert not config.is_symlink() and "max_steps: 3" in config.read_text()
