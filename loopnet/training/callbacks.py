@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint, ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from loopnet.files import atomic_write
+from loopnet.files import atomic_write, remove_stale_temporaries
 
 
 def _sequences(batch) -> int:
@@ -109,6 +109,8 @@ class GracefulInterrupt(Checkpoint):
     `last.ckpt`, is written only for these stops between steps, never for a crash; being named
     `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
     status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
+    At fit start, temporary files that a kill during an earlier checkpoint write left in the
+    checkpoint folder are removed.
 
     Args:
         filename: Name of the checkpoint written on interruption (without .ckpt).
@@ -135,6 +137,8 @@ class GracefulInterrupt(Checkpoint):
         if stage != "fit" or trainer.checkpoint_callback is None or not trainer.checkpoint_callback.dirpath:
             return
         self.dirpath, self._armed = trainer.checkpoint_callback.dirpath, True
+        if trainer.is_global_zero:  # what a kill during an earlier run's checkpoint write left
+            remove_stale_temporaries(self.dirpath)
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 

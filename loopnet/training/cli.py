@@ -532,6 +532,11 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
             raise
         print(f"loopnet: error: {err} (set LOOPNET_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:  # disk full or over quota while writing a checkpoint or the run summary
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT) or os.environ.get("LOOPNET_DEBUG"):
+            raise
+        print(f"loopnet: error: {err}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C before training started (during training GracefulInterrupt handles it)
         print("loopnet: interrupted", file=sys.stderr)
         sys.exit(130)
