@@ -216,7 +216,12 @@ def check_run_settings(subcommand: str | None, cfg: Namespace) -> None:
 
 class OneLineErrorParser(LightningArgumentParser):
     """jsonargparse's parser, but a command-line or config error is one line on stderr (the problem
-    and the fix) instead of the whole usage text; exit status 2 as before."""
+    and the fix) instead of the whole usage text; exit status 2 as before. Option names must be given
+    whole: a prefix (`--model.config.n_round`) is an unknown option, not an abbreviation."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LOOPNET_DEBUG"):

@@ -247,3 +247,10 @@ def test_last_is_refused_when_several_versions_hold_checkpoints(prior, tmp_path,
     if sub == "test":
         res = loopnet(sub, *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=tmp_path)
         assert res.code == 0 and f"evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
+
+
+def test_option_prefix_is_not_taken_for_the_option(tmp_path):
+    """Issue 16, item 7: `--model.config.n_round 3` ran a whole R = 3 fit (argparse's abbreviations)."""
+    res = loopnet("fit", *SHORT, "--model.config.n_round", "3", cwd=tmp_path)
+    check(res, "--model.config.n_round", "did you mean 'model.config.n_rounds'?")
+    assert not (tmp_path / "runs").exists()
