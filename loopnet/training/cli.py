@@ -378,6 +378,25 @@ class LoopnetCLI(LightningCLI):
     def before_fit(self) -> None:
         self._check_data(train=True)
 
+    def after_fit(self) -> None:
+        """Where the run went: one line each for its folder, checkpoints and summary (rank 0)."""
+        trainer = self.trainer
+        if not trainer.is_global_zero:
+            return
+        ckpt, guard = trainer.checkpoint_callback, next(
+            (cb for cb in trainer.callbacks if isinstance(cb, DivergenceGuard)), None)
+        logger = trainer.loggers[0] if trainer.loggers else None
+        lines = []
+        if logger is not None and logger.log_dir:
+            lines.append(f"run folder: {logger.log_dir} (curves: tensorboard --logdir {logger.save_dir})")
+        if isinstance(ckpt, ModelCheckpoint) and (ckpt.last_model_path or ckpt.best_model_path):
+            last = ckpt.last_model_path or "none"
+            lines.append(f"checkpoints: last {last}, best {ckpt.best_model_path or 'none'}")
+        if guard is not None and guard.summary_path:
+            lines.append(f"summary: {guard.summary_path}")
+        for line in lines:
+            print(f"loopnet: {line}", file=sys.stderr)
+
     def before_validate(self) -> None:
         self._check_data(train=False)
 

@@ -15,7 +15,18 @@ def finished(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("finished")
     res = loopnet("fit", *SHORT, cwd=cwd)
     assert res.code == 0, res.err[-3000:]
+    (cwd / "fit.err").write_text(res.err)
     return cwd
+
+
+def test_a_fit_says_where_its_run_went(finished):
+    """Issue 16, item 7: fits never printed where the run folder, checkpoints and summary went."""
+    lines = (finished / "fit.err").read_text().splitlines()
+    folder = f"runs/{RUN}/version_0"
+    assert f"loopnet: run folder: {folder} (curves: tensorboard --logdir runs)" in lines
+    assert f"loopnet: checkpoints: last {folder}/checkpoints/last.ckpt, best {folder}/checkpoints/best-step000002.ckpt" \
+        in lines
+    assert f"loopnet: summary: {folder}/summary.json" in lines
 
 
 @pytest.fixture
