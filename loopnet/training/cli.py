@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from loopnet.data import TokenStreamDataModule
 from loopnet.data.tokenizer import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
+from loopnet.files import atomic_write
 from loopnet.model import LoopConfig
 from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, HostMemory, TokenThroughput
 from loopnet.training.module import LoopedLM, check_checkpoint_config
@@ -409,6 +410,20 @@ class LoopnetCLI(LightningCLI):
         summary), and check a compact vocabulary's size against the model's (known only now)."""
         self.datamodule.check(self.trainer.global_rank, self.trainer.world_size, train=train)
         check_vocab_size(self.model.config.vocab_size, self.datamodule.vocab_size, self.datamodule.vocab)
+
+    def predict(self, **kwargs) -> None:
+        """`loopnet predict`: the generated text on stdout once the progress bar is gone, and saved as
+        `predictions.txt` in the run's log folder (rank 0)."""
+        texts = [t for batch in self.trainer.predict(**kwargs) or [] for t in ([batch] if isinstance(batch, str) else batch)]
+        if not self.trainer.is_global_zero:
+            return
+        for text in texts:
+            print(text)
+        log_dir = self.trainer.loggers[0].log_dir if self.trainer.loggers else None
+        if log_dir:
+            path = atomic_write(Path(log_dir) / "predictions.txt", lambda f: f.write("\n".join(texts) + "\n"),
+                                binary=False)
+            print(f"loopnet: saved the generated text to {path}", file=sys.stderr)
 
     def before_predict(self) -> None:
         # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus.

@@ -70,3 +70,14 @@ def test_a_config_link_is_replaced_not_written_through(run):
     assert res.code == 0, res.err[-3000:]
     assert target.read_text() == "precious\n"
     assert not config.is_symlink() and "max_steps: 3" in config.read_text()
+
+
+def test_predict_prints_and_saves_the_text(run):
+    """Issue 16, item 7: `predict` printed into the progress bar and saved nothing."""
+    res = loopnet("predict", *SHORT, "--ckpt_path", "last", "--model.generate.max_new_tokens", "4",
+                  "--model.generate.prompt", "To be", "--trainer.enable_progress_bar", "true", cwd=run)
+    assert res.code == 0, res.err[-3000:]
+    saved = run / "runs" / RUN / "version_0" / "predict" / "predictions.txt"
+    text = saved.read_text().rstrip("\n")
+    assert text.startswith("To be") and res.out.splitlines()[-1] == text.splitlines()[-1]
+    assert f"loopnet: saved the generated text to runs/{RUN}/version_0/predict/predictions.txt" in res.err
