@@ -10,11 +10,13 @@ from __future__ import annotations
 import difflib
 import errno
 import json
+import logging
 import os
 import pickle
 import re
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -32,6 +34,23 @@ from loopnet.files import atomic_write
 from loopnet.model import LoopConfig
 from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, HostMemory, TokenThroughput
 from loopnet.training.module import LoopedLM, check_checkpoint_config
+
+
+class _NoAdvert(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet_dependencies() -> None:
+    """What the libraries print on every command that says nothing about the user's run: Lightning's
+    litlogger advert, its own use of APIs that torch and jsonargparse deprecated (warnings meant for
+    Lightning's developers). Lightning's messages about the run itself stay."""
+    os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")  # inherited by DDP's worker processes
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvert())
+
+
+quiet_dependencies()
 
 
 def load_hparams(path: str) -> dict:
