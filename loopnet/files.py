@@ -1,11 +1,14 @@
-"""Writing a file so that a crash or kill at any moment leaves either the previous file or the
-complete new one, never a partial one (checkpoints, run summaries)."""
+"""Files of a run: writing one so that a crash or kill at any moment leaves either the previous file or
+the complete new one, never a partial one (checkpoints, run summaries); checking a folder can be
+written before anything is; reading a checkpoint with torch's restricted unpickler. Light to import
+(torch only where a checkpoint is read), for every command's checks."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import pickle
 import re
 import tempfile
 from collections.abc import Callable
@@ -82,3 +85,46 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
                 p.unlink()
                 removed.append(p)
     return removed
+
+
+def check_writable(folder: str, option: str) -> None:
+    """Fail before anything is built when a log or checkpoint folder cannot be created or written.
+    Nothing is created: the folder, or its nearest existing parent, must be a writable folder."""
+    if "://" in str(folder):  # remote (s3://, gs://): left to fsspec
+        return
+    existing = Path(folder).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
+                         f"fix: pass a writable folder with {option} <dir>") from None
+
+
+def load_checkpoint_meta(path: str) -> dict:
+    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
+    import torch
+
+    try:
+        # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        try:  # names what the file would import, without running anything
+            unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
+        except Exception:
+            unsafe = "unknown objects"
+        raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
+                         "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
+                         "by `loopnet fit`, and never load files from untrusted sources") from None
+    except Exception as err:  # truncated or not a torch file
+        why = (str(err).splitlines() or [""])[0]
+        why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
+        raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
+                         f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
+    return ckpt

@@ -12,14 +12,11 @@ import errno
 import json
 import logging
 import os
-import pickle
 import re
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
-import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
@@ -30,7 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from loopnet.data import TokenStreamDataModule
 from loopnet.data.tokenizer import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
-from loopnet.files import atomic_write
+from loopnet.files import atomic_write, check_writable, load_checkpoint_meta
 from loopnet.model import LoopConfig
 from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, HostMemory, TokenThroughput
 from loopnet.training.module import LoopedLM, check_checkpoint_config
@@ -65,28 +62,6 @@ def saved_stream_config(ckpt: dict) -> dict | None:
     except (KeyError, IndexError, TypeError):
         return None
 
-
-def load_checkpoint_meta(path: str) -> dict:
-    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
-    try:
-        # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError:
-        try:  # names what the file would import, without running anything
-            unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
-        except Exception:
-            unsafe = "unknown objects"
-        raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
-                         "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
-                         "by `loopnet fit`, and never load files from untrusted sources") from None
-    except Exception as err:  # truncated or not a torch file
-        why = (str(err).splitlines() or [""])[0]
-        why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
-        raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
-                         f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
-    return ckpt
 
 # ModelCheckpoint's settings for `loopnet fit` (the benchmark's Lightning variant uses them too).
 CHECKPOINT_DEFAULTS = {
@@ -167,24 +142,6 @@ def newest_last_checkpoint(folder: Path) -> Path | None:
     """The checkpoint Lightning resumes from with `ckpt_path="last"` in `folder`: the newest `last*.ckpt`."""
     found = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     return found[-1] if found else None
-
-
-def check_writable(folder: str, option: str) -> None:
-    """Fail before anything is built when a log or checkpoint folder cannot be created or written.
-    Nothing is created: the folder, or its nearest existing parent, must be a writable folder."""
-    if "://" in str(folder):  # remote (s3://, gs://): left to fsspec
-        return
-    existing = Path(folder).absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as err:
-        raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
-                         f"fix: pass a writable folder with {option} <dir>") from None
 
 
 def config_files(argv: list[str]) -> list[str]:
