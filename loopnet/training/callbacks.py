@@ -110,7 +110,9 @@ class GracefulInterrupt(Checkpoint):
     `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
     status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
     At fit start, temporary files that a kill during an earlier checkpoint write left in the
-    checkpoint folder are removed.
+    checkpoint folder are removed. A stop asked for during a validation or the sanity check waits
+    for its end, so a resumed run's record (TensorBoard, summary, best checkpoint) equals the
+    uninterrupted run's.
 
     Args:
         filename: Name of the checkpoint written on interruption (without .ckpt).
@@ -127,6 +129,9 @@ class GracefulInterrupt(Checkpoint):
             raise ValueError("interrupt.filename cannot be empty")
         self.dirpath, self.filename = ".", filename  # the real folder is set at fit start
         self._previous_sigint, self._armed = None, False
+        self._deferred = False  # a stop asked for during a validation, held until it ends
+        self._validated_at: int | None = None  # global step of the last validation (not the sanity check)
+        self._after_validation = False  # the interruption checkpoint being written follows a validation
 
     @property
     def ckpt_path(self) -> str | None:
@@ -147,9 +152,36 @@ class GracefulInterrupt(Checkpoint):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.kill(os.getpid(), signal.SIGTERM)  # Lightning's own graceful-stop path
 
+    # A stop asked for during a validation (or the sanity check) waits for its end: Lightning would
+    # abandon it at the next batch, losing it from the logs, the run summary and the best checkpoint
+    # (and, stopped in the sanity check, write a step-0 checkpoint whose resume shifts every step).
+    def on_validation_batch_end(self, trainer, *args, **kwargs) -> None:
+        connector = trainer._signal_connector
+        if self._armed and connector.received_sigterm:
+            connector.received_sigterm, self._deferred = False, True
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._deferred:  # Lightning stops after this step, with the validation's results kept
+            trainer._signal_connector.received_sigterm, self._deferred = True, False
+        if not trainer.sanity_checking:
+            self._validated_at = trainer.global_step
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # Written after a validation, at the end of the step, the interruption checkpoint holds the
+        # logger's step counter already advanced; resuming a checkpoint of a step that validated,
+        # Lightning skips that validation and advances the counter once more (as for last.ckpt, written
+        # at the validation, before the advance). Stored as last.ckpt has it, every resumed TensorBoard
+        # point keeps its step.
+        if self._after_validation:
+            checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self._armed and isinstance(exception, SIGTERMException):
-            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+            self._after_validation = self._validated_at == trainer.global_step
+            try:
+                trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+            finally:
+                self._after_validation = False
             if trainer.is_global_zero:
                 print(f"loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
                       "resume with the same command and --ckpt_path last", file=sys.stderr)

@@ -114,6 +114,19 @@ class SignalAt(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalInValidation(Callback):
+    """Send `signum` to this process at the end of validation batch `batch_idx` of the validation at
+    global step `step` (`sanity`: of the sanity check before training)."""
+
+    def __init__(self, step: int = 0, batch_idx: int = 0, sanity: bool = False, signum: int = int(signal.SIGTERM)):
+        self.step, self.batch_idx, self.sanity, self.signum = step, batch_idx, sanity, signum
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if (trainer.sanity_checking == self.sanity and trainer.global_step == self.step
+                and batch_idx == self.batch_idx):
+            os.kill(os.getpid(), self.signum)
+
+
 class Progress(Callback):
     """Write the global step to `path` after every training step, then sleep `delay` s (so a test
     can send a signal from outside while training is still running)."""
