@@ -130,6 +130,7 @@ class GracefulInterrupt(Checkpoint):
         self.dirpath, self.filename = ".", filename  # the real folder is set at fit start
         self._previous_sigint, self._armed = None, False
         self._deferred = False  # a stop asked for during a validation, held until it ends
+        self._pending = False  # a signal arrived; the ranks agree on the stop at the end of a step
         self._validated_at: int | None = None  # global step of the last validation (not the sanity check)
         self._after_validation = False  # the interruption checkpoint being written follows a validation
 
@@ -150,7 +151,33 @@ class GracefulInterrupt(Checkpoint):
     def _on_sigint(self, signum, frame) -> None:
         print("\nloopnet: interrupt received; stopping after this batch (Ctrl-C again to abort)", file=sys.stderr)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's own graceful-stop path
+        os.kill(os.getpid(), signal.SIGTERM)  # the SIGTERM path below
+
+    # SIGTERM: Lightning's handler runs a collective (a broadcast from rank 0) inside the signal handler,
+    # which under DDP hangs every rank when the signal reaches all of them (a terminal's Ctrl-C, SLURM,
+    # Kubernetes, `timeout`) or a rank other than 0 alone. Here the handler only notes the signal; at
+    # the end of every step the ranks agree (one all-reduce of a flag) and all stop after that step.
+    def _install_sigterm(self) -> None:
+        if self._armed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)  # Lightning's teardown restores the original
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._pending = True
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self._install_sigterm()  # after Lightning registered its own handler, which this replaces
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._install_sigterm()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._armed:
+            return
+        stop = self._pending
+        if trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop:  # Lightning's own stop, on every rank after this same step
+            trainer._signal_connector.received_sigterm = True
 
     # A stop asked for during a validation (or the sanity check) waits for its end: Lightning would
     # abandon it at the next batch, losing it from the logs, the run summary and the best checkpoint

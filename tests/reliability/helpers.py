@@ -66,12 +66,13 @@ def env() -> dict[str, str]:
     return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=path)
 
 
-def spawn(*args: str, cwd: Path) -> subprocess.Popen:
+def spawn(*args: str, cwd: Path, new_session: bool = False) -> subprocess.Popen:
     """`python -m loopnet.training.cli <args>` as a real process (for signals, kills and DDP). Its
-    output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits."""
+    output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits.
+    `new_session`: in a process group of its own (with the DDP ranks it starts), for `os.killpg`."""
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env(),
-                            stdout=logs[0], stderr=logs[1], text=True)
+                            stdout=logs[0], stderr=logs[1], text=True, start_new_session=new_session)
     proc.logs = logs
     return proc
 
