@@ -31,6 +31,9 @@ TINY = [
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]
 
+# Two steps with a validation at step 2: a finished run (checkpoints, events, config, summary) in seconds.
+SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+
 
 @dataclass
 class Result:
@@ -58,6 +61,14 @@ def loopnet(*args: str, cwd: Path) -> Result:
         finally:
             sys.argv = argv
     return Result(code, out.getvalue(), err.getvalue())
+
+
+def finished_run(cwd: Path) -> Result:
+    """`loopnet fit` of SHORT in `cwd`, checked to have finished: runs/RUN/version_0 holds the run."""
+    res = loopnet("fit", *SHORT, cwd=cwd)
+    assert res.code == 0, res.err[-3000:]
+    assert (cwd / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    return res
 
 
 def env() -> dict[str, str]:
@@ -136,7 +147,7 @@ class Progress(Callback):
         self.path, self.delay = path, delay
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        tmp = self.path + ".tmp"
+        tmp = f"{self.path}.{os.getpid()}.tmp"  # one per process: DDP ranks write the same file
         Path(tmp).write_text(str(trainer.global_step))
         os.replace(tmp, self.path)
         time.sleep(self.delay)

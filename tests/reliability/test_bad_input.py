@@ -5,18 +5,14 @@ import shutil
 
 import pytest
 
-from .helpers import RUN, TINY, load, loopnet, snapshot
-
-SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+from .helpers import RUN, SHORT, finished_run, load, loopnet, snapshot
 
 
 @pytest.fixture(scope="module")
 def prior(tmp_path_factory):
     """A folder holding a finished run (checkpoints, events, config, summary) and some inputs."""
     cwd = tmp_path_factory.mktemp("prior")
-    res = loopnet("fit", *SHORT, cwd=cwd)
-    assert res.code == 0, res.err[-3000:]
-    assert (cwd / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    finished_run(cwd)
     (cwd / "malformed.yaml").write_text("model:\n  config: [d_model: 32\ntrainer:\n  max_steps: 2\n")
     (cwd / "unknown_key.yaml").write_text("trainer:\n  max_stepz: 5\n")
     (cwd / "empty.txt").write_text("")

@@ -5,17 +5,13 @@ import shutil
 
 import pytest
 
-from .helpers import RUN, TINY, loopnet, snapshot
-
-SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+from .helpers import RUN, SHORT, finished_run, loopnet, snapshot
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("finished")
-    res = loopnet("fit", *SHORT, cwd=cwd)
-    assert res.code == 0, res.err[-3000:]
-    (cwd / "fit.err").write_text(res.err)
+    (cwd / "fit.err").write_text(finished_run(cwd).err)
     return cwd
 
 
