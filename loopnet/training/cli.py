@@ -354,6 +354,8 @@ class LoopnetCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._check_data(train=True)
+        if self.config.fit.get("ckpt_path"):  # a resume continues in its own checkpoint folder, as it should
+            warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
 
     def after_fit(self) -> None:
         """Where the run went: one line each for its folder, checkpoints and summary (rank 0)."""
@@ -502,8 +504,9 @@ def check_command(argv: list[str]) -> str | None:
     import contextlib
     import io
 
-    err, environ = io.StringIO(), dict(os.environ)
+    err, environ, sys_argv = io.StringIO(), dict(os.environ), sys.argv
     try:
+        sys.argv = sys.argv[:1]  # the caller's own arguments are not this command's (LightningCLI warns)
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             main(argv, cli_class=CheckOnly)
         return None
@@ -515,6 +518,7 @@ def check_command(argv: list[str]) -> str | None:
         lines = [line for line in err.getvalue().splitlines() if line.strip()]
         return lines[-1] if lines else f"exit status {exit_.code}"
     finally:  # seed_everything exports PL_GLOBAL_SEED; the caller's environment stays its own
+        sys.argv = sys_argv
         os.environ.clear()
         os.environ.update(environ)
 
