@@ -1,36 +1,70 @@
-"""Writing a file so that a crash or kill at any moment leaves either the previous file or the
-complete new one, never a partial one (checkpoints, run summaries)."""
+"""Files of a run: writing one so that a crash or kill at any moment leaves either the previous file or
+the complete new one, never a partial one (checkpoints, run summaries); checking a folder can be
+written before anything is; reading a checkpoint with torch's restricted unpickler. Light to import
+(torch only where a checkpoint is read), for every command's checks."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import pickle
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 
+# atomic_write's temporary files: `.<name>.<mkstemp's 8 characters>.tmp`
+TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+class _WriteErrors:
+    """A file whose write errors are kept: torch.save reports a failed write (disk full) as its own
+    `unexpected pos` RuntimeError, hiding the OSError that says what happened."""
+
+    def __init__(self, f: IO):
+        self._f, self.error = f, None
+
+    def write(self, data):
+        try:
+            return self._f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], binary: bool = True) -> Path:
     """Call `write(f)` on a temporary file in `path`'s folder, flush and fsync it, give it the mode
     a plain `open` would (mkstemp's is 0600), rename it over `path` (`os.replace`), then fsync the
     folder so that the rename itself is durable. The same folder keeps the rename atomic: a
-    temporary file on another filesystem would make the final move a copy."""
+    temporary file on another filesystem would make the final move a copy. A failed write (disk
+    full, quota) raises its OSError, naming `path`, whatever `write` made of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    out = None
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
             umask = os.umask(0)
             os.umask(umask)
             os.fchmod(f.fileno(), 0o666 & ~umask)
-            write(f)
+            out = _WriteErrors(f)
+            write(out)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        cause = out.error if out is not None and out.error is not None else err
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(cause.errno, f"{os.strerror(cause.errno)} while writing {path} (nothing was replaced); "
+                                       f"fix: free space there, or write to another disk") from None
         raise
     with contextlib.suppress(OSError):
         dirfd = os.open(path.parent, os.O_RDONLY)
@@ -39,3 +73,58 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], binary: b
         finally:
             os.close(dirfd)
     return path
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files `atomic_write` left in `folder` when its process was killed (kill -9,
+    power loss) in the middle of a write; call it where one process writes that folder, before it does."""
+    removed = []
+    for p in Path(folder).glob(".*.tmp") if Path(folder).is_dir() else []:
+        if TEMPORARY.match(p.name) and p.is_file():
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+def check_writable(folder: str, option: str) -> None:
+    """Fail before anything is built when a log or checkpoint folder cannot be created or written.
+    Nothing is created: the folder, or its nearest existing parent, must be a writable folder."""
+    if "://" in str(folder):  # remote (s3://, gs://): left to fsspec
+        return
+    existing = Path(folder).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
+                         f"fix: pass a writable folder with {option} <dir>") from None
+
+
+def load_checkpoint_meta(path: str) -> dict:
+    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
+    import torch
+
+    try:
+        # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        try:  # names what the file would import, without running anything
+            unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
+        except Exception:
+            unsafe = "unknown objects"
+        raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
+                         "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
+                         "by `loopnet fit`, and never load files from untrusted sources") from None
+    except Exception as err:  # truncated or not a torch file
+        why = (str(err).splitlines() or [""])[0]
+        why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
+        raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
+                         f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
+    return ckpt

@@ -130,6 +130,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         self.revision: str | None = None  # the hub commit streamed, resolved in setup()
         self._train_loader = lambda: None  # weak reference to the last training loader
         self._val_windows: torch.Tensor | None = None
+        self._val_for: tuple[int, int] | None = None  # the (rank, world size) _val_windows were cut for
         self.vocab = vocab
         self.vocab_ids: np.ndarray | None = None  # compact: the GPT-2 id of each compact id
         self._table: np.ndarray | None = None  # compact: GPT-2 id -> compact id (-1: not in the corpus)
@@ -235,21 +236,7 @@ class TokenStreamDataModule(L.LightningDataModule):
     def train_dataloader(self) -> ResumableLoader:
         """Infinite (inputs, targets) LongTensor batches [batch_size, seq_len], resumable."""
         self.setup("fit")
-        rank, world = self._rank_world()
-        stream = TrainStream(
-            self.docs,
-            text_column=self.text_column,
-            seq_len=self.seq_len,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            val=self.val,
-            shuffle_buffer=self.hparams.shuffle_buffer,
-            rank=rank,
-            world_size=world,
-            num_slots=self.num_slots,
-            config=self._config(),
-            table=self._table,
-        )
+        stream = self._train_stream(*self._rank_world())
         loader = ResumableLoader(
             stream,
             num_workers=self.num_workers,
@@ -264,22 +251,50 @@ class TokenStreamDataModule(L.LightningDataModule):
         self._train_loader = weakref.ref(loader)
         return loader
 
-    def val_windows(self) -> torch.Tensor:
-        """This rank's held-out windows [n, seq_len + 1], computed once and kept in memory."""
-        if self._val_windows is None:
+    def _train_stream(self, rank: int, world: int) -> TrainStream:
+        return TrainStream(
+            self.docs,
+            text_column=self.text_column,
+            seq_len=self.seq_len,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            val=self.val,
+            shuffle_buffer=self.hparams.shuffle_buffer,
+            rank=rank,
+            world_size=world,
+            num_slots=self.num_slots,
+            config=self._config(),
+            table=self._table,
+        )
+
+    def val_windows(self, rank: int | None = None, world_size: int | None = None) -> torch.Tensor:
+        """This rank's held-out windows [n, seq_len + 1], computed once (per rank and world size) and kept
+        in memory. `rank`/`world_size` default to the Trainer's (or torch.distributed's)."""
+        if rank is None or world_size is None:
+            rank, world_size = self._rank_world()
+        if self._val_windows is None or self._val_for != (rank, world_size):
             self.setup("validate")
-            rank, world = self._rank_world()
             self._val_windows = val_windows(
                 self.docs,
                 text_column=self.text_column,
                 seq_len=self.seq_len,
                 val=self.val,
                 rank=rank,
-                world_size=world,
+                world_size=world_size,
                 max_tokens=self.hparams.val_max_tokens,
                 table=self._table,
             )
+            self._val_for = (rank, world_size)
         return self._val_windows
+
+    def check(self, rank: int = 0, world_size: int = 1, train: bool = True) -> None:
+        """Read what the first steps would, so that a corpus that cannot be used (empty, whitespace,
+        binary or not UTF-8, too small to hold out a split or to fill one training window, or a hub
+        dataset out of reach) fails with its `DataConfigError` before a run writes anything. The
+        held-out windows are kept for validation; the training check reads up to its first document."""
+        self.val_windows(rank, world_size)
+        if train:
+            next(self._train_stream(rank, world_size).documents(0))
 
     def val_dataloader(self) -> DataLoader:
         """The held-out split, finite and in a fixed order (the same on every run)."""

@@ -17,12 +17,13 @@ import glob
 import hashlib
 import os
 from pathlib import Path
-from typing import Literal
-
-import datasets
+from typing import TYPE_CHECKING, Literal
 
 from loopnet.data.errors import DataConfigError
 from loopnet.data.packages import package_dir
+
+if TYPE_CHECKING:  # imported where documents are read: `datasets` (with pandas) costs ~0.8 s of every start-up
+    import datasets
 
 Source = Literal["shakespeare", "hub", "files"]
 
@@ -86,6 +87,7 @@ def builder_for(files: list[str]) -> str:
 
 
 def hub_offline() -> bool:
+    import datasets
     from huggingface_hub import constants
 
     return bool(constants.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE)
@@ -154,6 +156,8 @@ def load_documents(
         revision: hub dataset revision (commit sha, tag or branch; ``hub`` only). Whatever is given
             (None: the latest) is resolved to a commit sha once, and that commit is streamed.
     """
+    import datasets
+
     check_revision(source, path, revision)
     if source == "shakespeare":
         return datasets.load_dataset(

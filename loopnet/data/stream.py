@@ -17,18 +17,19 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import numpy as np
 import torch
-from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from loopnet.data.errors import DataConfigError
 from loopnet.data.packing import Packer, block_permutation
 from loopnet.data.sources import ValSelector
 from loopnet.data.tokenizer import EOT_ID, gpt2_encoding
+
+if TYPE_CHECKING:  # imported where documents are read: `datasets` (with pandas) costs ~0.8 s of every start-up
+    import datasets
 
 DOC_BATCH = 64  # documents fetched from `datasets` at a time (its batched reader is much faster)
 
@@ -119,6 +120,8 @@ class TrainStream(IterableDataset):
 
     def slot_docs(self, slot: int, epoch: int) -> datasets.IterableDataset:
         """The documents slot `slot` of this rank reads in `epoch`, in order."""
+        from datasets.distributed import split_dataset_by_node
+
         # Split by rank, then by worker: `datasets` composes the two into one split over all slots.
         strategy = split_strategy(self.docs, self.world_size * self.num_slots)
         node = split_dataset_by_node(self.docs, rank=self.rank, world_size=self.world_size, strategy=strategy)

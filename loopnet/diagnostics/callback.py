@@ -1,6 +1,6 @@
 """VisitDiagnostics: the Lightning callback that logs per-visit stability diagnostics.
 
-On a logging step (``global_step % every_n_steps == 0``) it attaches a `VisitProbe` to the
+On a logging step (``global_step % every_n_steps == 0``, and the last of ``max_steps``) it attaches a `VisitProbe` to the
 `LoopedTransformer` before the forward, and
 
     forward + backward      the probe records per-visit norms and gradient contributions g_{r,j}
@@ -108,7 +108,8 @@ class VisitDiagnostics(Callback):
 
     Args:
         every_n_steps: Measure and log on steps whose global step is a multiple of this (step 0
-            included). Steps in between attach nothing and cost nothing. 0 turns it off.
+            included), and on the last step (`max_steps`). Steps in between attach nothing and cost
+            nothing. 0 turns it off.
         histograms: Also log per-round histograms of the round's final state (``hist/state/r03``)
             and of the per-token RMS of its pre-Norm stream (``hist/token_rms/r03``).
         hist_samples: About how many values each histogram samples (a fixed stride over the batch).
@@ -163,7 +164,7 @@ class VisitDiagnostics(Callback):
                 logger.experiment.add_custom_scalars(custom_scalars_layout(rounds))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if not self.every_n_steps or trainer.global_step % self.every_n_steps:
+        if not self._due(trainer):
             return  # the common case: nothing attached, nothing computed
         if self._probe is None or self._step != trainer.global_step:
             self._reset()
@@ -176,6 +177,12 @@ class VisitDiagnostics(Callback):
                 self._inputs = batch[0]
                 self._outputs_before = round_outputs(find_looped_model(pl_module), self._inputs)
         find_looped_model(pl_module).attach_observer(self._probe)
+
+    def _due(self, trainer) -> bool:
+        """A logging step: every n-th global step, and the fit's last step (max_steps), so that the
+        end-of-training statistics (summary.json's last_visit_stats) are the final model's."""
+        step = trainer.global_step
+        return bool(self.every_n_steps) and (step % self.every_n_steps == 0 or step == trainer.max_steps - 1)
 
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:

@@ -36,6 +36,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from loopnet.files import load_checkpoint_meta
 from loopnet.model import LoopConfig, LoopedTransformer, sample_next
 
 log = logging.getLogger(__name__)
@@ -50,12 +51,13 @@ def load_checkpoint(ckpt_path: str | Path, device: str | torch.device = "cpu") -
     """Build the `LoopedTransformer` of a `LoopedLM` checkpoint and load its weights, in eval mode.
 
     Only the model config and weights are read, with torch's restricted (``weights_only``)
-    unpickler, so no Lightning state or arbitrary pickled objects are needed.
+    unpickler (`loopnet.files.load_checkpoint_meta`, as `loopnet fit/test` read them), so no
+    Lightning state or arbitrary pickled objects are needed.
     """
     path = Path(ckpt_path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    ckpt = torch.load(path, map_location=device, weights_only=True)
+    ckpt = load_checkpoint_meta(str(path))  # refuses pickled code and names a corrupt file in one line
     try:
         config = ckpt["hyper_parameters"]["config"]
         state = ckpt["state_dict"]

@@ -45,7 +45,7 @@ def parse_limit(text: str) -> int | float:
 def build_parser() -> argparse.ArgumentParser:
     presets = "; ".join(f"{k} = {','.join(v)}" for k, v in PRESETS.items())
     parser = argparse.ArgumentParser(
-        prog="loopnet eval",
+        prog="loopnet eval", allow_abbrev=False,
         description="Evaluate a loopnet checkpoint with lm-evaluation-harness at one or more round counts R'.",
     )
     parser.add_argument("--ckpt_path", required=True, help="LoopedLM checkpoint (.ckpt) to evaluate")
@@ -88,6 +88,11 @@ def run_eval(
     if batch_size < 1:
         raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
     names = expand_tasks(tasks)
+    from loopnet.files import check_writable, load_checkpoint_meta
+
+    load_checkpoint_meta(str(ckpt))  # readable, plain data (no pickled code): one line, not a traceback
+    folder = Path(output_dir).expanduser() if output_dir is not None else ckpt.parent
+    check_writable(str(folder), "--output_dir")  # before the evaluation, not after it
     try:
         import lm_eval
         import torch
@@ -130,7 +135,6 @@ def run_eval(
             for r, out in outputs.items()
         },
     }
-    folder = Path(output_dir).expanduser() if output_dir is not None else ckpt.parent
     json_path, md_path = write_report(report, folder, f"eval_{ckpt.stem}")
     report["files"] = {"json": str(json_path), "markdown": str(md_path)}
     return report

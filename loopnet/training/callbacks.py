@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint, ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from loopnet.files import atomic_write
+from loopnet.files import atomic_write, remove_stale_temporaries
 
 
 def _sequences(batch) -> int:
@@ -109,6 +109,10 @@ class GracefulInterrupt(Checkpoint):
     `last.ckpt`, is written only for these stops between steps, never for a crash; being named
     `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
     status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
+    At fit start, temporary files that a kill during an earlier checkpoint write left in the
+    checkpoint folder are removed. A stop asked for during a validation or the sanity check waits
+    for its end, so a resumed run's record (TensorBoard, summary, best checkpoint) equals the
+    uninterrupted run's.
 
     Args:
         filename: Name of the checkpoint written on interruption (without .ckpt).
@@ -125,6 +129,10 @@ class GracefulInterrupt(Checkpoint):
             raise ValueError("interrupt.filename cannot be empty")
         self.dirpath, self.filename = ".", filename  # the real folder is set at fit start
         self._previous_sigint, self._armed = None, False
+        self._deferred = False  # a stop asked for during a validation, held until it ends
+        self._pending = False  # a signal arrived; the ranks agree on the stop at the end of a step
+        self._validated_at: int | None = None  # global step of the last validation (not the sanity check)
+        self._after_validation = False  # the interruption checkpoint being written follows a validation
 
     @property
     def ckpt_path(self) -> str | None:
@@ -135,17 +143,72 @@ class GracefulInterrupt(Checkpoint):
         if stage != "fit" or trainer.checkpoint_callback is None or not trainer.checkpoint_callback.dirpath:
             return
         self.dirpath, self._armed = trainer.checkpoint_callback.dirpath, True
+        if trainer.is_global_zero:  # what a kill during an earlier run's checkpoint write left
+            remove_stale_temporaries(self.dirpath)
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum, frame) -> None:
         print("\nloopnet: interrupt received; stopping after this batch (Ctrl-C again to abort)", file=sys.stderr)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's own graceful-stop path
+        os.kill(os.getpid(), signal.SIGTERM)  # the SIGTERM path below
+
+    # SIGTERM: Lightning's handler runs a collective (a broadcast from rank 0) inside the signal handler,
+    # which under DDP hangs every rank when the signal reaches all of them (a terminal's Ctrl-C, SLURM,
+    # Kubernetes, `timeout`) or a rank other than 0 alone. Here the handler only notes the signal; at
+    # the end of every step the ranks agree (one all-reduce of a flag) and all stop after that step.
+    def _install_sigterm(self) -> None:
+        if self._armed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)  # Lightning's teardown restores the original
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._pending = True
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self._install_sigterm()  # after Lightning registered its own handler, which this replaces
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._install_sigterm()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._armed:
+            return
+        stop = self._pending
+        if trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop:  # Lightning's own stop, on every rank after this same step
+            trainer._signal_connector.received_sigterm = True
+
+    # A stop asked for during a validation (or the sanity check) waits for its end: Lightning would
+    # abandon it at the next batch, losing it from the logs, the run summary and the best checkpoint
+    # (and, stopped in the sanity check, write a step-0 checkpoint whose resume shifts every step).
+    def on_validation_batch_end(self, trainer, *args, **kwargs) -> None:
+        connector = trainer._signal_connector
+        if self._armed and connector.received_sigterm:
+            connector.received_sigterm, self._deferred = False, True
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._deferred:  # Lightning stops after this step, with the validation's results kept
+            trainer._signal_connector.received_sigterm, self._deferred = True, False
+        if not trainer.sanity_checking:
+            self._validated_at = trainer.global_step
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # Written after a validation, at the end of the step, the interruption checkpoint holds the
+        # logger's step counter already advanced; resuming a checkpoint of a step that validated,
+        # Lightning skips that validation and advances the counter once more (as for last.ckpt, written
+        # at the validation, before the advance). Stored as last.ckpt has it, every resumed TensorBoard
+        # point keeps its step.
+        if self._after_validation:
+            checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self._armed and isinstance(exception, SIGTERMException):
-            trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+            self._after_validation = self._validated_at == trainer.global_step
+            try:
+                trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+            finally:
+                self._after_validation = False
             if trainer.is_global_zero:
                 print(f"loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
                       "resume with the same command and --ckpt_path last", file=sys.stderr)

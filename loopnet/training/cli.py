@@ -8,14 +8,15 @@
 from __future__ import annotations
 
 import difflib
+import errno
+import json
+import logging
 import os
-import pickle
 import re
 import sys
-import tempfile
+import warnings
 from pathlib import Path
 
-import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
@@ -24,10 +25,29 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from loopnet.data import TokenStreamDataModule
+from loopnet.data.tokenizer import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
+from loopnet.files import atomic_write, check_writable, load_checkpoint_meta
 from loopnet.model import LoopConfig
 from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, HostMemory, TokenThroughput
 from loopnet.training.module import LoopedLM, check_checkpoint_config
+
+
+class _NoAdvert(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet_dependencies() -> None:
+    """What the libraries print on every command that says nothing about the user's run: Lightning's
+    litlogger advert, its own use of APIs that torch and jsonargparse deprecated (warnings meant for
+    Lightning's developers). Lightning's messages about the run itself stay."""
+    os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")  # inherited by DDP's worker processes
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvert())
+
+
+quiet_dependencies()
 
 
 def load_hparams(path: str) -> dict:
@@ -42,28 +62,6 @@ def saved_stream_config(ckpt: dict) -> dict | None:
     except (KeyError, IndexError, TypeError):
         return None
 
-
-def load_checkpoint_meta(path: str) -> dict:
-    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
-    try:
-        # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError:
-        try:  # names what the file would import, without running anything
-            unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
-        except Exception:
-            unsafe = "unknown objects"
-        raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
-                         "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
-                         "by `loopnet fit`, and never load files from untrusted sources") from None
-    except Exception as err:  # truncated or not a torch file
-        why = (str(err).splitlines() or [""])[0]
-        why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
-        raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
-                         f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
-    return ckpt
 
 # ModelCheckpoint's settings for `loopnet fit` (the benchmark's Lightning variant uses them too).
 CHECKPOINT_DEFAULTS = {
@@ -92,20 +90,40 @@ def run_name(config: Namespace) -> str:
 
 
 def resume_in_last_version(logger_args: Namespace) -> None:
-    """For `fit --ckpt_path last`: continue in the newest version folder of this run name that
-    holds a checkpoint, so Lightning finds its last.ckpt (or last-interrupted.ckpt) and the
-    TensorBoard curves continue in the same folder. With none, training starts afresh."""
+    """For `fit --ckpt_path last`: continue in the version folder of this run name that holds a
+    checkpoint, so Lightning finds its last.ckpt (or last-interrupted.ckpt) and the TensorBoard
+    curves continue in the same folder. With none, training starts afresh; with several, the
+    choice is the user's (`run_checkpoint`)."""
     if logger_args.get("version") is not None:
         return
-    found = newest_version_checkpoint(Path(logger_args.save_dir) / logger_args.name)
+    found = run_checkpoint(Path(logger_args.save_dir) / logger_args.name)
     if found is not None:
         logger_args.version = found.parent.parent.name
 
 
-def newest_version_checkpoint(root: Path) -> Path | None:
-    """The newest `last*.ckpt` in any `version_*/checkpoints/` folder of the run folder `root`."""
-    found = sorted(root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+def run_checkpoint(root: Path) -> Path | None:
+    """The newest `last*.ckpt` of the one `version_*` folder of the run folder `root` that holds any.
+    When several versions do, 'last' is ambiguous (file times would let a later short fit silently
+    stand in for the run meant): refused, naming them and how to pick one."""
+    versions: dict[Path, list[Path]] = {}
+    for ckpt in root.glob("version_*/checkpoints/last*.ckpt"):
+        versions.setdefault(ckpt.parent.parent, []).append(ckpt)
+    if len(versions) > 1:
+        names = sorted((v.name for v in versions), key=lambda n: (len(n), n))
+        listed = ", ".join(f"{n} ({_run_state(root / n)})" for n in names)
+        raise ValueError(f"--ckpt_path last is ambiguous: {len(names)} versions of {root} hold a last*.ckpt: {listed}; "
+                         f"fix: pick one with --trainer.logger.init_args.version N (e.g. {names[-1].split('_')[-1]}), "
+                         f"or give the .ckpt file with --ckpt_path")
+    return newest_last_checkpoint(next(iter(versions)) / "checkpoints") if versions else None
+
+
+def _run_state(version: Path) -> str:
+    """'completed at step 8' (from the version's summary.json), or 'no summary'."""
+    try:
+        summary = json.loads((version / "summary.json").read_text())
+        return f"{summary['status']} at step {summary['global_step']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no summary"
 
 
 def pinned_checkpoint_folder(cfg: Namespace) -> Path | None:
@@ -124,19 +142,6 @@ def newest_last_checkpoint(folder: Path) -> Path | None:
     """The checkpoint Lightning resumes from with `ckpt_path="last"` in `folder`: the newest `last*.ckpt`."""
     found = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     return found[-1] if found else None
-
-
-def check_writable(folder: str, option: str) -> None:
-    """Fail before anything is built when a log or checkpoint folder cannot be created or written."""
-    if "://" in str(folder):  # remote (s3://, gs://): left to fsspec
-        return
-    try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
-                         f"fix: pass a writable folder with {option} <dir>") from None
 
 
 def config_files(argv: list[str]) -> list[str]:
@@ -167,9 +172,33 @@ def check_yaml(path: str) -> None:
         raise ValueError(f"the config file {path} is not UTF-8 text; fix: give a YAML file") from None
 
 
+def check_vocab_size(model_vocab: int, data_vocab: int, vocab: str) -> None:
+    """The data's token ids must fit the model's embedding (else an IndexError in the first step)."""
+    if model_vocab < data_vocab:
+        raise ValueError(f"model.config.vocab_size={model_vocab} is smaller than the data's {data_vocab} token ids "
+                         f"(data.vocab: {vocab}); fix: set model.config.vocab_size to at least {data_vocab} "
+                         f"(a multiple of 64 is fastest, e.g. {-(-data_vocab // 64) * 64})"
+                         + ("" if vocab == "compact" else ", or use data.vocab: compact"))
+
+
+def check_run_settings(subcommand: str | None, cfg: Namespace) -> None:
+    """Settings that cannot work, refused before anything is built or written."""
+    if subcommand == "fit" and cfg.trainer.get("max_steps") == 0:
+        raise ValueError("--trainer.max_steps 0 trains no step (the run would end at once, with an empty run folder); "
+                         "fix: give max_steps ≥ 1 (the number of optimiser steps to train)")
+    data = cfg.get("data")
+    if data is not None and data.get("vocab", "gpt2") == "gpt2":  # a compact vocabulary's size is known later
+        check_vocab_size(cfg.model.config.vocab_size, N_VOCAB, "gpt2")
+
+
 class OneLineErrorParser(LightningArgumentParser):
     """jsonargparse's parser, but a command-line or config error is one line on stderr (the problem
-    and the fix) instead of the whole usage text; exit status 2 as before."""
+    and the fix) instead of the whole usage text; exit status 2 as before. Option names must be given
+    whole: a prefix (`--model.config.n_round`) is an unknown option, not an abbreviation."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LOOPNET_DEBUG"):
@@ -203,21 +232,62 @@ class OneLineErrorParser(LightningArgumentParser):
 
 
 class SaveConfigOnStart(SaveConfigCallback):
-    """LightningCLI's config.yaml beside the logs, with two guards for what is already there:
+    """LightningCLI's config.yaml beside the logs, with guards for what is already there:
     a `fit` from a checkpoint writes it when training starts, after the checkpoint's state was
     restored, so a resume refused at the restore leaves the run's config.yaml as it was (Lightning
     writes it in `setup`, before the restore); `validate`/`test`/`predict` write `<stage>_config.yaml`,
-    so one pinned to a fit's folder (--trainer.logger.init_args.version) never replaces its config."""
+    so one pinned to a fit's folder (--trainer.logger.init_args.version) never replaces its config;
+    a symbolic link in the file's place is replaced, never written through."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
-            self.config_filename = f"{stage}_config.yaml"
-            super().setup(trainer, pl_module, stage)
+            self.config_filename = f"{getattr(stage, 'value', stage)}_config.yaml"  # TrainerFn is a str enum
+            self._save(trainer, pl_module, stage)
         elif not self.config.get("ckpt_path"):  # the CLI's config: is this fit a resume?
-            super().setup(trainer, pl_module, stage)
+            self._save(trainer, pl_module, stage)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        super().setup(trainer, pl_module, "fit")  # a no-op when setup already wrote it
+        self._save(trainer, pl_module, "fit")  # a no-op when setup already wrote it
+
+    def _save(self, trainer, pl_module, stage: str) -> None:
+        if not self.already_saved:
+            path = os.path.join(trainer.log_dir, self.config_filename)  # log_dir: every rank calls it
+            if trainer.is_global_zero and os.path.islink(path):
+                os.unlink(path)
+        super().setup(trainer, pl_module, stage)
+
+
+def check_fresh_version(cfg: Namespace) -> None:
+    """A fit without --ckpt_path pinned (--trainer.logger.init_args.version) to a folder that holds a
+    run would overwrite that run's config.yaml and summary.json: refused before anything is written."""
+    logger = cfg.trainer.logger
+    if not isinstance(logger, Namespace) or logger.init_args.get("version") in (None, ""):
+        return
+    args = logger.init_args
+    version = args.version if isinstance(args.version, str) else f"version_{args.version}"
+    folder = Path(args.save_dir) / (args.get("name") or "") / version
+    held = [name for name in ("config.yaml", "summary.json") if (folder / name).exists()]
+    held += ["checkpoints"] if any(folder.glob("checkpoints/*.ckpt")) else []
+    if held:
+        raise ValueError(f"{folder} already holds a run ({', '.join(held)}), which a new fit there would overwrite; "
+                         f"fix: resume it with --ckpt_path last, pin another version, or leave out "
+                         f"--trainer.logger.init_args.version for a new one")
+
+
+def evaluate_in_run_folder(cfg: Namespace, subcommand: str) -> None:
+    """`validate`/`test`/`predict` log into the checkpoint's own version folder when it is one of
+    this run name's (`<version>/<subcommand>/`, beside the fit's curves, no new `version_N`), or into a
+    `<subcommand>/` sub-folder of the version pinned; never over the fit's own files."""
+    logger = cfg.trainer.logger
+    if not isinstance(logger, Namespace) or not logger.class_path.endswith("TensorBoardLogger"):
+        return
+    args = logger.init_args
+    if args.get("version") is None and cfg.get("ckpt_path"):
+        ckpt, root = Path(cfg.ckpt_path).absolute(), (Path(args.save_dir) / (args.get("name") or "")).absolute()
+        if ckpt.parent.name == "checkpoints" and ckpt.parent.parent.parent == root:
+            args.version = ckpt.parent.parent.name
+    if args.get("version") is not None and args.get("sub_dir") is None:
+        args.sub_dir = subcommand
 
 
 class LoopnetCLI(LightningCLI):
@@ -282,6 +352,57 @@ class LoopnetCLI(LightningCLI):
         if subcommand == "fit" and saved is not None:
             TokenStreamDataModule(**cfg.data.as_dict()).check_resume(saved, f"the checkpoint {path}")
 
+    def before_fit(self) -> None:
+        self._check_data(train=True)
+        if self.config.fit.get("ckpt_path"):  # a resume continues in its own checkpoint folder, as it should
+            warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
+
+    def after_fit(self) -> None:
+        """Where the run went: one line each for its folder, checkpoints and summary (rank 0)."""
+        trainer = self.trainer
+        if not trainer.is_global_zero:
+            return
+        ckpt, guard = trainer.checkpoint_callback, next(
+            (cb for cb in trainer.callbacks if isinstance(cb, DivergenceGuard)), None)
+        logger = trainer.loggers[0] if trainer.loggers else None
+        lines = []
+        if logger is not None and logger.log_dir:
+            lines.append(f"run folder: {logger.log_dir} (curves: tensorboard --logdir {logger.save_dir})")
+        if isinstance(ckpt, ModelCheckpoint) and (ckpt.last_model_path or ckpt.best_model_path):
+            last = ckpt.last_model_path or "none"
+            lines.append(f"checkpoints: last {last}, best {ckpt.best_model_path or 'none'}")
+        if guard is not None and guard.summary_path:
+            lines.append(f"summary: {guard.summary_path}")
+        for line in lines:
+            print(f"loopnet: {line}", file=sys.stderr)
+
+    def before_validate(self) -> None:
+        self._check_data(train=False)
+
+    def before_test(self) -> None:
+        self._check_data(train=False)
+
+    def _check_data(self, train: bool) -> None:
+        """Built, not yet run, nothing written: read the corpus as the first steps would (empty, binary,
+        too small, hub out of reach: a one-line error now instead of a run folder with an 'interrupted'
+        summary), and check a compact vocabulary's size against the model's (known only now)."""
+        self.datamodule.check(self.trainer.global_rank, self.trainer.world_size, train=train)
+        check_vocab_size(self.model.config.vocab_size, self.datamodule.vocab_size, self.datamodule.vocab)
+
+    def predict(self, **kwargs) -> None:
+        """`loopnet predict`: the generated text on stdout once the progress bar is gone, and saved as
+        `predictions.txt` in the run's log folder (rank 0)."""
+        texts = [t for batch in self.trainer.predict(**kwargs) or [] for t in ([batch] if isinstance(batch, str) else batch)]
+        if not self.trainer.is_global_zero:
+            return
+        for text in texts:
+            print(text)
+        log_dir = self.trainer.loggers[0].log_dir if self.trainer.loggers else None
+        if log_dir:
+            path = atomic_write(Path(log_dir) / "predictions.txt", lambda f: f.write("\n".join(texts) + "\n"),
+                                binary=False)
+            print(f"loopnet: saved the generated text to {path}", file=sys.stderr)
+
     def before_predict(self) -> None:
         # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus.
         self.datamodule = None
@@ -289,6 +410,7 @@ class LoopnetCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
         LoopConfig(**cfg.model.config.as_dict())  # a bad model config fails here with its own message
+        check_run_settings(self.subcommand, cfg)
         logger = cfg.trainer.logger
         if isinstance(logger, Namespace) and logger.class_path.endswith("TensorBoardLogger"):
             if logger.init_args.get("name") in (None, "lightning_logs"):
@@ -305,6 +427,10 @@ class LoopnetCLI(LightningCLI):
             self._check_last_checkpoint(cfg)
         if self.subcommand in EVALUATION and cfg.ckpt_path == "last":
             cfg.ckpt_path = self._newest_run_checkpoint(cfg)
+        if self.subcommand in EVALUATION:
+            evaluate_in_run_folder(cfg, self.subcommand)
+        if self.subcommand == "fit" and not cfg.ckpt_path:
+            check_fresh_version(cfg)
         # Checkpoints are loaded with torch's restricted (weights_only) unpickler unless asked otherwise.
         if "weights_only" in cfg and cfg.weights_only is None:
             cfg.weights_only = True
@@ -322,7 +448,8 @@ class LoopnetCLI(LightningCLI):
 
     def _newest_run_checkpoint(self, cfg: Namespace) -> str:
         """`test`/`validate`/`predict --ckpt_path last`: the newest last*.ckpt of this config's run, in
-        --checkpoint.dirpath or the logger's pinned version when given, else across its versions
+        --checkpoint.dirpath or the logger's pinned version when given, else in its one version that
+        holds checkpoints (several: refused as ambiguous)
         (Lightning's own 'last' would look in this evaluation's new folder, find none and quietly
         use the random initial weights)."""
         logger = cfg.trainer.logger
@@ -331,7 +458,7 @@ class LoopnetCLI(LightningCLI):
             where, found = f"{folder}/last*.ckpt", newest_last_checkpoint(folder)
         elif isinstance(logger, Namespace) and logger.init_args.get("save_dir") is not None:
             root = Path(logger.init_args.save_dir) / (logger.init_args.get("name") or "")
-            where, found = f"{root}/version_*/checkpoints/last*.ckpt", newest_version_checkpoint(root)
+            where, found = f"{root}/version_*/checkpoints/last*.ckpt", run_checkpoint(root)
         else:
             raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder or --checkpoint.dirpath "
                              "to look in; fix: give the .ckpt file with --ckpt_path")
@@ -377,8 +504,9 @@ def check_command(argv: list[str]) -> str | None:
     import contextlib
     import io
 
-    err, environ = io.StringIO(), dict(os.environ)
+    err, environ, sys_argv = io.StringIO(), dict(os.environ), sys.argv
     try:
+        sys.argv = sys.argv[:1]  # the caller's own arguments are not this command's (LightningCLI warns)
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             main(argv, cli_class=CheckOnly)
         return None
@@ -390,6 +518,7 @@ def check_command(argv: list[str]) -> str | None:
         lines = [line for line in err.getvalue().splitlines() if line.strip()]
         return lines[-1] if lines else f"exit status {exit_.code}"
     finally:  # seed_everything exports PL_GLOBAL_SEED; the caller's environment stays its own
+        sys.argv = sys_argv
         os.environ.clear()
         os.environ.update(environ)
 
@@ -422,6 +551,11 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
             raise
         print(f"loopnet: error: {err} (set LOOPNET_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:  # disk full or over quota while writing a checkpoint or the run summary
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT) or os.environ.get("LOOPNET_DEBUG"):
+            raise
+        print(f"loopnet: error: {err}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C before training started (during training GracefulInterrupt handles it)
         print("loopnet: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -277,9 +277,8 @@ class LoopedLM(L.LightningModule):
             logits, _ = self.model(idx[:, -self.config.seq_len:], rounds=g.rounds)
             logits = logits[:, -1, : min(n_vocab, self.config.vocab_size)].float()
             idx = torch.cat([idx, sample_next(logits, g.temperature, g.top_k)], dim=1)
-        text = dm.decode(idx[0].tolist()) if dm else gpt2_encoding().decode(idx[0].tolist())
-        print(text)
-        return text
+        # Returned, not printed (that would land inside the progress bar): `loopnet predict` prints and saves it.
+        return dm.decode(idx[0].tolist()) if dm else gpt2_encoding().decode(idx[0].tolist())
 
     # ----------------------------------------------------------------------------- optimiser
     def _grad_scaler(self) -> bool:

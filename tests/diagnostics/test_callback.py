@@ -172,3 +172,12 @@ def test_compiled_model_logs_the_same_visits_as_eager(tmp_path):
     assert values[True].keys() == values[False].keys()
     for tag, eager in values[False].items():
         assert len(eager) == 2 and values[True][tag] == pytest.approx(eager, rel=1e-3, abs=1e-5), tag
+
+
+def test_the_last_step_is_measured(tmp_path):
+    """Issue 16, item 7: a 100-step run measured steps 0 and 50 only, so the summary's end-of-training
+    statistics were 50 steps stale."""
+    module, diagnostics = tiny_module(SpyLM), VisitDiagnostics(every_n_steps=3, histograms=False, update_size=False)
+    trainer(tmp_path, [diagnostics], max_steps=5).fit(module, random_tokens())
+    assert [s for s, on in module.attached_at.items() if on] == [0, 3, 4]
+    assert diagnostics.last_stats["step"] == 4

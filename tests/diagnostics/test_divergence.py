@@ -97,7 +97,7 @@ def test_completed_run_summary(tmp_path):
     assert summary["final_val_loss"] == pytest.approx(float(t.callback_metrics["val/loss"]))
     assert summary["best_val_loss"] == min(v for _, v in summary["val_history"])
     assert math.isfinite(summary["final_train_loss"])
-    assert summary["diagnostics_step"] == 6 and len(summary["last_visit_stats"]) == 12
+    assert summary["diagnostics_step"] == 7 and len(summary["last_visit_stats"]) == 12  # the last step is measured
     assert set(summary["last_visit_stats"]["r03_k1_attn"]) == {
         "resid_norm", "state_norm", "branch_ratio", "act_grad_norm", "param_grad_norm"}
     assert set(summary["kappa"]) == {"k1_attn", "k1_ffn", "k2_attn", "k2_ffn", "model"}

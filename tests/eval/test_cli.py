@@ -148,3 +148,52 @@ def test_deeploop_preset():
 def test_bad_arguments_exit_2(capsys, bad):
     code, _, err = run_cli(capsys, "--ckpt_path", "x.ckpt", "--tasks", TASK, *bad)
     assert code == 2 and bad[0] in err
+
+
+class _Payload:
+    """Unpickling this runs a shell command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("kind, problem", [
+    ("zero_byte", "is not a readable checkpoint, it is corrupt or truncated"),
+    ("truncated", "is not a readable checkpoint, it is corrupt or truncated"),
+    ("malicious", "unpickling it would import or run code (posix.system"),
+])
+def test_bad_checkpoint_is_one_line_before_evaluating(kind, problem, tiny_ckpt, tmp_path, capsys, monkeypatch):
+    """Issue 16, item 6: these gave raw tracebacks (with torch's hint to use weights_only=False)."""
+    import lm_eval
+    import torch
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: pytest.fail("evaluated a bad checkpoint"))
+    path, marker = tmp_path / f"{kind}.ckpt", tmp_path / "pwned"
+    if kind == "zero_byte":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(Path(tiny_ckpt).read_bytes()[:5000])
+    else:
+        torch.save({"state_dict": {}, "hyper_parameters": {"config": _Payload(marker)}}, path)
+    code, _, err = run_cli(capsys, "--ckpt_path", str(path), "--tasks", TASK, "--include_path", str(DATA_DIR))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err and "weights_only=False" not in err, err
+    assert lines[0].startswith("loopnet eval: error: ") and problem in lines[0] and "fix: " in lines[0], err
+    assert not marker.exists()
+
+
+def test_unwritable_output_folder_fails_before_evaluating(tiny_ckpt, tmp_path, capsys, monkeypatch):
+    import lm_eval
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: pytest.fail("evaluated before checking --output_dir"))
+    (tmp_path / "a_file").write_text("not a folder\n")
+    code, _, err = run_cli(capsys, "--ckpt_path", tiny_ckpt, "--tasks", TASK, "--include_path", str(DATA_DIR),
+                           "--output_dir", str(tmp_path / "a_file" / "out"))
+    assert code == 2, err
+    assert f"cannot write to the folder {tmp_path / 'a_file' / 'out'} given by --output_dir (Not a directory)" in err
+    assert "fix: pass a writable folder with --output_dir" in err

@@ -31,6 +31,9 @@ TINY = [
     "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
 ]
 
+# Two steps with a validation at step 2: a finished run (checkpoints, events, config, summary) in seconds.
+SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+
 
 @dataclass
 class Result:
@@ -60,18 +63,27 @@ def loopnet(*args: str, cwd: Path) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
+def finished_run(cwd: Path) -> Result:
+    """`loopnet fit` of SHORT in `cwd`, checked to have finished: runs/RUN/version_0 holds the run."""
+    res = loopnet("fit", *SHORT, cwd=cwd)
+    assert res.code == 0, res.err[-3000:]
+    assert (cwd / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    return res
+
+
 def env() -> dict[str, str]:
     """Environment of a `loopnet` subprocess: offline, and `tests.reliability.helpers` importable."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=path)
 
 
-def spawn(*args: str, cwd: Path) -> subprocess.Popen:
+def spawn(*args: str, cwd: Path, new_session: bool = False) -> subprocess.Popen:
     """`python -m loopnet.training.cli <args>` as a real process (for signals, kills and DDP). Its
-    output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits."""
+    output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits.
+    `new_session`: in a process group of its own (with the DDP ranks it starts), for `os.killpg`."""
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env(),
-                            stdout=logs[0], stderr=logs[1], text=True)
+                            stdout=logs[0], stderr=logs[1], text=True, start_new_session=new_session)
     proc.logs = logs
     return proc
 
@@ -114,6 +126,19 @@ class SignalAt(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalInValidation(Callback):
+    """Send `signum` to this process at the end of validation batch `batch_idx` of the validation at
+    global step `step` (`sanity`: of the sanity check before training)."""
+
+    def __init__(self, step: int = 0, batch_idx: int = 0, sanity: bool = False, signum: int = int(signal.SIGTERM)):
+        self.step, self.batch_idx, self.sanity, self.signum = step, batch_idx, sanity, signum
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if (trainer.sanity_checking == self.sanity and trainer.global_step == self.step
+                and batch_idx == self.batch_idx):
+            os.kill(os.getpid(), self.signum)
+
+
 class Progress(Callback):
     """Write the global step to `path` after every training step, then sleep `delay` s (so a test
     can send a signal from outside while training is still running)."""
@@ -122,7 +147,7 @@ class Progress(Callback):
         self.path, self.delay = path, delay
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        tmp = self.path + ".tmp"
+        tmp = f"{self.path}.{os.getpid()}.tmp"  # one per process: DDP ranks write the same file
         Path(tmp).write_text(str(trainer.global_step))
         os.replace(tmp, self.path)
         time.sleep(self.delay)

@@ -5,18 +5,14 @@ import shutil
 
 import pytest
 
-from .helpers import RUN, TINY, load, loopnet, snapshot
-
-SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+from .helpers import RUN, SHORT, finished_run, load, loopnet, snapshot
 
 
 @pytest.fixture(scope="module")
 def prior(tmp_path_factory):
     """A folder holding a finished run (checkpoints, events, config, summary) and some inputs."""
     cwd = tmp_path_factory.mktemp("prior")
-    res = loopnet("fit", *SHORT, cwd=cwd)
-    assert res.code == 0, res.err[-3000:]
-    assert (cwd / "runs" / RUN / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    finished_run(cwd)
     (cwd / "malformed.yaml").write_text("model:\n  config: [d_model: 32\ntrainer:\n  max_steps: 2\n")
     (cwd / "unknown_key.yaml").write_text("trainer:\n  max_stepz: 5\n")
     (cwd / "empty.txt").write_text("")
@@ -185,3 +181,72 @@ def test_missing_config_file(tmp_path):
 def test_summary_is_readable_like_the_checkpoints(prior):
     run = prior / "runs" / RUN / "version_0"
     assert (run / "summary.json").stat().st_mode & 0o777 == (run / "checkpoints" / "last.ckpt").stat().st_mode & 0o777
+
+
+# Issue 16, item 3: each of these failed only after `fit` had created runs/<run>/version_N with an
+# "interrupted" summary.json (the vocabulary one with an IndexError in the first step).
+DATA_ERRORS = {
+    "empty": (b"", "The corpus is empty", "Fix: point data.path at files that hold text"),
+    "whitespace": (b"  \n\n\t \n", "The corpus is empty", "Fix: point data.path at files that hold text"),
+    "binary": (bytes(range(256)) * 8, "is not valid UTF-8", "Fix: re-encode it as UTF-8"),
+    "latin1": ("Ça va très bien, Hélène. ".encode("latin-1") * 50, "is not valid UTF-8", "Fix: re-encode it"),
+    "one_document": (b"To be or not to be, that is the question. " * 40, "so val_fraction 0.0005 selects none",
+                     "Fix: cut the files into documents with data.sample_by: paragraph"),
+}
+
+
+@pytest.mark.parametrize("kind", list(DATA_ERRORS))
+def test_unusable_corpus_fails_before_anything_is_written(tmp_path, kind):
+    data, problem, fix = DATA_ERRORS[kind]
+    (tmp_path / "corpus.txt").write_bytes(data)
+    res = loopnet("fit", *SHORT, "--data.source", "files", "--data.path", "corpus.txt", cwd=tmp_path)
+    check(res, problem, fix)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_corpus_all_held_out_fails_before_anything_is_written(tmp_path):
+    (tmp_path / "corpus.txt").write_text("To be or not to be, that is the question. " * 40)
+    res = loopnet("fit", *SHORT, "--data.source", "files", "--data.path", "corpus.txt", "--data.val_fraction", "0.999",
+                  cwd=tmp_path)
+    check(res, "the training split has 0 tokens per epoch", "Fix: add data")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, problem, fix", [
+    (["--data.source", "hub"], "offline mode is set", "Offline alternatives"),
+    (["--trainer.max_steps", "0"], "--trainer.max_steps 0 trains no step", "fix: give max_steps ≥ 1"),
+    (["--model.config.vocab_size", "1000"], "model.config.vocab_size=1000 is smaller than the data's 50257 token ids",
+     "fix: set model.config.vocab_size to at least 50257"),
+    (["--data.vocab", "compact", "--model.config.vocab_size", "1000"],  # its size is known once the corpus is read
+     "model.config.vocab_size=1000 is smaller than the data's 19083 token ids (data.vocab: compact)",
+     "fix: set model.config.vocab_size to at least 19083"),
+])
+def test_bad_run_settings_fail_before_anything_is_written(tmp_path, args, problem, fix):
+    res = loopnet("fit", *SHORT, *args, cwd=tmp_path)
+    check(res, problem, fix)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("sub", ["test", "fit"])
+def test_last_is_refused_when_several_versions_hold_checkpoints(prior, tmp_path, sub):
+    """Issue 16, item 4: `--ckpt_path last` took the newest last*.ckpt by file time across versions, so a
+    later short fit silently replaced the model `loopnet test` evaluated (or `fit` resumed)."""
+    shutil.copytree(prior / "runs", tmp_path / "runs")
+    run = tmp_path / "runs" / RUN
+    shutil.copytree(run / "version_0", run / "version_9")  # a later fit of the same run name
+    before = snapshot(tmp_path)
+    res = loopnet(sub, *SHORT, "--ckpt_path", "last", cwd=tmp_path)
+    check(res, f"--ckpt_path last is ambiguous: 2 versions of runs/{RUN} hold a last*.ckpt: "
+          "version_0 (completed at step 2), version_9 (completed at step 2)",
+          "fix: pick one with --trainer.logger.init_args.version N (e.g. 9), or give the .ckpt file")
+    assert snapshot(tmp_path) == before
+    if sub == "test":
+        res = loopnet(sub, *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=tmp_path)
+        assert res.code == 0 and f"evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
+
+
+def test_option_prefix_is_not_taken_for_the_option(tmp_path):
+    """Issue 16, item 7: `--model.config.n_round 3` ran a whole R = 3 fit (argparse's abbreviations)."""
+    res = loopnet("fit", *SHORT, "--model.config.n_round", "3", cwd=tmp_path)
+    check(res, "--model.config.n_round", "did you mean 'model.config.n_rounds'?")
+    assert not (tmp_path / "runs").exists()

@@ -38,3 +38,47 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     assert json.loads((ddp / "runs" / RUN / "version_0" / "summary.json").read_text())["status"] == "completed"
     ranks = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["ranks"]
     assert [r["consumed"] for r in ranks] == [4, 4]
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+@pytest.mark.parametrize("to", ["all_ranks", "rank1"])
+def test_ddp_stops_cleanly_on_a_signal_to_every_rank_or_to_rank_1(tmp_path, to):
+    """Issue 16, item 1: SIGTERM to all ranks (a terminal's Ctrl-C, SLURM, Kubernetes, `timeout`) or to a
+    rank other than 0 hung the job forever: Lightning's handler broadcasts inside the signal handler."""
+    import os
+    import signal
+    import time
+
+    from .helpers import Progress
+
+    progress = tmp_path / "progress"
+    proc = spawn("fit", *TINY, "--trainer.max_steps", "1000", "--data.batch_size", "2", "--trainer.accelerator", "cpu",
+                 "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                 *callbacks((Progress, {"path": str(progress), "delay": 0.2})), cwd=tmp_path, new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not (progress.exists() and int(progress.read_text() or 0) >= 2):
+            assert proc.poll() is None and time.monotonic() - t0 < 240, finish(proc, timeout=1).err[-3000:]
+            time.sleep(0.1)
+        if to == "all_ranks":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            (rank1,) = _children(proc.pid)
+            os.kill(rank1, signal.SIGTERM)
+        res = finish(proc, timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert res.code == 0 and "Traceback" not in res.err, res.err[-4000:]
+    assert "loopnet: stopped at step" in res.err
+    run = tmp_path / "runs" / RUN / "version_0"
+    ckpt = load(run / "checkpoints" / "last-interrupted.ckpt")
+    ranks = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["ranks"]
+    assert ckpt["global_step"] >= 2 and [r["consumed"] for r in ranks] == [ckpt["global_step"]] * 2
+    assert len(ckpt["rng_states"]) == 2
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"

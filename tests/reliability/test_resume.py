@@ -91,7 +91,9 @@ def test_fit_without_ckpt_path_never_resumes(interrupted, tmp_path):
     (Lightning would turn it into ckpt_path="last" were the interruption callback an OnExceptionCheckpoint)."""
     shutil.copytree(interrupted / "runs", tmp_path / "runs")
     before = event_files(tmp_path / "runs" / RUN / "version_0")
-    res = loopnet("fit", *ARGS, "--trainer.max_steps", "2", "--trainer.logger.init_args.version", "0", cwd=tmp_path)
+    # (A fit pinned with --trainer.logger.init_args.version to that folder is refused: it would overwrite the run.)
+    res = loopnet("fit", *ARGS, "--trainer.max_steps", "2", "--checkpoint.dirpath", f"runs/{RUN}/version_0/checkpoints",
+                  cwd=tmp_path)
     assert res.code == 0, res.err[-3000:]
-    (new,) = [f for f in event_files(tmp_path / "runs" / RUN / "version_0") if f not in before]
-    assert sorted(scalars(new)) == [0, 1]
+    assert event_files(tmp_path / "runs" / RUN / "version_0") == before
+    assert sorted(scalars(tmp_path / "runs" / RUN / "version_1")) == [0, 1]

@@ -1,0 +1,34 @@
+"""Issue 16, item 7: what a command prints that is not about the user's run."""
+
+from .helpers import TINY, finish, spawn
+
+
+def test_a_fit_prints_no_advert_and_no_library_deprecations(tmp_path):
+    res = finish(spawn("fit", *TINY, "--trainer.max_steps", "1", cwd=tmp_path))
+    assert res.code == 0, res.err[-3000:]
+    for noise in ("litlogger", "LeafSpec", "deprecated", "JSONARGPARSE_DEPRECATION_WARNINGS"):
+        assert noise not in res.err + res.out, noise
+    assert "loopnet: summary: " in res.err  # what is about the run stays
+
+
+def test_a_resume_does_not_warn_that_its_checkpoint_folder_is_not_empty(tmp_path, recwarn):
+    from .helpers import SHORT, finished_run, loopnet
+
+    finished_run(tmp_path)
+    res = loopnet("fit", *SHORT, "--trainer.max_steps", "3", "--ckpt_path", "last", cwd=tmp_path)
+    assert res.code == 0, res.err[-3000:]
+    assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
+
+
+def test_checking_a_command_ignores_the_callers_own_arguments(monkeypatch, recwarn):
+    """`loopnet sweep` checks each cell's command in-process; LightningCLI warned about sys.argv each time."""
+    import sys
+
+    from loopnet.training.cli import check_command
+
+    from .helpers import SHORT
+
+    monkeypatch.setattr(sys, "argv", ["loopnet", "sweep", "grid.yaml"])
+    assert check_command(["fit", *SHORT]) is None
+    assert sys.argv == ["loopnet", "sweep", "grid.yaml"]
+    assert not [w for w in recwarn if "args parameter" in str(w.message)]

@@ -1,0 +1,79 @@
+"""Issue 16, item 5: what commands leave in `runs/`: evaluations add no version folder and never touch a
+fit's files, a finished run is not overwritten, a config.yaml link is not written through."""
+
+import shutil
+
+import pytest
+
+from .helpers import RUN, SHORT, finished_run, loopnet, snapshot
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("finished")
+    (cwd / "fit.err").write_text(finished_run(cwd).err)
+    return cwd
+
+
+def test_a_fit_says_where_its_run_went(finished):
+    """Issue 16, item 7: fits never printed where the run folder, checkpoints and summary went."""
+    lines = (finished / "fit.err").read_text().splitlines()
+    folder = f"runs/{RUN}/version_0"
+    assert f"loopnet: run folder: {folder} (curves: tensorboard --logdir runs)" in lines
+    assert f"loopnet: checkpoints: last {folder}/checkpoints/last.ckpt, best {folder}/checkpoints/best-step000002.ckpt" \
+        in lines
+    assert f"loopnet: summary: {folder}/summary.json" in lines
+
+
+@pytest.fixture
+def run(finished, tmp_path):
+    shutil.copytree(finished / "runs", tmp_path / "runs")
+    return tmp_path
+
+
+def test_evaluations_log_beside_the_fit_without_a_new_version(run):
+    version = run / "runs" / RUN / "version_0"
+    before = snapshot(version)
+    for sub in ("test", "validate"):
+        res = loopnet(sub, *SHORT, "--ckpt_path", f"runs/{RUN}/version_0/checkpoints/last.ckpt", cwd=run)
+        assert res.code == 0, res.err[-3000:]
+    res = loopnet("test", *SHORT, "--ckpt_path", "last", cwd=run)
+    assert res.code == 0, res.err[-3000:]
+    assert sorted(p.name for p in (run / "runs" / RUN).iterdir()) == ["version_0"]
+    after = snapshot(version)
+    assert {k: after[k] for k in before} == before  # the fit's own files are untouched
+    assert (version / "test" / "test_config.yaml").is_file() and (version / "validate" / "validate_config.yaml").is_file()
+    assert not list(version.rglob("TrainerFn*"))
+
+
+def test_a_fit_pinned_to_a_finished_run_is_refused(run):
+    before = snapshot(run)
+    res = loopnet("fit", *SHORT, "--trainer.logger.init_args.version", "0", cwd=run)
+    assert res.code == 2, res.err[-3000:]
+    assert res.last_err_line.startswith(f"loopnet: error: runs/{RUN}/version_0 already holds a run "
+                                        "(config.yaml, summary.json, checkpoints)"), res.err[-3000:]
+    assert "fix: resume it with --ckpt_path last" in res.last_err_line
+    assert snapshot(run) == before
+
+
+def test_a_config_link_is_replaced_not_written_through(run):
+    target = run / "elsewhere.yaml"
+    target.write_text("precious\n")
+    config = run / "runs" / RUN / "version_0" / "config.yaml"
+    config.unlink()
+    config.symlink_to(target)
+    res = loopnet("fit", *SHORT, "--trainer.max_steps", "3", "--ckpt_path", "last", cwd=run)
+    assert res.code == 0, res.err[-3000:]
+    assert target.read_text() == "precious\n"
+    assert not config.is_symlink() and "max_steps: 3" in config.read_text()
+
+
+def test_predict_prints_and_saves_the_text(run):
+    """Issue 16, item 7: `predict` printed into the progress bar and saved nothing."""
+    res = loopnet("predict", *SHORT, "--ckpt_path", "last", "--model.generate.max_new_tokens", "4",
+                  "--model.generate.prompt", "To be", "--trainer.enable_progress_bar", "true", cwd=run)
+    assert res.code == 0, res.err[-3000:]
+    saved = run / "runs" / RUN / "version_0" / "predict" / "predictions.txt"
+    text = saved.read_text().rstrip("\n")
+    assert text.startswith("To be") and res.out.splitlines()[-1] == text.splitlines()[-1]
+    assert f"loopnet: saved the generated text to runs/{RUN}/version_0/predict/predictions.txt" in res.err
