@@ -29,7 +29,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .config import LoopConfig
-from .layers import Block, Rotary, Sublayer, make_norm, unit_rms
+from .layers import Block, QKVLinear, Rotary, Sublayer, make_norm, unit_rms
 from .scales import BETA_SCALED
 from .visits import Visit, VisitObserver, VisitTrace
 
@@ -80,23 +80,26 @@ class LoopedTransformer(nn.Module):
         so W = xavier_normal with gain β on V/O/fc1/fc2 and gain 1 on Q, K and an untied head.
         init="normal" (GPT-2): every linear W̃ ~ N(0, init_std²). Embeddings are N(0, init_std²)."""
         cfg = self.config
-        for module in self.modules():
+        for name, module in self.named_modules():
             if module is self.lm_head and cfg.tie_embeddings:
                 continue  # its weight is the embedding's
             if isinstance(module, nn.Linear):
-                if cfg.init_scheme == "xavier":
-                    nn.init.xavier_normal_(module.weight)
-                else:
-                    nn.init.normal_(module.weight, 0.0, cfg.init_std)
+                # The fused QKV projection's parts are matrices of their own, initialised in the order
+                # the separate projections were (same draws from a seed) and scaled by β or not by name.
+                parts = module.parts() if isinstance(module, QKVLinear) else {name.rsplit(".", 1)[-1]: module.weight}
+                for part, weight in parts.items():
+                    if cfg.init_scheme == "xavier":
+                        nn.init.xavier_normal_(weight)
+                    else:
+                        nn.init.normal_(weight, 0.0, cfg.init_std)
+                    if part in BETA_SCALED:
+                        weight.mul_(self.beta)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, 0.0, cfg.init_std)
             elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
                 module.reset_parameters()
-        for name, param in self.named_parameters():
-            if name.rsplit(".", 2)[-2] in BETA_SCALED and name.endswith("weight"):
-                param.mul_(self.beta)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Stored parameters (independent of R); minus the position table if `non_embedding`."""
@@ -245,5 +248,7 @@ class LoopedTransformer(nn.Module):
                 logits, loss = self.head(x, targets)
                 if loss is not None:
                     losses.append(loss)
-        loss = torch.stack(losses).mean() if losses else None
-        return logits, loss
+        if not losses:
+            return logits, None
+        # One loss round (the default): the loss itself, no stack and mean to run forward and back.
+        return logits, losses[0] if len(losses) == 1 else torch.stack(losses).mean()
