@@ -224,13 +224,14 @@ class LoopedTransformer(nn.Module):
         use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled()
         x, h = x0, None
         for r in range(1, R + 1):
+            if r > 1 and cfg.wiring != "carry":  # h = Norm(x_end): only for a next round whose wiring reads it
+                h = unit_rms(x)
             start = self._round_start(r, e, x0, x, h)
             with torch.set_grad_enabled(torch.is_grad_enabled() and r > cfg.truncate_rounds):
                 if use_ckpt and r > cfg.truncate_rounds:
                     x = checkpoint(self._round, r, start, h, use_reentrant=False)
                 else:
                     x = self._round(r, start, h)
-            h = unit_rms(x)
             yield r, x
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
