@@ -373,3 +373,33 @@ def test_rms_norm_matches_torch_forward_and_backward(weighted):
     g = torch.randn_like(ours)
     for a, b in zip(torch.autograd.grad(ours, inputs, g), torch.autograd.grad(ref, inputs, g)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_training_head_loss_and_gradients_equal_cross_entropy_on_the_logits():
+    """The fp32 training head (gradients formed in the forward) against F.cross_entropy on materialised
+    logits, ignored targets (-1) included; the tied weight also gets the embedding's gradient."""
+    from loopnet.model import lm_loss
+
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny(residual="preln", n_rounds=1, init_std=0.3))
+    idx, targets = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    targets[0, :5] = -1
+    grads = []
+    for fused in (True, False):
+        model.zero_grad()
+        if fused:
+            logits, loss = model(idx, targets)
+            assert not logits.requires_grad
+        else:
+            x = next(x for _, x in model.iter_rounds(idx))
+            logits = model.lm_head(model.final_norm(x))
+            loss = lm_loss(logits, targets)
+        loss.backward()
+        grads.append((loss.detach(), logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (l1, z1, g1), (l2, z2, g2) = grads
+    torch.testing.assert_close(l1, l2, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(z1, z2, rtol=1e-6, atol=1e-6)
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-7, msg=name)
+    with torch.no_grad():  # evaluation keeps the plain path: logits and the same loss
+        torch.testing.assert_close(model(idx, targets)[1], l2, rtol=1e-6, atol=1e-6)
