@@ -7,7 +7,7 @@ All variants train the same model on the same batches, in this process (all but 
 fresh process):
 
   bare          a plain PyTorch loop: forward, backward, gradient clipping at 1.0, LoopedLM's own
-                AdamW and schedule (fused AdamW on CUDA; bf16 autocast on CUDA or with --precision bf16).
+                AdamW and schedule (fused AdamW; bf16 autocast on CUDA or with --precision bf16).
                 The baseline.
   lightning     the same LoopedLM through Lightning's Trainer with the CLI's default callbacks
                 (ModelCheckpoint, GracefulInterrupt, LearningRateMonitor, TokenThroughput,
@@ -325,7 +325,7 @@ class Bare:
         self.model = self.lm.model
         if compile:
             self.model.compile()
-        opt = self.lm.configure_optimizers()  # AdamW, fused on CUDA
+        opt = self.lm.configure_optimizers()  # AdamW, fused
         self.opt, self.sched = opt["optimizer"], opt["lr_scheduler"]["scheduler"]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.autocast = s.autocast()

@@ -68,6 +68,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, _):
+        if grad_loss is None:  # grads are not materialised: the loss was not part of what was differentiated
+            return None, None, None
         grad_x, grad_w = ctx.saved_tensors
         return grad_x * grad_loss, grad_w * grad_loss, None
 
