@@ -7,7 +7,7 @@ All variants train the same model on the same batches, in this process (all but 
 fresh process):
 
   bare          a plain PyTorch loop: forward, backward, gradient clipping at 1.0, LoopedLM's own
-                AdamW and schedule (fused AdamW on CUDA; bf16 autocast on CUDA or with --precision bf16).
+                AdamW and schedule (fused AdamW; bf16 autocast on CUDA or with --precision bf16).
                 The baseline.
   lightning     the same LoopedLM through Lightning's Trainer with the CLI's default callbacks
                 (ModelCheckpoint, GracefulInterrupt, LearningRateMonitor, TokenThroughput,
@@ -23,6 +23,12 @@ fresh process):
   R = ...       bare at other round counts, same K: block time per round, linearity in R.
   data          bare fed by the real TokenStreamDataModule (embedded Shakespeare): time spent
                 waiting in the loader's next() per step.
+  nanoGPT       an independent plain GPT of loopnet's size (`loopnet.bench.nanogpt`: fused QKV, LayerNorm,
+                SDPA, tied head; L = K layers) trained by nanoGPT's step: forward, backward, clipping at
+                1.0, AdamW as nanoGPT configures it (fused on CUDA only). The baseline of
+  preln R=1     loopnet's bare loop on the same model, Pre-LN at R = 1: K blocks, learned positions, tied
+                head, the same batches. `--vs-nanogpt` runs these two rows alone (e.g. at GPT-2's
+                vocabulary: --vs-nanogpt --d-model 256 --n-blocks 4 --seq-len 256 --vocab-size 50304).
 
 Timing, in two phases so that the load of a shared machine cancels in the ratios. A: the bare loop,
 lightning and diagnostics run whole windows of `steps` steps (after `warmup` steps; a fresh Trainer
@@ -81,6 +87,7 @@ TARGETS = {
     "rounds": "block time linear in R (±10%)",
     "data": "loader wait ≤ 5% of step",
     "mfu": "≥ 40% MFU (H100/H200, bf16)",
+    "nanogpt": "≥ 1.1× nanoGPT (CPU)",
 }
 
 
@@ -106,6 +113,7 @@ class Settings:
     residual: str = "deeploop"
     wiring: str = "lt"
     keep_freed_memory: bool = False  # whether this process applied loopnet.training.host_memory.keep_freed_memory
+    only_nanogpt: bool = False  # --vs-nanogpt: only the nanoGPT and preln R=1 rows
     bf16: bool = False  # bf16 autocast (Lightning's bf16-mixed); the default on CUDA, --precision bf16 on CPU
 
     @property
@@ -317,7 +325,7 @@ class Bare:
         self.model = self.lm.model
         if compile:
             self.model.compile()
-        opt = self.lm.configure_optimizers()  # AdamW, fused on CUDA
+        opt = self.lm.configure_optimizers()  # AdamW, fused
         self.opt, self.sched = opt["optimizer"], opt["lr_scheduler"]["scheduler"]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.autocast = s.autocast()
@@ -362,6 +370,33 @@ class Bare:
             self.step(x, y)
         sync(self.s.device)
         return (time.perf_counter() - t0) / steps
+
+
+class NanoGPTStep(Bare):
+    """nanoGPT's training step on the bench's independent GPT of loopnet's size (L = K layers): forward,
+    backward, clipping at 1.0, AdamW with nanoGPT's groups and lr set per step, fused on CUDA only (as
+    nanoGPT's configure_optimizers decides)."""
+
+    def __init__(self, s: Settings, source):
+        from loopnet.bench.nanogpt import GPT, GPTConfig
+
+        torch.manual_seed(0)
+        self.s, self.source, self.first_step_s = s, source, None
+        self.model = GPT(GPTConfig(vocab_size=s.vocab_size, block_size=s.seq_len, n_layer=s.n_blocks,
+                                   n_head=s.n_heads, n_embd=s.d_model)).to(s.device)
+        self.opt = self.model.optimizer(lr=6e-4, weight_decay=0.1, fused=s.cuda)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.autocast = s.autocast()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = 6e-4
+        with self.autocast:
+            _, loss = self.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
 
 
 class Lit:
@@ -569,32 +604,8 @@ def log(msg: str) -> None:
     print(f"[bench {time.perf_counter() - _T0:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def benchmark(s: Settings, smoke: bool, command: str) -> dict:
-    warnings.filterwarnings("ignore")
-    import logging
-
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
-                 "lightning.fabric.utilities.rank_zero", "torch._dynamo", "torch._inductor"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-    t_start = time.perf_counter()
-    info = machine(s)
-    if not s.cuda and info.get("load_at_start", 0) > (os.cpu_count() or 1) and torch.get_num_threads() > 1:
-        log(f"the machine is busy (load {info['load_at_start']:.1f} on {os.cpu_count()} CPUs): multi-threaded "
-            f"kernels will wait on each other; --threads 1 gives steadier figures")
-    peak = Peak(s, smoke)
-    log(f"peak probe at start: {peak.method}")
-    K, R = s.n_blocks, s.n_rounds
-    base_cfg = s.config()
-    batches = random_batches(s, s.warmup + s.steps + 2)
-    if s.cuda:
-        batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
-    cycle = lambda: itertools.cycle(batches)  # noqa: E731
-    root = tempfile.mkdtemp(prefix="loopnet-bench-")
-    rows: dict[str, Row] = {}
-
-    # Phase A: bare loop vs Lightning, whole windows, alternating order.
-    diag_every = s.steps  # exactly one logging step falls in every timed window
+def phase_a(s: Settings, rows: dict[str, Row], batches: list, base_cfg: LoopConfig, root: str, diag_every: int) -> None:
+    """Phase A: the bare loop vs Lightning (and diagnostics, system malloc), whole windows, alternating order."""
     window = {
         "bare (windows)": Bare(s, base_cfg),
         "lightning": Lit(s, base_cfg, root, "lightning"),
@@ -620,7 +631,35 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
                 rows[name].times.append(window[name].run(memory_loader(batches), s.warmup, s.steps))
                 log(f"A {rep + 1}/{s.reps} {name:>16}: {rows[name].times[-1] * 1e3:9.1f} ms/step "
                     f"({time.perf_counter() - t:.1f} s)")
-    del window
+
+
+def benchmark(s: Settings, smoke: bool, command: str) -> dict:
+    warnings.filterwarnings("ignore")
+    import logging
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
+                 "lightning.fabric.utilities.rank_zero", "torch._dynamo", "torch._inductor"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    t_start = time.perf_counter()
+    info = machine(s)
+    if not s.cuda and info.get("load_at_start", 0) > (os.cpu_count() or 1) and torch.get_num_threads() > 1:
+        log(f"the machine is busy (load {info['load_at_start']:.1f} on {os.cpu_count()} CPUs): multi-threaded "
+            f"kernels will wait on each other; --threads 1 gives steadier figures")
+    peak = Peak(s, smoke)
+    log(f"peak probe at start: {peak.method}")
+    K, R = s.n_blocks, s.n_rounds
+    base_cfg = s.config()
+    batches = random_batches(s, s.warmup + s.steps + 2)
+    if s.cuda:
+        batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
+    cycle = lambda: itertools.cycle(batches)  # noqa: E731
+    root = tempfile.mkdtemp(prefix="loopnet-bench-")
+    rows: dict[str, Row] = {}
+
+    diag_every = s.steps  # exactly one logging step falls in every timed window
+    if not s.only_nanogpt:
+        phase_a(s, rows, batches, base_cfg, root, diag_every)
     shutil.rmtree(root, ignore_errors=True)  # the Trainers' logs and checkpoints
     peak.probe()
 
@@ -630,7 +669,14 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
     def add(row: Row, runner: Bare) -> None:
         rows[row.name], step_runners[row.name] = row, runner
 
-    add(Row("bare", f"bare PyTorch loop, eager, K={K} R={R}", base_cfg), Bare(s, base_cfg, source=cycle()))
+    # loopnet against an independent plain GPT of its size: Pre-LN at R = 1, as the GPT has L = K layers.
+    preln = s.config(n_rounds=1, residual="preln")
+    add(Row("nanoGPT", f"an independent plain GPT (loopnet.bench.nanogpt: fused QKV, LayerNorm, SDPA, tied head), "
+            f"{K} layers, nanoGPT's training step and AdamW", preln), NanoGPTStep(s, cycle()))
+    add(Row("preln R=1", f"bare loop, Pre-LN, K={K} R=1 (the GPT's size), the same batches in the same turns",
+            preln, "nanoGPT", TARGETS["nanogpt"]), Bare(s, preln, source=cycle()))
+    if not s.only_nanogpt:
+        add(Row("bare", f"bare PyTorch loop, eager, K={K} R={R}", base_cfg), Bare(s, base_cfg, source=cycle()))
     if s.compile:
         from torch._dynamo.utils import counters
         from torch._functorch import config as functorch_config
@@ -643,8 +689,9 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
         add(Row("compile", "bare loop, LoopedTransformer.compile(): each sublayer and the head compiled once",
                 base_cfg, "bare", TARGETS["compile"] if not s.cuda else ""), Bare(s, base_cfg, True, cycle()))
     ckpt_cfg = s.config(checkpoint_rounds=True)
-    add(Row("checkpoint", "bare loop, checkpoint_rounds=True", ckpt_cfg, "bare", TARGETS["checkpoint"]),
-        Bare(s, ckpt_cfg, source=cycle()))
+    if not s.only_nanogpt:
+        add(Row("checkpoint", "bare loop, checkpoint_rounds=True", ckpt_cfg, "bare", TARGETS["checkpoint"]),
+            Bare(s, ckpt_cfg, source=cycle()))
     for r in s.rounds:
         if r != R:
             add(Row(f"R={r}", f"bare loop, K={K} R={r}", s.config(n_rounds=r), "bare", TARGETS["rounds"]),
@@ -675,8 +722,10 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
                 + " ms/step")
 
     # Derived row: diagnostics at the CLI's every_n_steps = 50, from the measured windows.
-    diag, lit = rows[f"diagnostics@{diag_every}"], rows["lightning"]
-    if diag_every < 50:
+    diag, lit = rows.get(f"diagnostics@{diag_every}"), rows.get("lightning")
+    if diag is None:
+        pass  # --vs-nanogpt: no phase A
+    elif diag_every < 50:
         at50 = [lt + (dt - lt) * diag_every / 50 for lt, dt in zip(lit.times, diag.times)]
         rows["diagnostics@50"] = Row("diagnostics@50", "lightning + VisitDiagnostics(every_n_steps=50), the CLI "
                                      f"default: the extra time of diagnostics@{diag_every} spread over 50 steps",
@@ -684,7 +733,7 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
     else:
         diag.target = TARGETS["diagnostics@50"]
 
-    breakdown = step_breakdown(step_runners["bare"])
+    breakdown = step_breakdown(step_runners["bare"]) if "bare" in step_runners else None
     if s.compile:
         runner = step_runners["compile"]
         rows["compile"].extra = {"graphs": counters["stats"]["unique_graphs"] - graphs_before,
@@ -744,7 +793,7 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
 def evaluate(s: Settings, rows: dict[str, Row], memory: list[dict], peak: float) -> dict:
     """Turn the timings into table rows and target checks."""
     K, R = s.n_blocks, s.n_rounds
-    shown = ["bare", "bare (windows)", "system malloc", "lightning", *(n for n in rows if n.startswith("diagnostics@")), "compile",
+    shown = ["bare", "preln R=1", "nanoGPT", "bare (windows)", "system malloc", "lightning", *(n for n in rows if n.startswith("diagnostics@")), "compile",
              "checkpoint", *(n for n in rows if n.startswith("R=")), "data"]
     out_rows, checks = [], {}
     for name in dict.fromkeys(n for n in shown if n in rows):
@@ -764,8 +813,13 @@ def evaluate(s: Settings, rows: dict[str, Row], memory: list[dict], peak: float)
                 by[name]["met"], by[name]["detail"] = met, detail
         checks[key] = {"target": TARGETS[key], "met": met, "detail": detail, **extra}
 
-    r = by["lightning"]["ratio"]
-    check("lightning", r >= 0.95, f"{(1 / r - 1) * 100:+.1f}% step time over the bare loop")
+    if "lightning" in by:
+        r = by["lightning"]["ratio"]
+        check("lightning", r >= 0.95, f"{(1 / r - 1) * 100:+.1f}% step time over the bare loop")
+    r = by["preln R=1"]["ratio"]
+    check("nanogpt", r >= 1.1 if not s.cuda else None,
+          f"loopnet's step {r:.2f}× as fast as nanoGPT's at d={s.d_model}, {K} layers, T={s.seq_len}, vocabulary "
+          f"{s.vocab_size} (median of {len(rows['nanoGPT'].times)} paired turns)", ("preln R=1",))
     if "diagnostics@50" in by:
         r = by["diagnostics@50"]["ratio"]
         check("diagnostics@50", r >= 0.97, f"{(1 / r - 1) * 100:+.1f}% step time over lightning")
@@ -833,7 +887,9 @@ def markdown(res: dict) -> str:
         f"torch {m['torch']}, lightning {m['lightning']}, Python {m['python']}"
         + (f"; load average {m['load_at_start']:.1f} at start" if "load_at_start" in m else ""),
         f"- Peak for MFU: {res['peak_method']}",
-        f"- Model: {s['residual']} {s['wiring']}, K={s['n_blocks']} R={s['n_rounds']}, d={s['d_model']}, "
+        f"- Model: " + (f"loopnet Pre-LN K={s['n_blocks']} R=1 against nanoGPT with {s['n_blocks']} layers"
+                        if s["only_nanogpt"] else f"{s['residual']} {s['wiring']}, K={s['n_blocks']} R={s['n_rounds']}")
+        + f", d={s['d_model']}, "
         f"{s['n_heads']} heads, T={s['seq_len']}, batch {s['batch_size']}, vocabulary {s['vocab_size']}, "
         f"{'bf16 autocast' if s['bf16'] else 'fp32'}; {s['batch_size'] * s['seq_len']} "
         f"tokens/step",
@@ -854,7 +910,7 @@ def markdown(res: dict) -> str:
             f"| {r['baseline'] or '—'} "
             f"| {r['mfu'] * 100:.1f} | {fmt_bytes(r['peak_bytes'])} | {r['target'] or ''} "
             f"| {mark[r['met']] if r['target'] else ''} |")
-    for name, why in res["skipped"].items():
+    for name, why in ({} if s["only_nanogpt"] else res["skipped"]).items():
         lines.append(f"| {name} | {why} | | | | | | | |")
     lines += ["", "Variants:", ""]
     lines += [f"- `{r['name']}`: {r['description']}" for r in res["rows"]]
@@ -872,7 +928,7 @@ def markdown(res: dict) -> str:
     names = {"lightning": "Lightning overhead", "diagnostics@50": "VisitDiagnostics every 50 steps",
              "compile": "torch.compile", "checkpoint": "activation checkpointing memory grows with K, not K·R",
              "rounds": "block cost linear in R", "data": "data pipeline never the bottleneck",
-             "mfu": "MFU on an H100/H200"}
+             "mfu": "MFU on an H100/H200", "nanogpt": "loopnet against an independent nanoGPT of its size"}
     for key, c in res["checks"].items():
         lines.append(f"- {names.get(key, key)} ({c['target']}): {mark[c['met']]} — {c['detail']}")
     lines += ["", "Fast paths in use:", ""] + [f"- {f}" for f in res["fast_paths"]]
@@ -893,7 +949,8 @@ def fast_paths(s: Settings) -> list[str]:
                   f"{'applied' if s.keep_freed_memory else 'NOT applied'}; the HostMemory callback of `loopnet fit`, "
                   "--host_memory.keep_freed false turns it off)",
                   "attention: F.scaled_dot_product_attention(is_causal=True) (CPU flash kernel)",
-                  "AdamW foreach (fused AdamW is used on CUDA)"]
+                  "AdamW fused=True (LoopedLM.configure_optimizers, on CPU too; nanoGPT's row keeps nanoGPT's "
+                  "for-loop AdamW on CPU)"]
     paths.append("bf16 autocast (precision bf16-mixed)" if s.bf16 else "fp32 (--precision bf16: bf16 autocast)")
     paths.append(f"tied embeddings: {cfg.tie_embeddings} (LoopConfig.tie_embeddings)")
     paths.append(f"vocabulary {cfg.vocab_size}: {'a' if cfg.vocab_size % 64 == 0 else 'NOT a'} multiple of 64")
@@ -925,6 +982,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
                    help="CPU: leave glibc's malloc settings as they are in this process (no keep_freed_memory(), "
                         "as `loopnet fit --host_memory.keep_freed false`): every variant, compile included, "
                         "runs with the system allocator")
+    p.add_argument("--vs-nanogpt", action="store_true",
+                   help="only loopnet (Pre-LN, R = 1) against the independent nanoGPT of its size, one step each in "
+                        "turn; e.g. --vs-nanogpt --d-model 256 --n-blocks 4 --seq-len 256 --vocab-size 50304")
     p.add_argument("--out", default=None, help="also write the markdown report here")
     p.add_argument("--json", default=None, help="also write every number as JSON here")
     args = p.parse_args(argv)
@@ -937,8 +997,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
         if getattr(args, key, None) is not None:
             profile[key] = getattr(args, key)
     bf16 = args.precision == "bf16" if args.precision else device.startswith("cuda")
-    s = Settings(device=device, rounds=sorted(set(args.rounds)), compile=(not args.smoke or args.compile)
-                 and not args.no_compile, data=not args.no_data, memory=not args.no_memory, bf16=bf16, **profile)
+    only = args.vs_nanogpt  # the other variants off
+    s = Settings(device=device, rounds=[] if only else sorted(set(args.rounds)), compile=(not args.smoke or args.compile)
+                 and not args.no_compile and not only, data=not args.no_data and not only,
+                 memory=not args.no_memory and not only, bf16=bf16, only_nanogpt=only, **profile)
     s.config()  # fail early on a bad model shape
     return args, s
 

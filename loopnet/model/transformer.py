@@ -29,7 +29,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .config import LoopConfig
-from .layers import Block, Rotary, Sublayer, make_norm, unit_rms
+from .layers import Block, QKVLinear, Rotary, Sublayer, make_norm, unit_rms
 from .scales import BETA_SCALED
 from .visits import Visit, VisitObserver, VisitTrace
 
@@ -38,6 +38,40 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in fp32; targets of -1 are ignored. The one loss formula of
     training and evaluation."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """(lm_loss of logits = x·Wᵀ, the logits without grad), x [N, d], W [V, d], targets [N] (-1 ignored),
+    with the gradients of x and W formed in the forward pass.
+
+    The loss's gradient w.r.t. the logits is (softmax − one-hot)/n: it is made in place of the log-
+    probabilities once the loss is read off them, and the two matmuls of the head's backward follow at
+    once. Against F.cross_entropy on the logits this skips the backward's zero-filled N×V gradient and
+    log_softmax_backward (~3 passes over N×V: 412 MB at batch 8 × T 256 with GPT-2's vocabulary), and
+    the backward pass holds the N×d and V×d gradients instead of the N×V log-probabilities."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets):
+        logits = x @ weight.t()
+        logp = torch.log_softmax(logits, dim=-1)
+        valid = targets != -1
+        index = targets.clamp(min=0)[:, None]
+        scale = valid / valid.sum()  # per row: 1/n, or 0 for an ignored target; nan when none is valid, as F.cross_entropy
+        loss = -(logp.gather(1, index).squeeze(1) * scale).sum()
+        grad = logp.exp_().scatter_add_(1, index, -valid[:, None].to(logp.dtype))  # softmax − one-hot
+        grad_x = (grad @ weight).mul_(scale[:, None])  # scaling x and the N×d result, not the N×V gradient
+        grad_w = grad.t() @ (x * scale[:, None])
+        ctx.save_for_backward(grad_x, grad_w)
+        ctx.mark_non_differentiable(logits)
+        ctx.set_materialize_grads(False)  # else the backward gets an N×V zero tensor for the logits
+        return loss, logits
+
+    @staticmethod
+    def backward(ctx, grad_loss, _):
+        if grad_loss is None:  # grads are not materialised: the loss was not part of what was differentiated
+            return None, None, None
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x * grad_loss, grad_w * grad_loss, None
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = None) -> torch.Tensor:
@@ -80,23 +114,26 @@ class LoopedTransformer(nn.Module):
         so W = xavier_normal with gain β on V/O/fc1/fc2 and gain 1 on Q, K and an untied head.
         init="normal" (GPT-2): every linear W̃ ~ N(0, init_std²). Embeddings are N(0, init_std²)."""
         cfg = self.config
-        for module in self.modules():
+        for name, module in self.named_modules():
             if module is self.lm_head and cfg.tie_embeddings:
                 continue  # its weight is the embedding's
             if isinstance(module, nn.Linear):
-                if cfg.init_scheme == "xavier":
-                    nn.init.xavier_normal_(module.weight)
-                else:
-                    nn.init.normal_(module.weight, 0.0, cfg.init_std)
+                # The fused QKV projection's parts are matrices of their own, initialised in the order
+                # the separate projections were (same draws from a seed) and scaled by β or not by name.
+                parts = module.parts() if isinstance(module, QKVLinear) else {name.rsplit(".", 1)[-1]: module.weight}
+                for part, weight in parts.items():
+                    if cfg.init_scheme == "xavier":
+                        nn.init.xavier_normal_(weight)
+                    else:
+                        nn.init.normal_(weight, 0.0, cfg.init_std)
+                    if part in BETA_SCALED:
+                        weight.mul_(self.beta)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, 0.0, cfg.init_std)
             elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
                 module.reset_parameters()
-        for name, param in self.named_parameters():
-            if name.rsplit(".", 2)[-2] in BETA_SCALED and name.endswith("weight"):
-                param.mul_(self.beta)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Stored parameters (independent of R); minus the position table if `non_embedding`."""
@@ -140,8 +177,17 @@ class LoopedTransformer(nn.Module):
         self._compiled_head = torch.compile(self._head, *args, **kwargs)
 
     def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
-        """Logits of the final state x and, with targets, their cross-entropy."""
-        logits = self.lm_head(self.final_norm(x))
+        """Logits of the final state x and, with targets, their cross-entropy. Training in fp32 eager
+        takes the loss through `_LinearCrossEntropy` (the same numbers, fewer passes over the N×V
+        logits), which returns the logits without grad: the loss carries the gradient."""
+        h = self.final_norm(x)
+        weight = self.lm_head.weight
+        if (targets is not None and torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+                and h.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type)
+                and not torch.compiler.is_compiling()):  # compiled, inductor fuses the loss itself
+            loss, logits = _LinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.flatten())
+            return logits.view(*h.shape[:-1], -1), loss
+        logits = self.lm_head(h)
         if targets is None:
             return logits, None
         return logits, lm_loss(logits, targets)
@@ -221,13 +267,14 @@ class LoopedTransformer(nn.Module):
         use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled()
         x, h = x0, None
         for r in range(1, R + 1):
+            if r > 1 and cfg.wiring != "carry":  # h = Norm(x_end): only for a next round whose wiring reads it
+                h = unit_rms(x)
             start = self._round_start(r, e, x0, x, h)
             with torch.set_grad_enabled(torch.is_grad_enabled() and r > cfg.truncate_rounds):
                 if use_ckpt and r > cfg.truncate_rounds:
                     x = checkpoint(self._round, r, start, h, use_reentrant=False)
                 else:
                     x = self._round(r, start, h)
-            h = unit_rms(x)
             yield r, x
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
@@ -245,5 +292,7 @@ class LoopedTransformer(nn.Module):
                 logits, loss = self.head(x, targets)
                 if loss is not None:
                     losses.append(loss)
-        loss = torch.stack(losses).mean() if losses else None
-        return logits, loss
+        if not losses:
+            return logits, None
+        # One loss round (the default): the loss itself, no stack and mean to run forward and back.
+        return logits, losses[0] if len(losses) == 1 else torch.stack(losses).mean()

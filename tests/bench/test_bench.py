@@ -11,7 +11,7 @@ import torch
 from loopnet.model import LoopConfig, LoopedTransformer
 
 VARIANTS = ["bare", "lightning", "diagnostics@2", "diagnostics@50", "compile", "checkpoint", "R=1", "R=3", "R=12",
-            "data"]
+            "data", "nanoGPT", "preln R=1"]
 
 
 def test_smoke_run_prints_and_writes_every_variant(tmp_path):
@@ -27,7 +27,34 @@ def test_smoke_run_prints_and_writes_every_variant(tmp_path):
         assert "Command: `loopnet bench --smoke" in text and "Peak for MFU" in text and "| K | R |" in text
     result = json.loads(js.read_text())
     assert {r["name"] for r in result["rows"]} >= set(VARIANTS) - {"compile"}
-    assert set(result["checks"]) >= {"lightning", "diagnostics@50", "checkpoint", "rounds", "data", "mfu"}
+    assert set(result["checks"]) >= {"lightning", "diagnostics@50", "checkpoint", "rounds", "data", "mfu", "nanogpt"}
+
+
+def test_vs_nanogpt_runs_the_pair_alone_at_equal_size(tmp_path):
+    """--vs-nanogpt: loopnet's Pre-LN R = 1 step and the independent GPT's, of the same parameter count, in
+    paired turns, and nothing else."""
+    from loopnet.bench.run import Bare, NanoGPTStep, parse
+
+    js = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loopnet.bench.run", "--smoke", "--vs-nanogpt", "--steps", "3", "--json", str(js)],
+        capture_output=True, text=True, timeout=300, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loopnet Pre-LN K=2 R=1 against nanoGPT with 2 layers" in proc.stdout
+    result = json.loads(js.read_text())
+    rows = {r["name"]: r for r in result["rows"]}
+    assert set(rows) == {"nanoGPT", "preln R=1"} and rows["preln R=1"]["baseline"] == "nanoGPT"
+    assert len(rows["preln R=1"]["samples_ms"]) == len(rows["nanoGPT"]["samples_ms"]) == 3  # one per turn
+    assert result["checks"]["nanogpt"]["detail"].startswith(f"loopnet's step {rows['preln R=1']['ratio']:.2f}×")
+    threads = torch.get_num_threads()
+    try:
+        _, s = parse(["--smoke", "--device", "cpu", "--vs-nanogpt"])
+        gpt, loop = NanoGPTStep(s, None), Bare(s, s.config(n_rounds=1, residual="preln"))
+    finally:
+        torch.set_num_threads(threads)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(gpt.model) == count(loop.model)  # equal size: loopnet's RMSNorm and the GPT's bias-free LayerNorm
 
 
 def test_compiled_model_matches_eager_and_reuses_graphs_across_rounds():

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from loopnet.model import LoopConfig, LoopedTransformer, Visit, residual_scales, visit_order
+from loopnet.model.layers import QKVLinear
 
 SCHEMES = ["preln", "postln", "deepnorm", "deeploop", "scaled"]
 WIRINGS = [dict(wiring="carry"), dict(wiring="flt"), dict(wiring="lt"),
@@ -62,13 +63,21 @@ def test_beta_scales_exactly_value_output_and_ffn_init():
     deep = LoopedTransformer(LoopConfig(residual="deeploop", **kw))
     beta = deep.beta
     assert beta == pytest.approx(48 ** -0.5)
-    for name, p in deep.named_parameters():
-        if p.dim() < 2 or "blocks" not in name:
-            continue
-        ratio = p.std().item() / dict(ref.named_parameters())[name].std().item()
-        scaled = any(f".{m}." in name for m in ("v_proj", "o_proj", "fc1", "fc2"))
+    ref_weights = dict(matrices(ref))
+    for name, w in matrices(deep):
+        ratio = w.std().item() / ref_weights[name].std().item()
+        scaled = any(f".{m}" in name for m in ("v_proj", "o_proj", "fc1", "fc2"))
         assert ratio == pytest.approx(beta if scaled else 1.0, rel=0.03), name
     assert deep.wte.weight.std().item() == pytest.approx(0.02, rel=0.03)
+
+
+def matrices(model):
+    """(name, weight) of every block matrix, the fused QKV projection as its three parts by their names."""
+    for name, module in model.blocks.named_modules():
+        if isinstance(module, QKVLinear):
+            yield from ((f"{name}.{part}", w) for part, w in module.parts().items())
+        elif isinstance(module, torch.nn.Linear):
+            yield name, module.weight
 
 
 @pytest.mark.parametrize("scheme,wiring", list(itertools.product(SCHEMES, range(len(WIRINGS)))))
@@ -153,7 +162,7 @@ def test_truncated_rounds_contribute_no_gradient():
     _, loss = model(idx, idx)
     for visit, trace in rec.traces.items():
         assert trace.state.requires_grad == (visit.round > 2), visit
-        w = trace.params["f.fc1.weight" if visit.sublayer == "ffn" else "f.v_proj.weight"]
+        w = trace.params["f.fc1.weight" if visit.sublayer == "ffn" else "f.qkv_proj.weight"]
         if w.requires_grad:
             w.register_hook(lambda g, v=visit: grads.__setitem__(v, g))
     loss.backward()
@@ -190,11 +199,11 @@ def test_per_visit_views_sum_to_weight_grad():
     model.attach_observer(rec)
     _, loss = model(*(2 * [torch.randint(0, 97, (2, 16))]))
     for visit, trace in rec.traces.items():
-        trace.params["f.fc1.weight" if visit.sublayer == "ffn" else "f.v_proj.weight"].register_hook(
+        trace.params["f.fc1.weight" if visit.sublayer == "ffn" else "f.qkv_proj.weight"].register_hook(
             lambda g, v=visit: grads.__setitem__(v, g))
     loss.backward()
     for k, block in enumerate(model.blocks, 1):
-        for s, weight in (("attn", block.attn.f.v_proj.weight), ("ffn", block.ffn.f.fc1.weight)):
+        for s, weight in (("attn", block.attn.f.qkv_proj.weight), ("ffn", block.ffn.f.fc1.weight)):
             total = sum(grads[Visit(r, k, s)] for r in (1, 2, 3))
             assert torch.allclose(total, weight.grad, rtol=1e-6, atol=1e-9)
 
@@ -246,14 +255,15 @@ def test_xavier_init_is_deepnets_recipe_and_the_post_ln_default():
     beta, d, d_ff = model.beta, 128, 512
     attn, ffn = model.blocks[0].attn.f, model.blocks[0].ffn.f
     square = math.sqrt(2 / (2 * d))  # xavier_normal std of a d x d matrix
-    assert attn.q_proj.weight.std().item() == pytest.approx(square, rel=0.03)  # gain 1 on Q, K
-    assert attn.k_proj.weight.std().item() == pytest.approx(square, rel=0.03)
-    assert attn.v_proj.weight.std().item() == pytest.approx(beta * square, rel=0.03)  # gain β on V, O, fc1, fc2
+    q, k, v = attn.qkv_proj.parts().values()  # each part of the fused projection a d x d matrix of its own
+    assert q.std().item() == pytest.approx(square, rel=0.03)  # gain 1 on Q, K
+    assert k.std().item() == pytest.approx(square, rel=0.03)
+    assert v.std().item() == pytest.approx(beta * square, rel=0.03)  # gain β on V, O, fc1, fc2
     assert attn.o_proj.weight.std().item() == pytest.approx(beta * square, rel=0.03)
     assert ffn.fc1.weight.std().item() == pytest.approx(beta * math.sqrt(2 / (d + d_ff)), rel=0.03)
     assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.03)  # embeddings stay N(0, init_std²)
     normal = LoopedTransformer(LoopConfig(residual="deeploop", init="normal", init_std=0.05, **kw))
-    assert normal.blocks[0].attn.f.q_proj.weight.std().item() == pytest.approx(0.05, rel=0.03)
+    assert normal.blocks[0].attn.f.qkv_proj.parts()["q_proj"].std().item() == pytest.approx(0.05, rel=0.03)
     assert normal.blocks[0].ffn.f.fc2.weight.std().item() == pytest.approx(0.05 * beta, rel=0.03)
 
 
@@ -303,3 +313,93 @@ def test_flops_count_every_loss_head_and_no_backward_for_truncated_rounds():
     assert count(loss_rounds="last_third")[1] == 3 * 6 * fwd_round + 6 * head * 2
     assert count(truncate_rounds=2)[1] == 3 * 4 * fwd_round + 2 * fwd_round + 6 * head
     assert model.flops_per_token(seq_len=16, rounds=3, training=False) == 3 * fwd_round + 2 * head
+
+
+# ------------------------------------------------------------------ fused QKV, hand-written RMSNorm (issue 15)
+def separate_attention(attn, x, q_src=None):
+    """The attention of separate W_Q, W_K, W_V matmuls (the layout before the fused projection)."""
+    B, T, C = x.shape
+    w_q, w_k, w_v = attn.qkv_proj.parts().values()
+    split = lambda t: t.view(B, T, attn.n_heads, C // attn.n_heads).transpose(1, 2)  # noqa: E731
+    q, k, v = split((x if q_src is None else q_src) @ w_q.T), split(x @ w_k.T), split(x @ w_v.T)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return attn.o_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+@pytest.mark.parametrize("inject", [False, True])
+def test_fused_qkv_computes_the_separate_projections(inject):
+    torch.manual_seed(0)
+    attn = LoopedTransformer(tiny(residual="deeploop")).blocks[0].attn.f
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    q_src = torch.randn(2, 16, 32, requires_grad=True) if inject else None
+    fused, separate = attn(x, q_src=q_src), separate_attention(attn, x, q_src)
+    torch.testing.assert_close(fused, separate, rtol=1e-5, atol=1e-6)
+    inputs = (x, attn.qkv_proj.weight) + ((q_src,) if inject else ())
+    g = torch.randn_like(fused)
+    for a, b in zip(torch.autograd.grad(fused, inputs, g), torch.autograd.grad(separate, inputs, g)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    if inject:  # the queries come from q_src: moving it moves the output, x fixed
+        assert not torch.allclose(attn(x, q_src=q_src + 1), fused)
+
+
+@pytest.mark.parametrize("init", ["xavier", "normal"])
+def test_beta_lands_on_the_value_rows_of_the_fused_projection_only(init):
+    """Same seed, β = 1 against β < 1: W_Q and W_K identical, W_V exactly β times its β = 1 self; each
+    part drawn as a d x d matrix (xavier std √(2/(2d)), not the 3d x d fan's)."""
+    kw = dict(vocab_size=64, seq_len=8, d_model=128, n_heads=4, n_blocks=2, n_rounds=3, init=init)
+    torch.manual_seed(0)
+    ref = LoopedTransformer(LoopConfig(residual="postln", **kw))
+    torch.manual_seed(0)
+    deep = LoopedTransformer(LoopConfig(residual="deeploop", **kw))
+    for a, b in zip(ref.blocks, deep.blocks):
+        q, k, v = a.attn.f.qkv_proj.parts().values()
+        q_, k_, v_ = b.attn.f.qkv_proj.parts().values()
+        assert torch.equal(q, q_) and torch.equal(k, k_)
+        torch.testing.assert_close(v_, deep.beta * v, rtol=1e-6, atol=0)
+        if init == "xavier":
+            assert q.std().item() == pytest.approx(math.sqrt(1 / 128), rel=0.05)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_matches_torch_forward_and_backward(weighted):
+    from loopnet.model.layers import rms_norm
+
+    torch.manual_seed(0)
+    x = (3 * torch.randn(4, 8, 32)).requires_grad_()
+    w = (1 + torch.randn(32)).requires_grad_() if weighted else None
+    ours, ref = rms_norm(x, w, 1e-6), torch.nn.functional.rms_norm(x, (32,), w, 1e-6)
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+    inputs = (x, w) if weighted else (x,)
+    g = torch.randn_like(ours)
+    for a, b in zip(torch.autograd.grad(ours, inputs, g), torch.autograd.grad(ref, inputs, g)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_training_head_loss_and_gradients_equal_cross_entropy_on_the_logits():
+    """The fp32 training head (gradients formed in the forward) against F.cross_entropy on materialised
+    logits, ignored targets (-1) included; the tied weight also gets the embedding's gradient."""
+    from loopnet.model import lm_loss
+
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny(residual="preln", n_rounds=1, init_std=0.3))
+    idx, targets = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    targets[0, :5] = -1
+    grads = []
+    for fused in (True, False):
+        model.zero_grad()
+        if fused:
+            logits, loss = model(idx, targets)
+            assert not logits.requires_grad
+        else:
+            x = next(x for _, x in model.iter_rounds(idx))
+            logits = model.lm_head(model.final_norm(x))
+            loss = lm_loss(logits, targets)
+        loss.backward()
+        grads.append((loss.detach(), logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (l1, z1, g1), (l2, z2, g2) = grads
+    torch.testing.assert_close(l1, l2, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(z1, z2, rtol=1e-6, atol=1e-6)
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-7, msg=name)
+    with torch.no_grad():  # evaluation keeps the plain path: logits and the same loss
+        torch.testing.assert_close(model(idx, targets)[1], l2, rtol=1e-6, atol=1e-6)

@@ -3,6 +3,7 @@ where fused AdamW also exists. Lightning alone refuses to clip a fused optimizer
 precision; LoopedLM.configure_gradient_clipping clips it."""
 
 import warnings
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -40,11 +41,13 @@ def test_fused_adamw_is_clipped_under_bf16_mixed(tmp_path, algorithm):
     assert any(not torch.allclose(fused[k], unclipped[k]) for k in fused)  # and clipping changed it
 
 
-def test_default_fused_only_on_cuda_without_a_grad_scaler(tmp_path):
+def test_default_fused_on_cpu_and_cuda_without_a_grad_scaler(tmp_path):
     torch.manual_seed(0)
-    lm = LoopedLM(config=LoopConfig(vocab_size=V, seq_len=T, d_model=32, n_heads=2, n_blocks=1, n_rounds=1),
-                  optim=OptimConfig(decay_steps=10))
-    assert lm.configure_optimizers()["optimizer"].defaults["fused"] is False  # CPU
+    cfg = LoopConfig(vocab_size=V, seq_len=T, d_model=32, n_heads=2, n_blocks=1, n_rounds=1)
+    lm = LoopedLM(config=cfg, optim=OptimConfig(decay_steps=10))
+    assert lm.configure_optimizers()["optimizer"].defaults["fused"] is True  # CPU: one kernel per tensor
+    lm = LoopedLM(config=cfg, optim=OptimConfig(decay_steps=10, fused=False))
+    assert lm.configure_optimizers()["optimizer"].defaults["fused"] is False
 
 
 def test_fp32_and_negative_clip_values(tmp_path):
@@ -54,3 +57,57 @@ def test_fp32_and_negative_clip_values(tmp_path):
     negative, unclipped = fit(tmp_path, False, -1.0, precision="32-true"), fit(tmp_path, False, None, precision="32-true")
     for k in negative:
         torch.testing.assert_close(negative[k], unclipped[k])
+
+
+# A Lightning checkpoint written by loopnet at commit 8d46145, before the fused QKV projection: separate
+# q_proj/k_proj/v_proj (with biases), FLT wiring, 3 steps of AdamW (tests/training/data/README.md).
+OLD_CKPT = Path(__file__).parent / "data" / "separate_qkv_8d46145.ckpt"
+
+
+def test_checkpoint_with_separate_qkv_loads_weights_and_optimizer_state(tmp_path):
+    raw = torch.load(OLD_CKPT, weights_only=True)
+    old_sd = raw["state_dict"]
+    # The old optimizer order, read from the checkpoint itself: its parameters in state-dict order (the
+    # tied head once), ≥ 2-D ones first.
+    names = [k for k in old_sd if k != "model.lm_head.weight"]
+    old_order = [n for n in names if old_sd[n].dim() >= 2] + [n for n in names if old_sd[n].dim() < 2]
+    old_state = {old_order[i]: s for i, s in raw["optimizer_states"][0]["state"].items()}
+
+    lm = LoopedLM.load_from_checkpoint(OLD_CKPT, map_location="cpu")  # the weights convert on load
+    for k in range(2):
+        old = [f"model.blocks.{k}.attn.f.{p}_proj" for p in "qkv"]
+        fused = lm.model.blocks[k].attn.f.qkv_proj
+        assert torch.equal(fused.weight, torch.cat([old_sd[f"{o}.weight"] for o in old]))
+        assert torch.equal(fused.bias, torch.cat([old_sd[f"{o}.bias"] for o in old]))
+
+    ckpt = torch.load(OLD_CKPT, weights_only=True)  # the optimizer state converts in on_load_checkpoint
+    lm.on_load_checkpoint(ckpt)
+    opt = lm.configure_optimizers()["optimizer"]
+    opt.load_state_dict(ckpt["optimizer_states"][0])
+    params = dict(lm.named_parameters())
+    for k in range(2):
+        for kind in ("weight", "bias"):
+            state = opt.state[params[f"model.blocks.{k}.attn.f.qkv_proj.{kind}"]]
+            for moment in ("exp_avg", "exp_avg_sq"):
+                expected = torch.cat([old_state[f"model.blocks.{k}.attn.f.{p}_proj.{kind}"][moment] for p in "qkv"])
+                assert torch.equal(state[moment], expected)
+            assert state["step"].item() == 3
+    o_proj = opt.state[params["model.blocks.1.attn.f.o_proj.weight"]]["exp_avg"]  # the others keep theirs
+    assert torch.equal(o_proj, old_state["model.blocks.1.attn.f.o_proj.weight"]["exp_avg"])
+
+    # And a run resumes from it: one more step through the Trainer.
+    tokens = torch.randint(0, 64, (8, 9), generator=torch.Generator().manual_seed(0))
+    data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=2)
+    trainer = L.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    resumed = LoopedLM(**{k: raw["hyper_parameters"][k] for k in ("config", "optim")})
+    trainer.fit(resumed, data, ckpt_path=OLD_CKPT)
+    assert trainer.global_step == 4 and torch.isfinite(resumed.model.blocks[0].attn.f.qkv_proj.weight).all()
+
+
+def test_mismatched_old_optimizer_state_is_refused_clearly():
+    ckpt = torch.load(OLD_CKPT, weights_only=True)
+    ckpt["optimizer_states"][0]["param_groups"][0]["params"].pop()
+    lm = LoopedLM(**{k: ckpt["hyper_parameters"][k] for k in ("config", "optim")})
+    with pytest.raises(ValueError, match="layout before the fused QKV projection"):
+        lm.on_load_checkpoint(ckpt)
