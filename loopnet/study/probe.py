@@ -36,7 +36,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-SCHEME_P = {"postln": 0.0, "deepnorm": 0.25, "deeploop": 0.5}
+from loopnet.model.scales import SCHEME_EXPONENT, residual_scales
+
+# The exponent p of each named scheme the probe takes; Post-LN is p = 0 (α = β = 1).
+SCHEME_P = {"postln": 0.0, **SCHEME_EXPONENT}
 
 
 def parse_scheme(name: str) -> tuple[str, float | None]:
@@ -61,11 +64,9 @@ def exponent(name: str) -> float:
 
 def theory(name: str, n_blocks: int, rounds: int, kappa: float) -> float:
     """M·κ·(β/α)², the quantity the theory bounds the output change by."""
-    from loopnet.model import residual_scales
-
     residual, p = parse_scheme(name)
     n = n_blocks * rounds
-    alpha, beta = (1.0, 1.0) if residual == "postln" else residual_scales(residual, n, p)
+    alpha, beta = residual_scales(residual, n, p)
     return 2 * n * kappa * (beta / alpha) ** 2
 
 
@@ -246,7 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, config_args = parser().parse_known_args(argv)
     try:
-        schemes = [parse_scheme(s) and s for s in args.schemes]
+        for s in args.schemes:
+            parse_scheme(s)  # fails on a name it does not know
+        schemes = args.schemes
         if not 1 <= args.steps <= 50:
             raise ValueError(f"--steps must be in 1..50, got {args.steps}")
         if min(args.rounds) < 1:
