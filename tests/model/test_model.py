@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from loopnet.model import LoopConfig, LoopedTransformer, Visit, residual_scales, visit_order
 from loopnet.model.layers import QKVLinear
@@ -403,3 +404,26 @@ def test_training_head_loss_and_gradients_equal_cross_entropy_on_the_logits():
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-7, msg=name)
     with torch.no_grad():  # evaluation keeps the plain path: logits and the same loss
         torch.testing.assert_close(model(idx, targets)[1], l2, rtol=1e-6, atol=1e-6)
+
+
+def test_training_head_loss_is_exact_where_the_softmax_underflows():
+    """A target whose probability is below fp32's range (loss ≈ 150 and 400 nats) still gets
+    F.cross_entropy's loss, and its row's gradient is still softmax − one-hot."""
+    from loopnet.model.transformer import _LinearCrossEntropy
+
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 8), torch.randn(11, 8)
+    x[0], w[3] = 0.0, 0.0
+    x[0, 0], w[3, 0], w[4, 0] = 10.0, -15.0, 0.0  # row 0: logit of class 3 is 150 below class 4's
+    x[1, 1], w[5, 1] = 20.0, 20.0  # row 1: class 5's logit 400 above the rest
+    targets = torch.tensor([3, 0, 1, -1, 2, 7])
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss, _ = _LinearCrossEntropy.apply(xs, ws, targets)
+    loss.backward()
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = F.cross_entropy(xr @ wr.t(), targets, ignore_index=-1)
+    ref.backward()
+    assert ref.item() > 50
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(xs.grad, xr.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ws.grad, wr.grad, rtol=1e-5, atol=1e-6)
