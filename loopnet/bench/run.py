@@ -73,7 +73,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from loopnet.data.tokenizer import N_VOCAB  # noqa: E402
+from loopnet.data.vocab import N_VOCAB  # noqa: E402
 from loopnet.model import LoopConfig, LoopedTransformer  # noqa: E402
 from loopnet.training.callbacks import gpu_bf16_peak  # noqa: E402
 from loopnet.training.host_memory import keep_freed_memory  # noqa: E402

@@ -26,7 +26,8 @@ from loopnet.data.sources import (
     resolve_files,
 )
 from loopnet.data.stream import ResumableLoader, TrainStream, WindowBatches, encode, stream_config_diff, val_windows
-from loopnet.data.tokenizer import EOT_ID, N_VOCAB, gpt2_encoding
+from loopnet.data.tokenizer import gpt2_encoding
+from loopnet.data.vocab import EOT_ID, N_VOCAB
 
 
 class TokenStreamDataModule(L.LightningDataModule):

@@ -25,7 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from loopnet.data import TokenStreamDataModule
-from loopnet.data.tokenizer import N_VOCAB
+from loopnet.data.vocab import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
 from loopnet.files import atomic_write, check_writable, load_checkpoint_meta
 from loopnet.model import LoopConfig

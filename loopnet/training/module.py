@@ -18,7 +18,7 @@ import torch
 from torchmetrics import MeanMetric
 
 from loopnet.data import gpt2_encoding
-from loopnet.data.tokenizer import EOT_ID, N_VOCAB
+from loopnet.data.vocab import EOT_ID, N_VOCAB
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss, sample_next
 
 
