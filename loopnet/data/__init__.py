@@ -1,23 +1,24 @@
 """Data: GPT-2 BPE offline, streamed document sources, packing, and the Lightning data module.
 
-The names below are imported on first use, so that `loopnet.data.vocab` (GPT-2's vocabulary size)
-stays light to import: the data module pulls in Lightning and the tokenizer tiktoken."""
+The data module and the tokenizer are imported on first use, so that `loopnet.data.vocab` (GPT-2's
+vocabulary size) stays light to import."""
 
 from loopnet.data.vocab import EOT_ID
 
-_LAZY = {
-    "TokenStreamDataModule": "loopnet.data.datamodule",
-    "DataConfigError": "loopnet.data.errors",
-    "gpt2_encoding": "loopnet.data.tokenizer",
-}
+__all__ = ["DataConfigError", "EOT_ID", "TokenStreamDataModule", "gpt2_encoding"]
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    if name == "TokenStreamDataModule":
+        from loopnet.data.datamodule import TokenStreamDataModule
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'loopnet.data' has no attribute {name!r}")
+        return TokenStreamDataModule
+    if name == "DataConfigError":
+        from loopnet.data.errors import DataConfigError
 
+        return DataConfigError
+    if name == "gpt2_encoding":
+        from loopnet.data.tokenizer import gpt2_encoding
 
-__all__ = ["DataConfigError", "EOT_ID", "TokenStreamDataModule", "gpt2_encoding"]
+        return gpt2_encoding
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -219,6 +219,15 @@ class TokenStreamDataModule(L.LightningDataModule):
             config["vocab"] = self.vocab
         return config
 
+    @staticmethod
+    def saved_config(checkpoint: dict) -> dict | None:
+        """The data settings a checkpoint's training stream was read with (rank 0's loader state, which
+        Lightning keeps under the fit loop's combined loader), if any: for `check_resume`."""
+        try:
+            return checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["ranks"][0]["config"]
+        except (KeyError, IndexError, TypeError):
+            return None
+
     def check_resume(self, saved: dict, where: str) -> None:
         """Before anything is built: the data settings a checkpoint's training stream was read with
         (`saved`, its loader state's config) must be this module's, else a resume would stop at the

@@ -37,7 +37,7 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from loopnet.data.vocab import N_VOCAB
-from loopnet.files import load_checkpoint_meta
+from loopnet.checkpoints import load_checkpoint_meta
 from loopnet.model import LoopConfig, LoopedTransformer, sample_next
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def load_checkpoint(ckpt_path: str | Path, device: str | torch.device = "cpu") -
     """Build the `LoopedTransformer` of a `LoopedLM` checkpoint and load its weights, in eval mode.
 
     Only the model config and weights are read, with torch's restricted (``weights_only``)
-    unpickler (`loopnet.files.load_checkpoint_meta`, as `loopnet fit/test` read them), so no
+    unpickler (`loopnet.checkpoints.load_checkpoint_meta`, as `loopnet fit/test` read them), so no
     Lightning state or arbitrary pickled objects are needed.
     """
     path = Path(ckpt_path)

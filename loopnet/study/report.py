@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from loopnet.diagnostics import SUMMARY_NAME
+from loopnet.env import fail, one_line_errors
 from loopnet.diagnostics.tags import sublayer_tag, visit_tag
 from loopnet.model import SUBLAYERS, Visit
 
@@ -737,21 +738,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     sweep_dir = Path(args.sweep_dir)
     if not sweep_dir.is_dir():
-        print(f"loopnet report: error: {sweep_dir} is not a folder", file=sys.stderr)
-        sys.exit(2)
+        fail("loopnet report", f"{sweep_dir} is not a folder")
     if args.plateau not in ("auto", "none"):
         try:
             float(args.plateau)
         except ValueError:
-            print(f"loopnet report: error: --plateau takes a number, auto or none, got {args.plateau!r}", file=sys.stderr)
-            sys.exit(2)
+            fail("loopnet report", f"--plateau takes a number, auto or none, got {args.plateau!r}")
     notes = Path(args.notes).read_text() if args.notes else None
     out = Path(args.out) if args.out else sweep_dir / "report"
-    try:
+    with one_line_errors("loopnet report", (ValueError,)):
         path = build_report(sweep_dir, out, args.plateau, args.title, notes, argv)
-    except ValueError as err:
-        print(f"loopnet report: error: {err}", file=sys.stderr)
-        sys.exit(2)
     print(f"loopnet report: wrote {path}")
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from loopnet.model import LoopConfig
-from loopnet.training.cli import load_hparams
+from loopnet.checkpoints import load_hparams
 from loopnet.training.module import OptimConfig
 
 from .helpers import RUN, TINY, loopnet
