@@ -33,7 +33,8 @@ def test_smoke_run_prints_and_writes_every_variant(tmp_path):
 def test_vs_nanogpt_runs_the_pair_alone_at_equal_size(tmp_path):
     """--vs-nanogpt: loopnet's Pre-LN R = 1 step and the independent GPT's, of the same parameter count, in
     paired turns, and nothing else."""
-    from loopnet.bench.run import Bare, NanoGPTStep, parse
+    from loopnet.bench.run import parse
+    from loopnet.bench.variants import Bare, NanoGPTStep
 
     js = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -96,7 +97,9 @@ def test_bf16_on_cpu_runs_autocast_and_measures_a_bf16_peak(tmp_path):
 
 
 def test_bare_loop_forward_runs_in_the_chosen_precision():
-    from loopnet.bench.run import Bare, parse, random_batches
+    from loopnet.bench.run import parse
+    from loopnet.bench.settings import random_batches
+    from loopnet.bench.variants import Bare
 
     threads = torch.get_num_threads()  # parse() sets 1 thread for --smoke
     try:
