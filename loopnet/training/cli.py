@@ -32,6 +32,7 @@ from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import one_line_errors
 from loopnet.files import atomic_write, check_writable
 from loopnet.model import LoopConfig
+from loopnet.study.measures import scheme_label
 from loopnet.training.callbacks import AtomicCheckpointIO
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.module import LoopedLM
@@ -56,8 +57,7 @@ quiet_dependencies()
 
 def run_name(config: Namespace) -> str:
     """One log folder per run, named after the scheme, wiring and R, e.g. ``deeploop_carry_k2_r6``."""
-    residual = config.residual if config.residual != "scaled" else f"p{config.p:g}"
-    return f"{residual}_{config.wiring}_k{config.n_blocks}_r{config.n_rounds}"
+    return f"{scheme_label(config.residual, config.p)}_{config.wiring}_k{config.n_blocks}_r{config.n_rounds}"
 
 
 def config_files(argv: list[str]) -> list[str]:
