@@ -46,11 +46,6 @@ def load_checkpoint_meta(path: str) -> dict:
     return ckpt
 
 
-def load_hparams(path: str) -> dict:
-    """A checkpoint's hyperparameters, read with torch's restricted (weights_only) unpickler."""
-    return load_checkpoint_meta(path).get("hyper_parameters", {})
-
-
 # ----------------------------------------------------------------------------------------- compatibility
 def check_checkpoint_config(saved: Any, current: dict) -> None:
     """Raise a clear error when a checkpoint's model config (a dict or a LoopConfig) differs from the current one."""

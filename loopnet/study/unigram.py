@@ -38,12 +38,6 @@ def unigram_counts(token_arrays: Iterable[np.ndarray], vocab_size: int = N_VOCAB
     return counts
 
 
-def unigram_entropy(token_arrays: Iterable[np.ndarray], vocab_size: int = N_VOCAB) -> tuple[float, int]:
-    """(entropy in nats, number of tokens) of the unigram distribution of all tokens given."""
-    counts = unigram_counts(token_arrays, vocab_size)
-    return entropy(counts), int(counts.sum())
-
-
 def cross_entropy(targets: np.ndarray, counts: np.ndarray) -> float:
     """Mean loss in nats of predicting every target with the add-one smoothed unigram distribution
     of `counts`."""

@@ -8,7 +8,8 @@ import sys
 
 import torch
 
-from loopnet.model import LoopConfig, LoopedTransformer
+from loopnet.model import LoopedTransformer
+from tests.helpers import tiny_config
 
 VARIANTS = ["bare", "lightning", "diagnostics@2", "diagnostics@50", "compile", "checkpoint", "R=1", "R=3", "R=12",
             "data", "nanoGPT", "preln R=1"]
@@ -61,7 +62,7 @@ def test_vs_nanogpt_runs_the_pair_alone_at_equal_size(tmp_path):
 def test_compiled_model_matches_eager_and_reuses_graphs_across_rounds():
     from torch._dynamo.utils import counters
 
-    cfg = LoopConfig(vocab_size=64, seq_len=8, d_model=16, n_heads=2, n_blocks=2, n_rounds=3)
+    cfg = tiny_config(seq_len=8, d_model=16, n_heads=2)
     torch.manual_seed(0)
     eager = LoopedTransformer(cfg)
     torch.manual_seed(0)
