@@ -146,6 +146,8 @@ class Lit:
         from lightning.pytorch.callbacks import Callback
         from lightning.pytorch.loggers import TensorBoardLogger
 
+        from loopnet.training.defaults import TRAINER_DEFAULTS
+
         dev = self.s.device
         marks: dict[int, float] = {}
 
@@ -159,7 +161,7 @@ class Lit:
             accelerator="gpu" if self.s.cuda else "cpu", devices=1,
             precision="bf16-mixed" if self.s.bf16 else "32-true",
             max_steps=warmup + steps + 1, limit_val_batches=0, num_sanity_val_steps=0,
-            gradient_clip_val=1.0, log_every_n_steps=10,
+            gradient_clip_val=TRAINER_DEFAULTS["gradient_clip_val"], log_every_n_steps=TRAINER_DEFAULTS["log_every_n_steps"],
             logger=TensorBoardLogger(self.root, name=self.name),
             callbacks=[*self.callbacks(), WindowTimer()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=self.root,

@@ -74,16 +74,9 @@ def theory(name: str, n_blocks: int, rounds: int, kappa: float) -> float:
 def resolve(config_args: list[str]):
     """(LoopConfig, OptimConfig, data module, gradient clip value) of a `loopnet fit` command line, through
     the CLI's own parser and checks (config files, keys, types); nothing is trained or written."""
-    from loopnet.training.cli import CheckOnly, main
+    from loopnet.training.check import parse_fit
 
-    got = {}
-
-    class Capture(CheckOnly):
-        def instantiate_classes(self) -> None:
-            got["cfg"] = self.config["fit"]
-
-    main(["fit", *config_args], cli_class=Capture)
-    cfg = got["cfg"]
+    cfg = parse_fit(config_args)
     from loopnet.data import TokenStreamDataModule
     from loopnet.model import LoopConfig
     from loopnet.training.module import OptimConfig

@@ -369,44 +369,6 @@ class LoopnetCLI(LightningCLI):
 # The Trainer entry points that evaluate a trained model: they need a checkpoint.
 EVALUATION = ("validate", "test", "predict")
 
-class CheckOnly(LoopnetCLI):
-    """Parses and checks a command line as `loopnet` does (config files, keys, types, the model config,
-    checkpoints, writable folders), but builds and runs nothing."""
-
-    def _set_seed(self) -> None:  # the caller's RNGs and log stay untouched
-        pass
-
-    def instantiate_classes(self) -> None:
-        pass
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        pass
-
-
-def check_command(argv: list[str]) -> str | None:
-    """None when `loopnet <argv>` would get past its checks; else its one-line error (for `loopnet sweep`,
-    so that a typo in a grid fails before any cell runs)."""
-    import contextlib
-    import io
-
-    err, environ, sys_argv = io.StringIO(), dict(os.environ), sys.argv
-    try:
-        sys.argv = sys.argv[:1]  # the caller's own arguments are not this command's (LightningCLI warns)
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            main(argv, cli_class=CheckOnly)
-        return None
-    except SystemExit as exit_:
-        if exit_.code in (0, None):
-            return None
-        if exit_.code == 130:  # Ctrl-C: the caller's to handle, not this command's error
-            raise KeyboardInterrupt from None
-        lines = [line for line in err.getvalue().splitlines() if line.strip()]
-        return lines[-1] if lines else f"exit status {exit_.code}"
-    finally:  # seed_everything exports PL_GLOBAL_SEED; the caller's environment stays its own
-        sys.argv = sys_argv
-        os.environ.clear()
-        os.environ.update(environ)
-
 
 def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> None:
     """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line)."""
