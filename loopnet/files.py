@@ -1,14 +1,13 @@
 """Files of a run: writing one so that a crash or kill at any moment leaves either the previous file or
 the complete new one, never a partial one (checkpoints, run summaries); checking a folder can be
-written before anything is; reading a checkpoint with torch's restricted unpickler. Light to import
-(torch only where a checkpoint is read), for every command's checks."""
+written before anything is. Light to import, for every command's checks (reading a checkpoint:
+`loopnet.checkpoints`)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
-import pickle
 import re
 import tempfile
 from collections.abc import Callable
@@ -103,28 +102,3 @@ def check_writable(folder: str, option: str) -> None:
     except OSError as err:
         raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
                          f"fix: pass a writable folder with {option} <dir>") from None
-
-
-def load_checkpoint_meta(path: str) -> dict:
-    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
-    import torch
-
-    try:
-        # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError:
-        try:  # names what the file would import, without running anything
-            unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
-        except Exception:
-            unsafe = "unknown objects"
-        raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
-                         "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
-                         "by `loopnet fit`, and never load files from untrusted sources") from None
-    except Exception as err:  # truncated or not a torch file
-        why = (str(err).splitlines() or [""])[0]
-        why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
-        raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
-                         f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
-    return ckpt

@@ -26,7 +26,8 @@ from loopnet.data.sources import (
     resolve_files,
 )
 from loopnet.data.stream import ResumableLoader, TrainStream, WindowBatches, encode, stream_config_diff, val_windows
-from loopnet.data.tokenizer import EOT_ID, N_VOCAB, gpt2_encoding
+from loopnet.data.tokenizer import gpt2_encoding
+from loopnet.data.vocab import EOT_ID, N_VOCAB
 
 
 class TokenStreamDataModule(L.LightningDataModule):
@@ -217,6 +218,15 @@ class TokenStreamDataModule(L.LightningDataModule):
         if self.vocab != "gpt2":  # likewise
             config["vocab"] = self.vocab
         return config
+
+    @staticmethod
+    def saved_config(checkpoint: dict) -> dict | None:
+        """The data settings a checkpoint's training stream was read with (rank 0's loader state, which
+        Lightning keeps under the fit loop's combined loader), if any: for `check_resume`."""
+        try:
+            return checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["ranks"][0]["config"]
+        except (KeyError, IndexError, TypeError):
+            return None
 
     def check_resume(self, saved: dict, where: str) -> None:
         """Before anything is built: the data settings a checkpoint's training stream was read with

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from loopnet.data.errors import DataConfigError
 from loopnet.data.packages import package_dir
+from loopnet.env import hub_offline
 
 if TYPE_CHECKING:  # imported where documents are read: `datasets` (with pandas) costs ~0.8 s of every start-up
     import datasets
@@ -84,13 +85,6 @@ def builder_for(files: list[str]) -> str:
     if len(builders) > 1:
         raise DataConfigError(f"Mixed file types ({', '.join(sorted(builders))}) in one source; use one kind")
     return builders.pop()
-
-
-def hub_offline() -> bool:
-    import datasets
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE)
 
 
 def is_hub_id(source: str, path: str | list[str] | None) -> bool:

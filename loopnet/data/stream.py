@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from loopnet.data.errors import DataConfigError
 from loopnet.data.packing import Packer, block_permutation
 from loopnet.data.sources import ValSelector
-from loopnet.data.tokenizer import EOT_ID, gpt2_encoding
+from loopnet.data.tokenizer import gpt2_encoding
+from loopnet.data.vocab import EOT_ID
 
 if TYPE_CHECKING:  # imported where documents are read: `datasets` (with pandas) costs ~0.8 s of every start-up
     import datasets

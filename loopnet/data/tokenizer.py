@@ -19,10 +19,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 
 from loopnet.data.errors import DataConfigError
 from loopnet.data.packages import package_dir
-
-EOT_ID = 50256  # <|endoftext|>, appended after every document
-EOT_TEXT = "<|endoftext|>"
-N_VOCAB = 50257
+from loopnet.data.vocab import EOT_ID, EOT_TEXT, N_VOCAB
 
 # The digests tiktoken_ext.openai_public.gpt2() expects for the two files.
 GPT2_FILE_SHA256 = {

@@ -5,6 +5,7 @@ alignment κ̂_R, divergence detection and the run summary.
     DivergenceGuard    callback: stop on a non-finite or runaway loss, keep the last good
                        checkpoint, write <log_dir>/summary.json
     VisitProbe         the visit observer behind VisitDiagnostics (usable without Lightning)
+    RunSummary         the record summary.json is written from, fed by the two callbacks
     read_summary       read a run's summary.json (for the sweep and the report)
     tags               the tag scheme (visits/<quantity>/r03_k1_attn, sublayers/kappa/k1_attn, ...)
 
@@ -15,11 +16,11 @@ one chart per quantity and visit, CUSTOM SCALARS overlays every visit of a quant
 
 from .callback import VisitDiagnostics
 from .divergence import DivergenceGuard
-from .probe import VisitProbe, alignment
-from .summary import SUMMARY_NAME, read_summary, write_summary
+from .probe import VisitProbe, alignment, kappas
+from .summary import SUMMARY_NAME, RunSummary, read_summary, write_summary
 from .tags import custom_scalars_layout, expected_scalar_tags, parse_tag
 
 __all__ = [
-    "SUMMARY_NAME", "DivergenceGuard", "VisitDiagnostics", "VisitProbe", "alignment", "custom_scalars_layout",
-    "expected_scalar_tags", "parse_tag", "read_summary", "write_summary",
+    "SUMMARY_NAME", "DivergenceGuard", "RunSummary", "VisitDiagnostics", "VisitProbe", "alignment",
+    "custom_scalars_layout", "expected_scalar_tags", "kappas", "parse_tag", "read_summary", "write_summary",
 ]

@@ -8,7 +8,8 @@ On a logging step (``global_step % every_n_steps == 0``, and the last of ``max_s
                             *before* gradient clipping: precision plugin `_after_closure`), the
                             κ̂_R terms from ``.grad``, and a copy of each sublayer's weights
     on_train_batch_end      ‖ΔW‖/‖W‖ of the step just taken; one device→host copy of every
-                            number; write the scalars, histograms and keep `last_stats`
+                            number; write the scalars and histograms, keep `last_stats` and
+                            hand them to the run summary (`RunSummary`)
 
 With `update_size` the batch is also run once before the forward and once after the optimiser
 step, without grad (`loopnet.diagnostics.update_size`): the relative change of every round's final
@@ -33,11 +34,10 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 
 from loopnet.model import SUBLAYERS, Visit
 
-from .probe import VisitProbe, alignment
-from .update_size import relative_changes, round_outputs
+from .probe import VisitProbe, kappas
+from .summary import RunSummary
 from .tags import HIST_QUANTITIES, VISIT_QUANTITIES, custom_scalars_layout, hist_tag, sublayer_tag, visit_tag
-
-FORWARD_QUANTITIES = ("resid_norm", "state_norm", "branch_ratio")  # the order of VisitProbe.fwd
+from .update_size import relative_changes, round_outputs
 
 
 def find_looped_model(pl_module: torch.nn.Module):
@@ -128,8 +128,9 @@ class VisitDiagnostics(Callback):
         self.histograms = histograms
         self.hist_samples = hist_samples
         self.update_size = update_size
-        # The last measured step, for the run summary: {"step", "visits": {tag: {q: v}}, "kappa": {j: v}}.
+        # The last measured step: {"step", "visits": {tag: {q: v}}, "kappa": {j: v}, ...}.
         self.last_stats: dict[str, Any] | None = None
+        self._model = None  # the LoopedTransformer, found once per fit (on_fit_start)
         self._reset()
 
     def _reset(self) -> None:
@@ -140,16 +141,21 @@ class VisitDiagnostics(Callback):
         self._inputs: torch.Tensor | None = None  # the step's first micro-batch, for update_size
         self._outputs_before: list[torch.Tensor] | None = None
 
+    def _looped(self, pl_module):
+        if self._model is None:
+            self._model = find_looped_model(pl_module)
+        return self._model
+
     def _detach(self, pl_module) -> None:
         if self._probe is None:
             return
-        model = find_looped_model(pl_module)
+        model = self._looped(pl_module)
         if model.observer is self._probe:
             model.attach_observer(None)
 
     # ------------------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        find_looped_model(pl_module)  # fail early, with a clear message, on a module without visits
+        self._model = find_looped_model(pl_module)  # fails early, with a clear message, on a module without visits
         from lightning.pytorch.strategies import FSDPStrategy
 
         if self.update_size and isinstance(trainer.strategy, FSDPStrategy):
@@ -158,7 +164,7 @@ class VisitDiagnostics(Callback):
             self.update_size = False
         if not self.every_n_steps or not trainer.is_global_zero:
             return
-        rounds = find_looped_model(pl_module).config.n_rounds
+        rounds = self._model.config.n_rounds
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_custom_scalars(custom_scalars_layout(rounds))
@@ -175,8 +181,8 @@ class VisitDiagnostics(Callback):
             self._step = trainer.global_step
             if self.update_size:  # before the forward: the weights the step starts from
                 self._inputs = batch[0]
-                self._outputs_before = round_outputs(find_looped_model(pl_module), self._inputs)
-        find_looped_model(pl_module).attach_observer(self._probe)
+                self._outputs_before = round_outputs(self._looped(pl_module), self._inputs)
+        self._looped(pl_module).attach_observer(self._probe)
 
     def _due(self, trainer) -> bool:
         """A logging step: every n-th global step, and the fit's last step (max_steps), so that the
@@ -191,7 +197,7 @@ class VisitDiagnostics(Callback):
         self._detach(pl_module)
         # Lightning clips after this hook, so these are the unclipped gradients.
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        physical = physical_sublayers(find_looped_model(pl_module))
+        physical = physical_sublayers(self._looped(pl_module))
         num, den = self._probe.alignment_terms(physical)
         self._grad_side = {"global_norm": total_norm(grads), "num": num, "den": den}
         self._weights_before = {j: [p.detach().clone() for p in ps.values()] for j, ps in physical.items()}
@@ -204,29 +210,27 @@ class VisitDiagnostics(Callback):
         if self._grad_side is None:
             return  # more micro-batches of this step to come
         probe, side, step = self._probe, self._grad_side, self._step
-        physical = physical_sublayers(find_looped_model(pl_module))
+        physical = physical_sublayers(self._looped(pl_module))
         device = next(iter(pl_module.parameters())).device
 
         # Every number as a 0-d tensor under its tag, then one device->host copy.
         named: dict[str, torch.Tensor] = {}
         for v in probe.visits:
-            fwd = probe.forward_stats(v)
-            for q, value in zip(FORWARD_QUANTITIES, fwd):
+            for q, value in probe.forward_quantities(v).items():
                 named[visit_tag(q, v)] = value
             named[visit_tag("act_grad_norm", v)] = probe.act_grad_norm(v)
             named[visit_tag("param_grad_norm", v)] = probe.visit_grad_sq(v).sqrt()
-        num, den = side["num"], side["den"]
-        kappas = {j: alignment(num[j], den[j]) for j in num}
+        num, kappa = side["num"], kappas(side["num"], side["den"])
         for j, params in physical.items():
             before = self._weights_before[j]
             delta = total_norm([p.detach() - b for p, b in zip(params.values(), before)])
-            named[sublayer_tag("kappa", j)] = kappas[j]
+            named[sublayer_tag("kappa", j)] = kappa[j]
             named[sublayer_tag("grad_norm", j)] = num[j].sqrt()
             named[sublayer_tag("update_ratio", j)] = delta / total_norm(before).clamp_min(1e-30)
         named["grad/global_norm"] = side["global_norm"]
-        named["grad/kappa_model"] = alignment(sum(num.values()), sum(den.values()))
+        named["grad/kappa_model"] = kappa["model"]
         if self._outputs_before is not None:
-            after = round_outputs(find_looped_model(pl_module), self._inputs)
+            after = round_outputs(self._looped(pl_module), self._inputs)
             named.update(relative_changes(self._outputs_before, after))
         values = torch.stack([t.to(device=device, dtype=torch.float32) for t in named.values()]).tolist()
         scalars = dict(zip(named, values))
@@ -250,12 +254,15 @@ class VisitDiagnostics(Callback):
             "global_grad_norm": scalars["grad/global_norm"],
             "update": {t.removeprefix("update/"): v for t, v in scalars.items() if t.startswith("update/")},
         }
+        RunSummary.of(trainer).record_diagnostics(step, self.last_stats["visits"], self.last_stats["kappa"])
         self._reset()
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._detach(pl_module)
         self._reset()
+        self._model = None
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._detach(pl_module)
         self._reset()
+        self._model = None

@@ -15,14 +15,13 @@ covered too: the link is not touched.) Checkpoint callbacks always run after the
 (Lightning moves them last), so a divergence found in ``on_train_batch_end`` precedes that step's save.
 
 When fit ends — completed, diverged, or interrupted by an exception — the guard writes the run
-summary (`loopnet.diagnostics.summary`) to ``<trainer.log_dir>/summary.json``.
+summary (`loopnet.diagnostics.summary.RunSummary`, which it feeds) to ``<trainer.log_dir>/summary.json``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -32,15 +31,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from .callback import VisitDiagnostics, total_norm
-from .summary import SUMMARY_NAME, write_summary
-
-
-def _float(value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    value = float(value.detach().float() if isinstance(value, torch.Tensor) else value)
-    return value if math.isfinite(value) else None
+from .callback import total_norm
+from .summary import SUMMARY_NAME, RunSummary, log_dir
 
 
 class DivergenceGuard(Callback):
@@ -79,28 +71,26 @@ class DivergenceGuard(Callback):
         self.summary_name = summary_name
         self._start_fit()
 
-    def _start_fit(self) -> None:
-        self.diverged_at_step: Optional[int] = None
-        self.reason: Optional[str] = None
-        self.last_good_checkpoint: Optional[str] = None
+    def _start_fit(self, record: Optional[RunSummary] = None) -> None:
+        self.record = record or RunSummary()
         self.summary_path: Optional[str] = None
         self._step = 0
         self._stepped = False  # whether this process ran a training step (see on_exception)
-        self._train_loss: Optional[float] = None
-        self._val_history: list[list[float]] = []
-        self._earlier_wall_s = 0.0  # wall time of the run's earlier segments (resumed from a checkpoint)
-        self._t0 = time.monotonic()
 
     # The history of a run resumed from a checkpoint continues that of the run it resumes.
     def state_dict(self) -> dict[str, Any]:
-        return {"val_history": [list(v) for v in self._val_history], "train_loss": self._train_loss,
-                "wall_time_s": self._earlier_wall_s + time.monotonic() - self._t0}
+        return self.record.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._val_history = [list(v) for v in state_dict.get("val_history", [])]
-        self._train_loss = state_dict.get("train_loss")
-        self._earlier_wall_s = float(state_dict.get("wall_time_s", 0.0))
-        self._t0 = time.monotonic()
+        self.record.load_state_dict(state_dict)
+
+    @property
+    def diverged_at_step(self) -> Optional[int]:
+        return self.record.diverged_at_step
+
+    @property
+    def last_good_checkpoint(self) -> Optional[str]:
+        return self.record.last_good_checkpoint
 
     @property
     def diverged(self) -> bool:
@@ -109,7 +99,7 @@ class DivergenceGuard(Callback):
     # ------------------------------------------------------------------------------ detection
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # before a checkpoint's state is loaded into this callback
-            self._start_fit()
+            self._start_fit(RunSummary.start(trainer))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step = trainer.global_step
@@ -133,7 +123,7 @@ class DivergenceGuard(Callback):
         if pl_module.automatic_optimization:  # Lightning hands back loss / accumulate_grad_batches
             loss = loss * trainer.accumulate_grad_batches
         value = float(loss.detach().float())
-        self._train_loss = value
+        self.record.train_loss = value
         reason = None
         if not math.isfinite(value):
             reason = f"non-finite training loss ({value})"
@@ -147,16 +137,17 @@ class DivergenceGuard(Callback):
             self._diverge(trainer, reason)
 
     def _diverge(self, trainer: pl.Trainer, reason: str) -> None:
-        self.diverged_at_step, self.reason = self._step, reason
         trainer.should_stop = True
+        last_good = None
         for cb in trainer.checkpoint_callbacks:
             if isinstance(cb, ModelCheckpoint):
-                self.last_good_checkpoint = cb.last_model_path or cb.best_model_path or self.last_good_checkpoint
+                last_good = cb.last_model_path or cb.best_model_path or last_good
                 # No save, no removal from now on: the files on disk stay those of the last good step.
                 cb.save_top_k, cb.save_last, cb.save_on_exception = 0, False, False
+        self.record.record_divergence(self._step, reason, last_good)
         rank_zero_warn(
             f"loopnet: the run diverged at step {self._step}: {reason}. Stopping; the last good checkpoint "
-            f"({self.last_good_checkpoint or 'none was saved'}) is kept.",
+            f"({last_good or 'none was saved'}) is kept.",
             category=RuntimeWarning,
         )
 
@@ -165,7 +156,7 @@ class DivergenceGuard(Callback):
         if trainer.sanity_checking or self.val_metric not in trainer.callback_metrics:
             return
         value = float(trainer.callback_metrics[self.val_metric].detach().float())
-        self._val_history.append([trainer.global_step, value])
+        self.record.record_validation(trainer.global_step, value)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._write(trainer, pl_module, "diverged" if self.diverged else "completed")
@@ -174,7 +165,7 @@ class DivergenceGuard(Callback):
         if trainer.state.fn != TrainerFn.FITTING:  # a failing `test` must not overwrite the fit's summary
             return
         try:  # never let the summary replace the exception that ended the run
-            path = os.path.join(_log_dir(trainer), self.summary_name)
+            path = os.path.join(log_dir(trainer), self.summary_name)
             if not self._stepped and trainer.ckpt_path is not None and os.path.exists(path):
                 # A resume that failed before its first step: the run's record stays as it was.
                 rank_zero_warn(f"loopnet: the resumed run stopped before its first step ({exception!r}); "
@@ -184,45 +175,8 @@ class DivergenceGuard(Callback):
         except Exception as err:
             rank_zero_warn(f"could not write the run summary: {err!r}")
 
-    def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str,
-                error: Optional[str] = None) -> dict:
-        """The run summary as a dict (schema: `loopnet.diagnostics.summary`)."""
-        finite = [v for _, v in self._val_history if math.isfinite(v)]
-        ckpt = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
-        diagnostics = next((cb for cb in trainer.callbacks if isinstance(cb, VisitDiagnostics)), None)
-        stats = diagnostics.last_stats if diagnostics is not None else None
-        hparams = dict(pl_module.hparams)
-        last = self.last_good_checkpoint if self.diverged else (ckpt.last_model_path or None) if ckpt else None
-        return {
-            "status": status,
-            "diverged_at_step": self.diverged_at_step,
-            "reason": self.reason,
-            "global_step": trainer.global_step,
-            "max_steps": trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
-            "final_train_loss": _float(self._train_loss),
-            "final_val_loss": _float(self._val_history[-1][1]) if self._val_history else None,
-            "best_val_loss": min(finite) if finite else None,
-            "val_history": self._val_history,
-            "last_checkpoint": last,
-            "best_checkpoint": (ckpt.best_model_path or None) if ckpt else None,
-            "config": hparams.get("config"),
-            "hparams": hparams,
-            "last_visit_stats": stats["visits"] if stats else None,
-            "kappa": stats["kappa"] if stats else None,
-            "diagnostics_step": stats["step"] if stats else None,
-            "log_dir": _log_dir(trainer),
-            "error": error,
-            "wall_time_s": round(self._earlier_wall_s + time.monotonic() - self._t0, 3),
-        }
-
     def _write(self, trainer, pl_module, status: str, error: Optional[str] = None) -> None:
         if not trainer.is_global_zero:
             return
-        path = os.path.join(_log_dir(trainer), self.summary_name)  # an absolute summary_name wins
-        self.summary_path = str(write_summary(path, self.summary(trainer, pl_module, status, error)))
-
-
-def _log_dir(trainer: pl.Trainer) -> str:
-    """The run's log folder, read on rank 0 alone: `trainer.log_dir` is a collective broadcast,
-    which would hang or fail when only rank 0 calls it under DDP."""
-    return (trainer.loggers[0].log_dir if trainer.loggers else None) or trainer.default_root_dir
+        path = os.path.join(log_dir(trainer), self.summary_name)  # an absolute summary_name wins
+        self.summary_path = str(self.record.write(path, trainer, pl_module, status, error))

@@ -32,6 +32,8 @@ import torch
 
 from loopnet.model import Visit, VisitTrace
 
+from .tags import FORWARD_QUANTITIES
+
 
 def _sq(t: torch.Tensor) -> torch.Tensor:
     return t.detach().float().square().sum()
@@ -41,6 +43,15 @@ def alignment(total_sq: torch.Tensor | float, per_visit_sq: torch.Tensor | float
     """κ̂ = ‖Σ_r g_r‖² / Σ_r ‖g_r‖², given both squared norms (0 when no gradient flowed)."""
     total_sq, per_visit_sq = torch.as_tensor(total_sq), torch.as_tensor(per_visit_sq)
     return torch.where(per_visit_sq > 0, total_sq / per_visit_sq.clamp_min(1e-38), torch.zeros_like(total_sq))
+
+
+def kappas(num: dict[str, torch.Tensor], den: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """κ̂_R per physical sublayer j from `VisitProbe.alignment_terms`, and for the whole model (every
+    sublayer's gradients concatenated) under the key ``"model"``; 0-d tensors, no host sync."""
+    out = {j: alignment(num[j], den[j]) for j in num}
+    if num:
+        out["model"] = alignment(sum(num.values()), sum(den.values()))
+    return out
 
 
 class VisitProbe:
@@ -57,7 +68,7 @@ class VisitProbe:
         self.keep_grads = keep_grads
         self.hist_samples = hist_samples
         self.visits: list[Visit] = []  # in execution order, each once
-        self.fwd: dict[Visit, torch.Tensor] = {}  # [resid_rms, state_rms, branch_ratio], summed over micro-batches
+        self.fwd: dict[Visit, torch.Tensor] = {}  # FORWARD_QUANTITIES, summed over micro-batches
         self.n_fwd: dict[Visit, int] = defaultdict(int)
         self.act_grad: dict[Visit, torch.Tensor] = {}  # ‖∂L/∂x‖ summed over micro-batches
         self.n_act: dict[Visit, int] = defaultdict(int)
@@ -73,10 +84,10 @@ class VisitProbe:
         with torch.no_grad():
             stream, state = trace.stream.detach().float(), trace.state.detach().float()
             skip = trace.alpha * torch.linalg.vector_norm(trace.x.detach().float())
-            stats = torch.stack([
-                stream.square().mean().sqrt(),
-                state.square().mean().sqrt(),
-                torch.linalg.vector_norm(trace.branch.detach().float()) / skip.clamp_min(1e-30),
+            stats = torch.stack([  # in the order of FORWARD_QUANTITIES
+                stream.square().mean().sqrt(),  # resid_norm
+                state.square().mean().sqrt(),  # state_norm
+                torch.linalg.vector_norm(trace.branch.detach().float()) / skip.clamp_min(1e-30),  # branch_ratio
             ])
             self.fwd[visit] = self.fwd[visit] + stats if visit in self.fwd else stats
             self.n_fwd[visit] += 1
@@ -114,8 +125,12 @@ class VisitProbe:
 
     # ------------------------------------------------------------------------ results
     def forward_stats(self, visit: Visit) -> torch.Tensor:
-        """[resid_norm, state_norm, branch_ratio] averaged over micro-batches."""
+        """The FORWARD_QUANTITIES (resid_norm, state_norm, branch_ratio) averaged over micro-batches."""
         return self.fwd[visit] / self.n_fwd[visit]
+
+    def forward_quantities(self, visit: Visit) -> dict[str, torch.Tensor]:
+        """`forward_stats` by name."""
+        return dict(zip(FORWARD_QUANTITIES, self.forward_stats(visit)))
 
     def act_grad_norm(self, visit: Visit) -> torch.Tensor:
         if visit not in self.act_grad:
@@ -154,8 +169,4 @@ class VisitProbe:
 
     def kappa(self, physical_params: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """κ̂_R per physical sublayer, and for the whole model under the key ``"model"``."""
-        num, den = self.alignment_terms(physical_params)
-        out = {j: alignment(num[j], den[j]) for j in num}
-        if num:
-            out["model"] = alignment(sum(num.values()), sum(den.values()))
-        return out
+        return kappas(*self.alignment_terms(physical_params))

@@ -1,7 +1,9 @@
 """The run summary: one JSON file beside a run's logs that says how the run ended.
 
-`DivergenceGuard` writes ``<trainer.log_dir>/summary.json`` when fit ends, whether it completed,
-diverged or was interrupted; the stability sweep and the report read it with `read_summary`.
+`RunSummary` is the record it is written from, one per fit: `DivergenceGuard` feeds it the run's
+course (losses, validations, divergence, wall time) and writes ``<trainer.log_dir>/summary.json``
+when fit ends, whether it completed, diverged or was interrupted; `VisitDiagnostics` feeds it its
+last measured step. The stability sweep and the report read the file with `read_summary`.
 
 Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
 
@@ -39,6 +41,8 @@ import dataclasses
 import json
 import math
 import os
+import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +90,107 @@ def read_summary(path: str | os.PathLike) -> dict:
     if summary.get("status") not in STATUSES:
         raise ValueError(f"{path} is not a loopnet run summary (status={summary.get('status')!r})")
     return summary
+
+
+def _float(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value.detach().float() if hasattr(value, "detach") else value)
+    return value if math.isfinite(value) else None
+
+
+def log_dir(trainer) -> str:
+    """The run's log folder, read on rank 0 alone: `trainer.log_dir` is a collective broadcast,
+    which would hang or fail when only rank 0 calls it under DDP."""
+    return (trainer.loggers[0].log_dir if trainer.loggers else None) or trainer.default_root_dir
+
+
+class RunSummary:
+    """What a fit's summary.json says, gathered while the fit runs (one record per trainer and fit:
+    `RunSummary.of(trainer)`). Its history (validations, last loss, wall time) is kept in checkpoints
+    by `DivergenceGuard`, so that a resumed run continues the record of the run it resumes."""
+
+    _records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.diverged_at_step: int | None = None
+        self.reason: str | None = None
+        self.last_good_checkpoint: str | None = None
+        self.train_loss: float | None = None
+        self.val_history: list[list[float]] = []
+        self.diagnostics: dict[str, Any] | None = None  # the last logging step: {"step", "visits", "kappa"}
+        self._earlier_wall_s = 0.0  # wall time of the run's earlier segments (resumed from a checkpoint)
+        self._t0 = time.monotonic()
+
+    @classmethod
+    def of(cls, trainer) -> RunSummary:
+        """The record of `trainer`'s fit."""
+        if trainer not in cls._records:
+            cls._records[trainer] = cls()
+        return cls._records[trainer]
+
+    @classmethod
+    def start(cls, trainer) -> RunSummary:
+        """A fresh record for a fit of `trainer` that starts now."""
+        cls._records[trainer] = cls()
+        return cls._records[trainer]
+
+    # ------------------------------------------------------------------------------ fed while the fit runs
+    def record_diagnostics(self, step: int, visits: dict, kappa: dict) -> None:
+        self.diagnostics = {"step": step, "visits": visits, "kappa": kappa}
+
+    def record_validation(self, step: int, value: float) -> None:
+        self.val_history.append([step, value])
+
+    def record_divergence(self, step: int, reason: str, last_good_checkpoint: str | None) -> None:
+        self.diverged_at_step, self.reason, self.last_good_checkpoint = step, reason, last_good_checkpoint
+
+    @property
+    def wall_time_s(self) -> float:
+        return self._earlier_wall_s + time.monotonic() - self._t0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"val_history": [list(v) for v in self.val_history], "train_loss": self.train_loss,
+                "wall_time_s": self.wall_time_s}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.val_history = [list(v) for v in state_dict.get("val_history", [])]
+        self.train_loss = state_dict.get("train_loss")
+        self._earlier_wall_s = float(state_dict.get("wall_time_s", 0.0))
+        self._t0 = time.monotonic()
+
+    # ------------------------------------------------------------------------------ written when it ends
+    def as_dict(self, trainer, pl_module, status: str, error: str | None = None) -> dict:
+        """The run summary as a dict (the schema above)."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        finite = [v for _, v in self.val_history if math.isfinite(v)]
+        ckpt = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+        stats = self.diagnostics
+        hparams = dict(pl_module.hparams)
+        diverged = self.diverged_at_step is not None
+        last = self.last_good_checkpoint if diverged else (ckpt.last_model_path or None) if ckpt else None
+        return {
+            "status": status,
+            "diverged_at_step": self.diverged_at_step,
+            "reason": self.reason,
+            "global_step": trainer.global_step,
+            "max_steps": trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
+            "final_train_loss": _float(self.train_loss),
+            "final_val_loss": _float(self.val_history[-1][1]) if self.val_history else None,
+            "best_val_loss": min(finite) if finite else None,
+            "val_history": self.val_history,
+            "last_checkpoint": last,
+            "best_checkpoint": (ckpt.best_model_path or None) if ckpt else None,
+            "config": hparams.get("config"),
+            "hparams": hparams,
+            "last_visit_stats": stats["visits"] if stats else None,
+            "kappa": stats["kappa"] if stats else None,
+            "diagnostics_step": stats["step"] if stats else None,
+            "log_dir": log_dir(trainer),
+            "error": error,
+            "wall_time_s": round(self.wall_time_s, 3),
+        }
+
+    def write(self, path: str | os.PathLike, trainer, pl_module, status: str, error: str | None = None) -> Path:
+        return write_summary(path, self.as_dict(trainer, pl_module, status, error))

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from loopnet.model import Visit
 
-VISIT_QUANTITIES = ("resid_norm", "state_norm", "branch_ratio", "act_grad_norm", "param_grad_norm")
+FORWARD_QUANTITIES = ("resid_norm", "state_norm", "branch_ratio")  # measured in the forward, in this order
+VISIT_QUANTITIES = FORWARD_QUANTITIES + ("act_grad_norm", "param_grad_norm")
 SUBLAYER_QUANTITIES = ("kappa", "grad_norm", "update_ratio")
 GLOBAL_TAGS = ("grad/global_norm", "grad/kappa_model")
 UPDATE_QUANTITIES = ("output_change", "logit_change")

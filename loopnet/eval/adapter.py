@@ -36,14 +36,12 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from loopnet.files import load_checkpoint_meta
+from loopnet.data.vocab import N_VOCAB
+from loopnet.checkpoints import load_checkpoint_meta
 from loopnet.model import LoopConfig, LoopedTransformer, sample_next
 
 log = logging.getLogger(__name__)
 
-# Real GPT-2 ids (loopnet.data.tokenizer.N_VOCAB, not imported: loopnet.data pulls in `datasets`);
-# LoopConfig.vocab_size pads this to a multiple of 64.
-GPT2_VOCAB = 50257
 DEFAULT_BATCH_SIZE = 16
 
 
@@ -51,7 +49,7 @@ def load_checkpoint(ckpt_path: str | Path, device: str | torch.device = "cpu") -
     """Build the `LoopedTransformer` of a `LoopedLM` checkpoint and load its weights, in eval mode.
 
     Only the model config and weights are read, with torch's restricted (``weights_only``)
-    unpickler (`loopnet.files.load_checkpoint_meta`, as `loopnet fit/test` read them), so no
+    unpickler (`loopnet.checkpoints.load_checkpoint_meta`, as `loopnet fit/test` read them), so no
     Lightning state or arbitrary pickled objects are needed.
     """
     path = Path(ckpt_path)
@@ -138,9 +136,9 @@ class LoopnetLM(TemplateLM):
         self.ckpt_path = None if ckpt_path is None else str(ckpt_path)
         self.model = load_checkpoint(ckpt_path, self._device) if model is None else model.to(self._device).eval()
         config: LoopConfig = self.model.config
-        if config.vocab_size < GPT2_VOCAB:
+        if config.vocab_size < N_VOCAB:
             raise ValueError(
-                f"the model's vocab_size={config.vocab_size} is smaller than GPT-2's {GPT2_VOCAB} ids; "
+                f"the model's vocab_size={config.vocab_size} is smaller than GPT-2's {N_VOCAB} ids; "
                 f"the adapter tokenises with GPT-2's BPE"
             )
         self.rounds = config.n_rounds if rounds is None else int(rounds)
@@ -153,7 +151,7 @@ class LoopnetLM(TemplateLM):
         self.batch_size = _parse_batch_size(batch_size)
         self.logits_cache = bool(logits_cache)
         self.encoding = gpt2_encoding()
-        self.vocab_size = GPT2_VOCAB
+        self.vocab_size = N_VOCAB
 
     # ----------------------------------------------------------------------------- harness API
     @property

@@ -11,12 +11,12 @@ under a new name (``-2``, ``-3``, ...) if those files already exist.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from loopnet.env import one_line_errors
 from loopnet.eval.tasks import PRESETS, TaskSetupError, check_datasets, expand_tasks, make_task_manager
 
 
@@ -88,7 +88,8 @@ def run_eval(
     if batch_size < 1:
         raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
     names = expand_tasks(tasks)
-    from loopnet.files import check_writable, load_checkpoint_meta
+    from loopnet.checkpoints import load_checkpoint_meta
+    from loopnet.files import check_writable
 
     load_checkpoint_meta(str(ckpt))  # readable, plain data (no pickled code): one line, not a traceback
     folder = Path(output_dir).expanduser() if output_dir is not None else ckpt.parent
@@ -143,16 +144,11 @@ def run_eval(
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``loopnet eval`` / ``python -m loopnet.eval``; errors exit with status 2."""
     args = build_parser().parse_args(argv)
-    try:
+    with one_line_errors("loopnet eval", (TaskSetupError, ValueError, FileNotFoundError, ImportError), debug=True):
         report = run_eval(
             ckpt_path=args.ckpt_path, tasks=args.tasks, rounds=args.rounds, batch_size=args.batch_size,
             limit=args.limit, num_fewshot=args.num_fewshot, include_path=args.include_path,
             output_dir=args.output_dir, device=args.device,
         )
-    except (TaskSetupError, ValueError, FileNotFoundError, ImportError) as err:
-        if os.environ.get("LOOPNET_DEBUG"):
-            raise
-        print(f"loopnet eval: error: {err} (set LOOPNET_DEBUG=1 for the traceback)", file=sys.stderr)
-        sys.exit(2)
     print(Path(report["files"]["markdown"]).read_text(encoding="utf-8"))
     print(f"loopnet eval: wrote {report['files']['json']} and {report['files']['markdown']}", file=sys.stderr)

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 from urllib.parse import urlparse
 
+from loopnet.env import hub_offline
+
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
 
@@ -28,7 +30,6 @@ PRESETS: dict[str, tuple[str, ...]] = {"deeploop": DEEPLOOP_TASKS}
 
 # `datasets` builders that read local files named in data_files / data_dir (no hub needed).
 FILE_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas", "xml", "webdataset"})
-_TRUE = {"1", "on", "yes", "true"}
 
 
 class TaskSetupError(ValueError):
@@ -49,11 +50,6 @@ def expand_tasks(tasks: str | Iterable[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- hub availability
-def hub_disabled_by_env() -> bool:
-    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set to a true value, as huggingface_hub reads them."""
-    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
 def hub_reachable(timeout: float = 2.0) -> bool:
     """Whether a TCP connection to the hub (HF_ENDPOINT, default huggingface.co) opens within `timeout` s.
 
@@ -202,7 +198,7 @@ def check_datasets(manager: "TaskManager", names: Iterable[str], probe_timeout: 
     remote = [(leaf, ds) for name in names for leaf in leaf_tasks(manager, name) if (ds := needs_hub(leaf))]
     if not remote:
         return
-    if hub_disabled_by_env():
+    if hub_offline():
         why = "the hub is disabled (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)"
     elif not hub_reachable(probe_timeout):
         why = f"the hub did not answer within {probe_timeout:g} s"

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,17 +31,10 @@ from typing import Any
 
 import yaml
 
+from .measures import param_label
+
 # Short names of the usual grid keys in cell ids; any other key shows as <last component><value>.
 # Values of residual and wiring are distinctive enough to stand alone.
-SHORT = {
-    "model.config.residual": "",
-    "model.config.wiring": "",
-    "model.config.n_rounds": "r",
-    "model.config.n_blocks": "k",
-    "model.config.p": "p",
-    "seed_everything": "s",
-    "model.optim.lr": "lr",
-}
 SWEEP_KEYS = {"base", "overrides", "grid", "include", "out", "description"}
 
 
@@ -82,18 +74,9 @@ def cli_value(value: Any) -> str:
     return json.dumps(value)  # lists and mappings
 
 
-def slug(value: Any) -> str:
-    text = f"{value:g}" if isinstance(value, float) else str(value)
-    return re.sub(r"[^A-Za-z0-9.]+", "", text)
-
-
 def cell_id(params: dict[str, Any]) -> str:
     """The cell's name from its grid values, in grid-key order, e.g. ``preln-flt-r6-s2``."""
-    parts = []
-    for key, value in params.items():
-        short = SHORT.get(key, key.rsplit(".", 1)[-1])
-        parts.append(f"{short}{slug(value)}")
-    return "-".join(parts) or "cell"
+    return "-".join(param_label(key, value) for key, value in params.items()) or "cell"
 
 
 def _as_list(key: str, value: Any) -> list:

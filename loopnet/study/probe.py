@@ -36,6 +36,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from loopnet.env import machine, one_line_errors
 from loopnet.model.scales import SCHEME_EXPONENT, residual_scales
 
 # The exponent p of each named scheme the probe takes; Post-LN is p = 0 (α = β = 1).
@@ -73,16 +74,9 @@ def theory(name: str, n_blocks: int, rounds: int, kappa: float) -> float:
 def resolve(config_args: list[str]):
     """(LoopConfig, OptimConfig, data module, gradient clip value) of a `loopnet fit` command line, through
     the CLI's own parser and checks (config files, keys, types); nothing is trained or written."""
-    from loopnet.training.cli import CheckOnly, main
+    from loopnet.training.check import parse_fit
 
-    got = {}
-
-    class Capture(CheckOnly):
-        def instantiate_classes(self) -> None:
-            got["cfg"] = self.config["fit"]
-
-    main(["fit", *config_args], cli_class=Capture)
-    cfg = got["cfg"]
+    cfg = parse_fit(config_args)
     from loopnet.data import TokenStreamDataModule
     from loopnet.model import LoopConfig
     from loopnet.training.module import OptimConfig
@@ -246,7 +240,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, config_args = parser().parse_known_args(argv)
-    try:
+    with one_line_errors("loopnet probe"):
         for s in args.schemes:
             parse_scheme(s)  # fails on a name it does not know
         schemes = args.schemes
@@ -256,9 +250,6 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--rounds must all be >= 1, got {args.rounds}")
         if args.notes and not Path(args.notes).is_file():
             raise FileNotFoundError(f"--notes {args.notes}: no such file")
-    except (ValueError, FileNotFoundError) as err:
-        print(f"loopnet probe: error: {err}", file=sys.stderr)
-        sys.exit(2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     notes = Path(args.notes).read_text() if args.notes else None  # read before anything in out is written
@@ -266,7 +257,6 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from loopnet.study.report import git_commit
-    from loopnet.study.sweep import machine
 
     base, optim, data, clip = resolve(config_args)
     data.setup("fit")

@@ -46,15 +46,14 @@ from typing import Any
 import yaml
 
 from loopnet.diagnostics import SUMMARY_NAME
+from loopnet.env import fail, one_line_errors
 from loopnet.diagnostics.tags import sublayer_tag, visit_tag
 from loopnet.model import SUBLAYERS, Visit
 
-from .grid import SHORT, slug
+from .measures import end_loss, escape_step, escaped, first_round_gradient_ratio, geomean, method_label
 from .sweep import FINAL_STATUSES, MANIFEST, cell_summary
 
 FIRST_FFN_GRAD = sublayer_tag("grad_norm", Visit(1, 1, "ffn").physical)  # the FLT paper's first-FFN gradient
-STANDARD_KEYS = {"model.config.residual", "model.config.wiring", "model.config.p", "model.config.n_rounds",
-                 "seed_everything"}
 
 
 @dataclass
@@ -91,22 +90,15 @@ class Run:
 
     @property
     def escape_step(self) -> int | None:
-        """Steps to escape: the first step at which the training loss, smoothed (EMA 0.9), is below the
-        plateau; None when the run did not escape (or logged no training loss)."""
+        """`measures.escape_step` of the run's training loss; None when the run did not escape (or
+        logged no training loss)."""
         if not self.escaped or "train/loss" not in self.curves or self.plateau is None:
             return None
-        ema = None
-        for step, value in self.curves["train/loss"]:
-            ema = value if ema is None else 0.9 * ema + 0.1 * value
-            if ema < self.plateau:
-                return step
-        return None
+        return escape_step(self.curves["train/loss"], self.plateau)
 
     @property
     def end_loss(self) -> float | None:
-        """The loss that decides escape: final validation loss, else final training loss."""
-        v = self.value("final_val_loss")
-        return v if v is not None else self.value("final_train_loss")
+        return end_loss(self.summary)
 
 
 # ---------------------------------------------------------------------------------------- reading
@@ -135,9 +127,7 @@ def describe(run: Run, sweep_dir: Path, default_config: dict) -> None:
     run.scheme = config.get("residual", "?")
     run.p = config.get("p")
     run.rounds = config.get("n_rounds")
-    scheme = f"p{run.p:g}" if run.scheme == "scaled" and run.p is not None else run.scheme
-    extra = [f"{SHORT.get(k, k.rsplit('.', 1)[-1])}{slug(v)}" for k, v in run.params.items() if k not in STANDARD_KEYS]
-    run.method = "-".join([scheme, str(config.get("wiring", "?")), *extra])
+    run.method = method_label(config, run.params)
     run.seed = run.params.get("seed_everything")
     if run.seed is None:  # not a grid key: the seed the fit resolved (its config.yaml)
         try:
@@ -238,19 +228,8 @@ class Group:
         return mean_std(vals)
 
     def first_last_grad(self) -> float | None:
-        """How much of the gradient reaches the first round: per physical sublayer j, ‖g_1,j‖ / ‖g_R,j‖
-        (visit gradient norms), geometric mean over the sublayers and the completed seeds. None at R = 1."""
-        if self.rounds == 1:
-            return None
-        ratios = []
-        for run in self.completed:
-            stats = run.value("last_visit_stats") or {}
-            visits = {Visit.parse(t): q for t, q in stats.items()}
-            for v, q in visits.items():
-                last = visits.get(Visit(self.rounds, v.block, v.sublayer))
-                if v.round == 1 and last and last["param_grad_norm"]:
-                    ratios.append(q["param_grad_norm"] / last["param_grad_norm"])
-        return _geomean(ratios) if ratios else None
+        """`measures.first_round_gradient_ratio` over the completed seeds."""
+        return first_round_gradient_ratio([run.value("last_visit_stats") for run in self.completed], self.rounds)
 
     def loss_cell(self) -> str:
         if not self.finished:
@@ -419,11 +398,6 @@ def _visit_key(tag: str):
     return v.round, v.block, SUBLAYERS.index(v.sublayer)
 
 
-def _geomean(values) -> float:
-    values = [v for v in values if v is not None and v > 0]
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
-
-
 def plot_per_visit(methods, rounds, groups, quantity: str, ylabel: str, title: str, path):
     """A per-visit quantity at every visit, in execution order, at the last diagnostics step: one
     panel per method, one line per R (geometric mean over the seeds that completed: the values
@@ -441,7 +415,7 @@ def plot_per_visit(methods, rounds, groups, quantity: str, ylabel: str, title: s
             if not stats:
                 continue
             tags = sorted(stats[0], key=_visit_key)
-            ys = [_geomean(s[t][quantity] for s in stats if t in s) for t in tags]
+            ys = [geomean(s[t][quantity] for s in stats if t in s) for t in tags]
             ax.plot(range(1, len(tags) + 1), ys, marker=".", color=cmap(i / max(1, len(rounds) - 1)), label=f"R = {r}")
         ax.set_title(m, fontsize=10)
         ax.set_yscale("log")
@@ -624,7 +598,7 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
         plateau, plateau_how = float(plateau_arg), "given with --plateau"
     for run in runs:
         if plateau is not None and run.finished:
-            run.escaped = run.status == "completed" and run.end_loss is not None and run.end_loss < plateau
+            run.escaped = escaped(run.status, run.end_loss, plateau)
         run.plateau = plateau
         config = (run.summary or {}).get("config") or {}
         extra = (final_state_tag(config["n_blocks"], config["n_rounds"]),) if "n_blocks" in config else ()
@@ -737,21 +711,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     sweep_dir = Path(args.sweep_dir)
     if not sweep_dir.is_dir():
-        print(f"loopnet report: error: {sweep_dir} is not a folder", file=sys.stderr)
-        sys.exit(2)
+        fail("loopnet report", f"{sweep_dir} is not a folder")
     if args.plateau not in ("auto", "none"):
         try:
             float(args.plateau)
         except ValueError:
-            print(f"loopnet report: error: --plateau takes a number, auto or none, got {args.plateau!r}", file=sys.stderr)
-            sys.exit(2)
+            fail("loopnet report", f"--plateau takes a number, auto or none, got {args.plateau!r}")
     notes = Path(args.notes).read_text() if args.notes else None
     out = Path(args.out) if args.out else sweep_dir / "report"
-    try:
+    with one_line_errors("loopnet report", (ValueError,)):
         path = build_report(sweep_dir, out, args.plateau, args.title, notes, argv)
-    except ValueError as err:
-        print(f"loopnet report: error: {err}", file=sys.stderr)
-        sys.exit(2)
     print(f"loopnet report: wrote {path}")
 
 

@@ -29,7 +29,6 @@ import fcntl
 import fnmatch
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from loopnet.diagnostics import SUMMARY_NAME, read_summary
+from loopnet.env import machine, one_line_errors
 
 from .grid import CLI, Cell, Sweep, SweepError, expand, load_sweep
 
@@ -232,17 +232,6 @@ class SweepRunner:
                       f"file gives now; delete {self.out / cell.id} to rerun it")
 
 
-def machine() -> dict:
-    """Where the sweep ran, for the report."""
-    import torch
-
-    info = {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
 def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt  # so that the runner's `finally` stops its children cleanly
 
@@ -267,7 +256,7 @@ def parser() -> argparse.ArgumentParser:
 def check_cells(sweep, cells: list[Cell]) -> None:
     """Every unfinished cell's `loopnet fit` command passes the CLI's own checks (keys, types, the
     model config) before any cell runs: a typo in the grid fails here, not in each cell's log."""
-    from loopnet.training.cli import check_command
+    from loopnet.training.check import check_command
 
     bad: dict[str, list[str]] = {}
     for cell in cells:
@@ -320,10 +309,8 @@ def run(argv: list[str], echo=None) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        rc = run(argv)
-    except SweepError as err:
-        print(f"loopnet sweep: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        with one_line_errors("loopnet sweep", (SweepError,)):
+            rc = run(argv)
     except KeyboardInterrupt:
         print("loopnet sweep: interrupted; rerun the same command to continue", file=sys.stderr)
         sys.exit(130)

@@ -19,8 +19,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from loopnet.data.vocab import N_VOCAB
+
 OPENWEBTEXT_PLATEAU = 7.67  # nats, GPT-2 BPE on OpenWebText (DeepLoop appendix)
-GPT2_VOCAB = 50257
 
 
 def entropy(counts: np.ndarray) -> float:
@@ -30,17 +31,11 @@ def entropy(counts: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def unigram_counts(token_arrays: Iterable[np.ndarray], vocab_size: int = GPT2_VOCAB) -> np.ndarray:
+def unigram_counts(token_arrays: Iterable[np.ndarray], vocab_size: int = N_VOCAB) -> np.ndarray:
     counts = np.zeros(vocab_size, dtype=np.int64)
     for ids in token_arrays:
         counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
     return counts
-
-
-def unigram_entropy(token_arrays: Iterable[np.ndarray], vocab_size: int = GPT2_VOCAB) -> tuple[float, int]:
-    """(entropy in nats, number of tokens) of the unigram distribution of all tokens given."""
-    counts = unigram_counts(token_arrays, vocab_size)
-    return entropy(counts), int(counts.sum())
 
 
 def cross_entropy(targets: np.ndarray, counts: np.ndarray) -> float:

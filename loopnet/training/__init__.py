@@ -1,4 +1,5 @@
-"""Training wiring: the LightningModule, the default callbacks and the `loopnet` CLI."""
+"""Training wiring: the LightningModule, the callbacks and the defaults `loopnet fit` runs with, the
+LightningCLI (`cli`) and its check-only mode (`check`)."""
 
 from .module import GenerateConfig, LoopedLM, OptimConfig
 

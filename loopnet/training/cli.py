@@ -3,13 +3,14 @@
     loopnet fit  --config configs/deeploop_r6.yaml [--config configs/cpu.yaml]
     loopnet test --config ... --ckpt_path runs/<run>/version_0/checkpoints/last.ckpt
     loopnet predict --config ... --ckpt_path ... --model.generate.prompt "To be"
+
+The Trainer subcommands only; `loopnet` itself (and its other tools) is `loopnet.__main__`.
 """
 
 from __future__ import annotations
 
 import difflib
 import errno
-import json
 import logging
 import os
 import re
@@ -20,17 +21,21 @@ from pathlib import Path
 import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from loopnet import checkpoints
 from loopnet.data import TokenStreamDataModule
-from loopnet.data.tokenizer import N_VOCAB
-from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
-from loopnet.files import atomic_write, check_writable, load_checkpoint_meta
+from loopnet.data.vocab import N_VOCAB
+from loopnet.diagnostics import DivergenceGuard
+from loopnet.env import one_line_errors
+from loopnet.files import atomic_write, check_writable
 from loopnet.model import LoopConfig
-from loopnet.training.callbacks import AtomicCheckpointIO, GracefulInterrupt, HostMemory, TokenThroughput
-from loopnet.training.module import LoopedLM, check_checkpoint_config
+from loopnet.study.measures import scheme_label
+from loopnet.training.callbacks import AtomicCheckpointIO
+from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
+from loopnet.training.module import LoopedLM
 
 
 class _NoAdvert(logging.Filter):
@@ -50,98 +55,9 @@ def quiet_dependencies() -> None:
 quiet_dependencies()
 
 
-def load_hparams(path: str) -> dict:
-    """A checkpoint's hyperparameters, read with torch's restricted (weights_only) unpickler."""
-    return load_checkpoint_meta(path).get("hyper_parameters", {})
-
-
-def saved_stream_config(ckpt: dict) -> dict | None:
-    """The data settings a checkpoint's training stream was read with (rank 0's loader state), if any."""
-    try:
-        return ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["ranks"][0]["config"]
-    except (KeyError, IndexError, TypeError):
-        return None
-
-
-# ModelCheckpoint's settings for `loopnet fit` (the benchmark's Lightning variant uses them too).
-CHECKPOINT_DEFAULTS = {
-    "monitor": "val/loss",
-    "mode": "min",
-    "save_last": True,
-    "save_top_k": 1,
-    "filename": "best-step{step:06d}",
-    "auto_insert_metric_name": False,
-}
-
-TRAINER_DEFAULTS = {
-    "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": "runs"}},
-    "max_steps": 5000,
-    "gradient_clip_val": 1.0,
-    "val_check_interval": 250,
-    "check_val_every_n_epoch": None,
-    "log_every_n_steps": 10,
-}
-
-
 def run_name(config: Namespace) -> str:
     """One log folder per run, named after the scheme, wiring and R, e.g. ``deeploop_carry_k2_r6``."""
-    residual = config.residual if config.residual != "scaled" else f"p{config.p:g}"
-    return f"{residual}_{config.wiring}_k{config.n_blocks}_r{config.n_rounds}"
-
-
-def resume_in_last_version(logger_args: Namespace) -> None:
-    """For `fit --ckpt_path last`: continue in the version folder of this run name that holds a
-    checkpoint, so Lightning finds its last.ckpt (or last-interrupted.ckpt) and the TensorBoard
-    curves continue in the same folder. With none, training starts afresh; with several, the
-    choice is the user's (`run_checkpoint`)."""
-    if logger_args.get("version") is not None:
-        return
-    found = run_checkpoint(Path(logger_args.save_dir) / logger_args.name)
-    if found is not None:
-        logger_args.version = found.parent.parent.name
-
-
-def run_checkpoint(root: Path) -> Path | None:
-    """The newest `last*.ckpt` of the one `version_*` folder of the run folder `root` that holds any.
-    When several versions do, 'last' is ambiguous (file times would let a later short fit silently
-    stand in for the run meant): refused, naming them and how to pick one."""
-    versions: dict[Path, list[Path]] = {}
-    for ckpt in root.glob("version_*/checkpoints/last*.ckpt"):
-        versions.setdefault(ckpt.parent.parent, []).append(ckpt)
-    if len(versions) > 1:
-        names = sorted((v.name for v in versions), key=lambda n: (len(n), n))
-        listed = ", ".join(f"{n} ({_run_state(root / n)})" for n in names)
-        raise ValueError(f"--ckpt_path last is ambiguous: {len(names)} versions of {root} hold a last*.ckpt: {listed}; "
-                         f"fix: pick one with --trainer.logger.init_args.version N (e.g. {names[-1].split('_')[-1]}), "
-                         f"or give the .ckpt file with --ckpt_path")
-    return newest_last_checkpoint(next(iter(versions)) / "checkpoints") if versions else None
-
-
-def _run_state(version: Path) -> str:
-    """'completed at step 8' (from the version's summary.json), or 'no summary'."""
-    try:
-        summary = json.loads((version / "summary.json").read_text())
-        return f"{summary['status']} at step {summary['global_step']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "no summary"
-
-
-def pinned_checkpoint_folder(cfg: Namespace) -> Path | None:
-    """Where a run's checkpoints are when the command pins them: --checkpoint.dirpath, or the
-    checkpoints/ of the logger's pinned version (version "" for sweep cells: no version level)."""
-    folder = cfg.checkpoint.get("dirpath") if cfg.get("checkpoint") else None
-    logger = cfg.trainer.logger
-    if folder is None and isinstance(logger, Namespace) and logger.init_args.get("version") is not None:
-        args = logger.init_args
-        version = args.version if isinstance(args.version, str) else f"version_{args.version}"
-        folder = Path(args.save_dir) / (args.get("name") or "") / version / "checkpoints"
-    return Path(folder) if folder is not None else None
-
-
-def newest_last_checkpoint(folder: Path) -> Path | None:
-    """The checkpoint Lightning resumes from with `ckpt_path="last"` in `folder`: the newest `last*.ckpt`."""
-    found = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-    return found[-1] if found else None
+    return f"{scheme_label(config.residual, config.p)}_{config.wiring}_k{config.n_blocks}_r{config.n_rounds}"
 
 
 def config_files(argv: list[str]) -> list[str]:
@@ -263,9 +179,7 @@ def check_fresh_version(cfg: Namespace) -> None:
     logger = cfg.trainer.logger
     if not isinstance(logger, Namespace) or logger.init_args.get("version") in (None, ""):
         return
-    args = logger.init_args
-    version = args.version if isinstance(args.version, str) else f"version_{args.version}"
-    folder = Path(args.save_dir) / (args.get("name") or "") / version
+    folder = checkpoints.version_folder(logger.init_args)
     held = [name for name in ("config.yaml", "summary.json") if (folder / name).exists()]
     held += ["checkpoints"] if any(folder.glob("checkpoints/*.ckpt")) else []
     if held:
@@ -302,15 +216,9 @@ class LoopnetCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.config.seq_len", "data.seq_len")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({f"checkpoint.{k}": v for k, v in CHECKPOINT_DEFAULTS.items()})
-        parser.add_lightning_class_args(GracefulInterrupt, "interrupt")  # after "checkpoint": uses its folder
-        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
-        parser.set_defaults({"lr_monitor.logging_interval": "step"})
-        parser.add_lightning_class_args(TokenThroughput, "throughput")
-        parser.add_lightning_class_args(VisitDiagnostics, "diagnostics")
-        parser.add_lightning_class_args(DivergenceGuard, "divergence")
-        parser.add_lightning_class_args(HostMemory, "host_memory")
+        for group, (cls, defaults) in callbacks().items():
+            parser.add_lightning_class_args(cls, group)
+            parser.set_defaults({f"{group}.{k}": v for k, v in defaults.items()})
 
     def _parse_ckpt_path(self) -> None:
         """Check `--ckpt_path` before anything is built. Unlike LightningCLI's default, the
@@ -343,12 +251,8 @@ class LoopnetCLI(LightningCLI):
     def _check_checkpoint(path: str, cfg: Namespace, subcommand: str) -> None:
         """The checks a checkpoint passes before anything is built: readable plain data, the same model
         config and, to resume a fit, the same data stream."""
-        ckpt = load_checkpoint_meta(path)
-        try:
-            check_checkpoint_config(ckpt.get("hyper_parameters", {}).get("config"), cfg.model.config.as_dict())
-        except ValueError as err:  # name the file: with --ckpt_path last the user did not
-            raise ValueError(f"{path}: {err}") from None
-        saved = saved_stream_config(ckpt)
+        ckpt = checkpoints.check_checkpoint(path, cfg.model.config.as_dict())
+        saved = TokenStreamDataModule.saved_config(ckpt)
         if subcommand == "fit" and saved is not None:
             TokenStreamDataModule(**cfg.data.as_dict()).check_resume(saved, f"the checkpoint {path}")
 
@@ -423,7 +327,7 @@ class LoopnetCLI(LightningCLI):
             check_writable(cfg.checkpoint.dirpath, "--checkpoint.dirpath")
         if self.subcommand == "fit" and cfg.ckpt_path == "last":
             if isinstance(logger, Namespace):
-                resume_in_last_version(logger.init_args)
+                checkpoints.resume_in_last_version(logger.init_args)
             self._check_last_checkpoint(cfg)
         if self.subcommand in EVALUATION and cfg.ckpt_path == "last":
             cfg.ckpt_path = self._newest_run_checkpoint(cfg)
@@ -438,8 +342,8 @@ class LoopnetCLI(LightningCLI):
     def _check_last_checkpoint(self, cfg: Namespace) -> None:
         """`fit --ckpt_path last`: check the checkpoint Lightning will pick as a given path is
         checked (readable, plain data, same model config), and name it explicitly."""
-        folder = pinned_checkpoint_folder(cfg)
-        last = newest_last_checkpoint(folder) if folder is not None else None
+        folder = checkpoints.pinned_checkpoint_folder(cfg)
+        last = checkpoints.newest_last_checkpoint(folder) if folder is not None else None
         if last is not None:
             self._check_checkpoint(str(last), cfg, "fit")
             cfg.ckpt_path = str(last)
@@ -452,16 +356,7 @@ class LoopnetCLI(LightningCLI):
         holds checkpoints (several: refused as ambiguous)
         (Lightning's own 'last' would look in this evaluation's new folder, find none and quietly
         use the random initial weights)."""
-        logger = cfg.trainer.logger
-        folder = pinned_checkpoint_folder(cfg)
-        if folder is not None:
-            where, found = f"{folder}/last*.ckpt", newest_last_checkpoint(folder)
-        elif isinstance(logger, Namespace) and logger.init_args.get("save_dir") is not None:
-            root = Path(logger.init_args.save_dir) / (logger.init_args.get("name") or "")
-            where, found = f"{root}/version_*/checkpoints/last*.ckpt", run_checkpoint(root)
-        else:
-            raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder or --checkpoint.dirpath "
-                             "to look in; fix: give the .ckpt file with --ckpt_path")
+        found, where = checkpoints.last_checkpoint(cfg)
         if found is None:
             raise FileNotFoundError(f"--ckpt_path last: no {where}; fix: give the .ckpt file with --ckpt_path, "
                                     f"or use the config (and run name) the model was trained with")
@@ -474,83 +369,26 @@ class LoopnetCLI(LightningCLI):
 # The Trainer entry points that evaluate a trained model: they need a checkpoint.
 EVALUATION = ("validate", "test", "predict")
 
-# Subcommands that are not Trainer entry points, each with its own parser.
-TOOLS = {
-    "sweep": ("loopnet.study.sweep", "run a grid of fits (resumable)"),
-    "report": ("loopnet.study.report", "turn a sweep folder into a markdown report with plots"),
-    "probe": ("loopnet.study.probe", "update size and κ̂ of the first AdamW steps over R and schemes"),
-    "eval": ("loopnet.eval.cli", "downstream tasks through lm-evaluation-harness at several R'"),
-    "bench": ("loopnet.bench.run", "training throughput, MFU and memory benchmarks"),
-}
-
-
-class CheckOnly(LoopnetCLI):
-    """Parses and checks a command line as `loopnet` does (config files, keys, types, the model config,
-    checkpoints, writable folders), but builds and runs nothing."""
-
-    def _set_seed(self) -> None:  # the caller's RNGs and log stay untouched
-        pass
-
-    def instantiate_classes(self) -> None:
-        pass
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        pass
-
-
-def check_command(argv: list[str]) -> str | None:
-    """None when `loopnet <argv>` would get past its checks; else its one-line error (for `loopnet sweep`,
-    so that a typo in a grid fails before any cell runs)."""
-    import contextlib
-    import io
-
-    err, environ, sys_argv = io.StringIO(), dict(os.environ), sys.argv
-    try:
-        sys.argv = sys.argv[:1]  # the caller's own arguments are not this command's (LightningCLI warns)
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            main(argv, cli_class=CheckOnly)
-        return None
-    except SystemExit as exit_:
-        if exit_.code in (0, None):
-            return None
-        if exit_.code == 130:  # Ctrl-C: the caller's to handle, not this command's error
-            raise KeyboardInterrupt from None
-        lines = [line for line in err.getvalue().splitlines() if line.strip()]
-        return lines[-1] if lines else f"exit status {exit_.code}"
-    finally:  # seed_everything exports PL_GLOBAL_SEED; the caller's environment stays its own
-        sys.argv = sys_argv
-        os.environ.clear()
-        os.environ.update(environ)
-
 
 def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> None:
+    """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line)."""
     argv = sys.argv[1:] if args is None else list(args)
-    if argv and argv[0] in TOOLS:
-        import importlib
-
-        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
-    if not argv or argv[0] in ("-h", "--help"):
-        print("loopnet tools: " + "; ".join(f"{name}: {help}" for name, (_, help) in TOOLS.items()))
     try:
-        for path in config_files(argv):
-            check_yaml(path)
-        cli_class(
-            LoopedLM,
-            TokenStreamDataModule,
-            subclass_mode_model=False,
-            subclass_mode_data=False,
-            trainer_defaults=TRAINER_DEFAULTS,
-            save_config_callback=SaveConfigOnStart,
-            save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,  # LoopedLM.configure_optimizers owns AdamW and the schedule
-            parser_class=OneLineErrorParser,
-            args=None if args is None else argv,
-        )
-    except (ValueError, FileNotFoundError, PermissionError) as err:
-        if os.environ.get("LOOPNET_DEBUG"):
-            raise
-        print(f"loopnet: error: {err} (set LOOPNET_DEBUG=1 for the traceback)", file=sys.stderr)
-        sys.exit(2)
+        with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
+            for path in config_files(argv):
+                check_yaml(path)
+            cli_class(
+                LoopedLM,
+                TokenStreamDataModule,
+                subclass_mode_model=False,
+                subclass_mode_data=False,
+                trainer_defaults=TRAINER_DEFAULTS,
+                save_config_callback=SaveConfigOnStart,
+                save_config_kwargs={"overwrite": True},
+                auto_configure_optimizers=False,  # LoopedLM.configure_optimizers owns AdamW and the schedule
+                parser_class=OneLineErrorParser,
+                args=None if args is None else argv,
+            )
     except OSError as err:  # disk full or over quota while writing a checkpoint or the run summary
         if err.errno not in (errno.ENOSPC, errno.EDQUOT) or os.environ.get("LOOPNET_DEBUG"):
             raise
@@ -561,5 +399,7 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
         sys.exit(130)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m loopnet.training.cli` is `loopnet` (sweep cells run it): the tools too
+    from loopnet.__main__ import main as loopnet
+
+    loopnet(trainer=main)

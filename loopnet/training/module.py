@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from torchmetrics import MeanMetric
 
+from loopnet.checkpoints import check_checkpoint_config
 from loopnet.data import gpt2_encoding
-from loopnet.data.tokenizer import EOT_ID, N_VOCAB
+from loopnet.data.vocab import EOT_ID, N_VOCAB
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss, sample_next
 
 
@@ -65,26 +66,6 @@ class GenerateConfig:
     temperature: float = 0.8
     top_k: Optional[int] = 50
     rounds: Optional[int] = None
-
-
-# LoopConfig fields that may differ between a checkpoint and the run that loads it.
-RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "loss_rounds"})
-
-
-def check_checkpoint_config(saved: dict | LoopConfig | None, current: dict) -> None:
-    """Raise a clear error when a checkpoint's model config differs from the current one."""
-    if saved is None:
-        return
-    if isinstance(saved, LoopConfig):
-        saved = asdict(saved)
-    diff = [f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
-            for k, v in current.items() if k not in RUNTIME_FIELDS and saved.get(k) != v]
-    if diff:
-        raise ValueError(
-            "the checkpoint was trained with another model config (" + "; ".join(diff) + "); "
-            "run with the config saved beside it (runs/<run>/version_N/config.yaml), and use "
-            "--model.eval_rounds to evaluate other round counts"
-        )
 
 
 def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) -> None:

@@ -8,7 +8,8 @@ import sys
 
 import torch
 
-from loopnet.model import LoopConfig, LoopedTransformer
+from loopnet.model import LoopedTransformer
+from tests.helpers import tiny_config
 
 VARIANTS = ["bare", "lightning", "diagnostics@2", "diagnostics@50", "compile", "checkpoint", "R=1", "R=3", "R=12",
             "data", "nanoGPT", "preln R=1"]
@@ -33,7 +34,8 @@ def test_smoke_run_prints_and_writes_every_variant(tmp_path):
 def test_vs_nanogpt_runs_the_pair_alone_at_equal_size(tmp_path):
     """--vs-nanogpt: loopnet's Pre-LN R = 1 step and the independent GPT's, of the same parameter count, in
     paired turns, and nothing else."""
-    from loopnet.bench.run import Bare, NanoGPTStep, parse
+    from loopnet.bench.run import parse
+    from loopnet.bench.variants import Bare, NanoGPTStep
 
     js = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -60,7 +62,7 @@ def test_vs_nanogpt_runs_the_pair_alone_at_equal_size(tmp_path):
 def test_compiled_model_matches_eager_and_reuses_graphs_across_rounds():
     from torch._dynamo.utils import counters
 
-    cfg = LoopConfig(vocab_size=64, seq_len=8, d_model=16, n_heads=2, n_blocks=2, n_rounds=3)
+    cfg = tiny_config(seq_len=8, d_model=16, n_heads=2)
     torch.manual_seed(0)
     eager = LoopedTransformer(cfg)
     torch.manual_seed(0)
@@ -96,7 +98,9 @@ def test_bf16_on_cpu_runs_autocast_and_measures_a_bf16_peak(tmp_path):
 
 
 def test_bare_loop_forward_runs_in_the_chosen_precision():
-    from loopnet.bench.run import Bare, parse, random_batches
+    from loopnet.bench.run import parse
+    from loopnet.bench.settings import random_batches
+    from loopnet.bench.variants import Bare
 
     threads = torch.get_num_threads()  # parse() sets 1 thread for --smoke
     try:

@@ -38,7 +38,7 @@ def test_compact_needs_a_local_corpus_and_a_large_enough_model(txt_corpus):
         TokenStreamDataModule(seq_len=16, batch_size=2, source="hub", vocab="compact")
     with pytest.raises(DataConfigError, match="data.vocab='tiny' is not known"):
         TokenStreamDataModule(seq_len=16, batch_size=2, vocab="tiny")
-    from loopnet.model import LoopConfig
+    from tests.helpers import tiny_config
     from loopnet.training.module import LoopedLM
 
     _, compact = _modules(txt_corpus[0])
@@ -46,7 +46,7 @@ def test_compact_needs_a_local_corpus_and_a_large_enough_model(txt_corpus):
     class FakeTrainer:
         datamodule = compact
 
-    lm = LoopedLM(config=LoopConfig(vocab_size=8, seq_len=16, d_model=32, n_heads=4, n_blocks=1, n_rounds=1))
+    lm = LoopedLM(config=tiny_config(vocab_size=8, n_blocks=1, n_rounds=1))
     lm._trainer = FakeTrainer()
     with pytest.raises(ValueError, match=f"smaller than the data's {compact.vocab_size} token ids.*fix: set model.config.vocab_size"):
         lm.setup("fit")

@@ -9,15 +9,10 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from loopnet.model import LoopConfig
 from loopnet.training.module import LoopedLM, OptimConfig
+from tests.helpers import tiny_config
 
-VOCAB, T = 64, 16
-
-
-def tiny_config(**kw) -> LoopConfig:
-    base = dict(vocab_size=VOCAB, seq_len=T, d_model=32, n_heads=4, n_blocks=2, n_rounds=3, residual="deeploop")
-    return LoopConfig(**{**base, **kw})
+VOCAB, T = tiny_config().vocab_size, tiny_config().seq_len
 
 
 def random_tokens(n: int = 64, seed: int = 0) -> DataLoader:

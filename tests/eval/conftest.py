@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from loopnet.data import gpt2_encoding
-from loopnet.model import LoopConfig
+from tests.helpers import tiny_config
 from loopnet.training.module import LoopedLM
 from tests.eval.helpers import DATA_DIR, TASK_FILE, direct_task_scores
 
@@ -31,7 +31,7 @@ def tiny_ckpt(tmp_path_factory) -> str:
 
     torch.manual_seed(0)
     module = LoopedLM(
-        config=LoopConfig(vocab_size=50304, seq_len=64, d_model=32, n_heads=2, n_blocks=1, n_rounds=2),
+        config=tiny_config(vocab_size=50304, seq_len=64, n_heads=2, n_blocks=1, n_rounds=2),
         optim={"lr": 1e-2, "warmup_steps": 1},
     )
     trainer = L.Trainer(

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from loopnet.data import gpt2_encoding
+from loopnet.data.vocab import N_VOCAB as GPT2_VOCAB
 
 DATA_DIR = Path(__file__).parent / "data"
 TASK = "loopnet_tiny_mc"
 TASK_FILE = DATA_DIR / "tiny_mc.jsonl"
-GPT2_VOCAB = 50257
 
 
 def load_docs() -> list[dict]:

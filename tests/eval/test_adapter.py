@@ -122,9 +122,9 @@ def test_a_compact_vocabulary_checkpoint_is_refused(tmp_path):
     import torch
 
     from loopnet.eval.adapter import load_checkpoint
-    from loopnet.model import LoopConfig
+    from tests.helpers import tiny_config
 
-    cfg = LoopConfig(vocab_size=64, seq_len=8, d_model=16, n_heads=2, n_blocks=1, n_rounds=1)
+    cfg = tiny_config(seq_len=8, d_model=16, n_heads=2, n_blocks=1, n_rounds=1)
     path = tmp_path / "compact.ckpt"
     from dataclasses import asdict
     torch.save({"hyper_parameters": {"config": asdict(cfg)}, "state_dict": {},

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from loopnet.model import LoopConfig, LoopedTransformer, Visit, residual_scales, visit_order
+from tests.helpers import tiny_config
 from loopnet.model.layers import QKVLinear
 
 SCHEMES = ["preln", "postln", "deepnorm", "deeploop", "scaled"]
@@ -16,11 +17,7 @@ WIRINGS = [dict(wiring="carry"), dict(wiring="flt"), dict(wiring="lt"),
 
 
 def tiny(**kw) -> LoopConfig:
-    base = dict(vocab_size=97, seq_len=16, d_model=32, n_heads=4, n_blocks=2, n_rounds=3)
-    base.update(kw)
-    if base.get("residual") == "scaled":
-        base.setdefault("p", 0.4)
-    return LoopConfig(**base)
+    return tiny_config(**{"vocab_size": 97, **kw})
 
 
 class Recorder:

@@ -108,7 +108,8 @@ def test_failed_write_keeps_the_previous_file(tmp_path):
 
 def test_cli_writes_checkpoints_atomically(tmp_path):
     from loopnet.data import TokenStreamDataModule
-    from loopnet.training.cli import TRAINER_DEFAULTS, LoopnetCLI, OneLineErrorParser
+    from loopnet.training.cli import LoopnetCLI, OneLineErrorParser
+    from loopnet.training.defaults import TRAINER_DEFAULTS
     from loopnet.training.module import LoopedLM
 
     cli = LoopnetCLI(LoopedLM, TokenStreamDataModule, trainer_defaults=TRAINER_DEFAULTS, auto_configure_optimizers=False,

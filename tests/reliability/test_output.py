@@ -24,7 +24,7 @@ def test_checking_a_command_ignores_the_callers_own_arguments(monkeypatch, recwa
     """`loopnet sweep` checks each cell's command in-process; LightningCLI warned about sys.argv each time."""
     import sys
 
-    from loopnet.training.cli import check_command
+    from loopnet.training.check import check_command
 
     from .helpers import SHORT
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from loopnet.model import LoopConfig
-from loopnet.training.cli import load_hparams
+from loopnet.checkpoints import load_checkpoint_meta
 from loopnet.training.module import OptimConfig
 
 from .helpers import RUN, TINY, loopnet
@@ -75,6 +75,11 @@ def test_trainer_loads_with_weights_only_by_default(evil, tmp_path, monkeypatch)
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         loopnet("test", *SHORT, "--ckpt_path", str(path), cwd=tmp_path)
     assert not marker.exists()
+
+
+def load_hparams(path: str) -> dict:
+    """A checkpoint's hyperparameters, read with torch's restricted (weights_only) unpickler."""
+    return load_checkpoint_meta(path).get("hyper_parameters", {})
 
 
 def test_loopnet_config_types_are_allow_listed(tmp_path):

@@ -22,7 +22,7 @@ import yaml
 from loopnet.diagnostics import read_summary
 from loopnet.study import report as report_mod
 from loopnet.study.sweep import LOG, MANIFEST, is_finished, run
-from loopnet.study.unigram import cross_entropy, entropy, unigram_entropy, val_limit
+from loopnet.study.unigram import cross_entropy, entropy, unigram_counts, val_limit
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {
@@ -184,6 +184,12 @@ def test_cells_that_would_fail_at_once_stop_the_sweep_before_any_runs(tmp_path):
     with pytest.raises(SweepError, match=r"1 of 2 cells would fail at once.*n_heads3\): .*not divisible by n_heads=3"):
         run([str(sweep_file)], echo=lambda line: None)
     assert not (tmp_path / "sweep" / "sweep.json").exists()  # nothing ran
+
+
+def unigram_entropy(token_arrays, vocab_size: int) -> tuple[float, int]:
+    """(entropy in nats, number of tokens) of the unigram distribution of all tokens given."""
+    counts = unigram_counts(token_arrays, vocab_size)
+    return entropy(counts), int(counts.sum())
 
 
 def test_unigram_entropy():

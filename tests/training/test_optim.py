@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from loopnet.model import LoopConfig
 from loopnet.training.module import LoopedLM, OptimConfig
+from tests.helpers import tiny_config
 
 V, T = 64, 16
 
@@ -19,7 +19,7 @@ V, T = 64, 16
 def fit(tmp_path, fused: bool, clip, precision="bf16-mixed", algorithm=None) -> dict[str, torch.Tensor]:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     torch.manual_seed(0)
-    cfg = LoopConfig(vocab_size=V, seq_len=T, d_model=32, n_heads=2, n_blocks=2, n_rounds=2)
+    cfg = tiny_config(vocab_size=V, seq_len=T, n_heads=2, n_rounds=2)
     lm = LoopedLM(config=cfg, optim=OptimConfig(lr=1e-2, warmup_steps=1, decay_steps=10, fused=fused))
     tokens = torch.randint(0, V, (16, T + 1), generator=torch.Generator().manual_seed(0))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=4)
@@ -43,7 +43,7 @@ def test_fused_adamw_is_clipped_under_bf16_mixed(tmp_path, algorithm):
 
 def test_default_fused_on_cpu_and_cuda_without_a_grad_scaler(tmp_path):
     torch.manual_seed(0)
-    cfg = LoopConfig(vocab_size=V, seq_len=T, d_model=32, n_heads=2, n_blocks=1, n_rounds=1)
+    cfg = tiny_config(vocab_size=V, seq_len=T, n_heads=2, n_blocks=1, n_rounds=1)
     lm = LoopedLM(config=cfg, optim=OptimConfig(decay_steps=10))
     assert lm.configure_optimizers()["optimizer"].defaults["fused"] is True  # CPU: one kernel per tensor
     lm = LoopedLM(config=cfg, optim=OptimConfig(decay_steps=10, fused=False))

@@ -44,10 +44,10 @@ def test_fp32_keeps_lightnings_lookup(monkeypatch):
 
 
 def test_flops_per_batch_follows_the_stage():
-    from loopnet.model import LoopConfig
+    from tests.helpers import tiny_config
     from loopnet.training.module import LoopedLM, OptimConfig
 
-    cfg = LoopConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_blocks=2, n_rounds=3)
+    cfg = tiny_config(n_heads=2)
     lm = LoopedLM(config=cfg, optim=OptimConfig(decay_steps=10), eval_rounds=[1])
     batch = (torch.zeros(4, 16, dtype=torch.long), torch.zeros(4, 16, dtype=torch.long))
     per_token = lm.model.flops_per_token

@@ -1,0 +1,155 @@
+"""A run's checkpoints: read one with torch's restricted unpickler, find the one `--ckpt_path last`
+means, check that one fits the run that loads it. Light to import (torch only where a checkpoint is
+read), for every command's checks (`loopnet fit/test/...` and `loopnet eval`).
+
+The layout `loopnet fit` writes: ``<save_dir>/<run name>/<version>/checkpoints/{last,best-*}.ckpt``,
+beside the version's ``summary.json`` and ``config.yaml``. What a checkpoint's data loader saved is
+the data module's to read (`TokenStreamDataModule.saved_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+# LoopConfig fields that may differ between a checkpoint and the run that loads it.
+RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "loss_rounds"})
+
+
+# ----------------------------------------------------------------------------------------- reading
+def load_checkpoint_meta(path: str) -> dict:
+    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
+    import torch
+
+    try:
+        # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        try:  # names what the file would import, without running anything
+            unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
+        except Exception:
+            unsafe = "unknown objects"
+        raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
+                         "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
+                         "by `loopnet fit`, and never load files from untrusted sources") from None
+    except Exception as err:  # truncated or not a torch file
+        why = (str(err).splitlines() or [""])[0]
+        why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
+        raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
+                         f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
+    return ckpt
+
+
+# ----------------------------------------------------------------------------------------- compatibility
+def check_checkpoint_config(saved: Any, current: dict) -> None:
+    """Raise a clear error when a checkpoint's model config (a dict or a LoopConfig) differs from the current one."""
+    if saved is None:
+        return
+    if dataclasses.is_dataclass(saved):
+        saved = dataclasses.asdict(saved)
+    diff = [f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
+            for k, v in current.items() if k not in RUNTIME_FIELDS and saved.get(k) != v]
+    if diff:
+        raise ValueError(
+            "the checkpoint was trained with another model config (" + "; ".join(diff) + "); "
+            "run with the config saved beside it (runs/<run>/version_N/config.yaml), and use "
+            "--model.eval_rounds to evaluate other round counts"
+        )
+
+
+def check_checkpoint(path: str, model_config: dict) -> dict:
+    """Read `path` (readable, plain data) and check it was trained with `model_config`; the error names
+    the file (with `--ckpt_path last` the user did not). Returns the checkpoint, its tensors on disk."""
+    ckpt = load_checkpoint_meta(path)
+    try:
+        check_checkpoint_config(ckpt.get("hyper_parameters", {}).get("config"), model_config)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return ckpt
+
+
+# ----------------------------------------------------------------------------------------- finding
+def version_folder(logger_args) -> Path:
+    """The TensorBoard logger's version folder (`logger_args`: its init_args, version pinned);
+    version "" for sweep cells: no version level."""
+    version = logger_args.version if isinstance(logger_args.version, str) else f"version_{logger_args.version}"
+    return Path(logger_args.save_dir) / (logger_args.get("name") or "") / version
+
+
+def newest_last_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint Lightning resumes from with `ckpt_path="last"` in `folder`: the newest `last*.ckpt`."""
+    found = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    return found[-1] if found else None
+
+
+def run_checkpoint(root: Path) -> Path | None:
+    """The newest `last*.ckpt` of the one `version_*` folder of the run folder `root` that holds any.
+    When several versions do, 'last' is ambiguous (file times would let a later short fit silently
+    stand in for the run meant): refused, naming them and how to pick one."""
+    versions: dict[Path, list[Path]] = {}
+    for ckpt in root.glob("version_*/checkpoints/last*.ckpt"):
+        versions.setdefault(ckpt.parent.parent, []).append(ckpt)
+    if len(versions) > 1:
+        names = sorted((v.name for v in versions), key=lambda n: (len(n), n))
+        listed = ", ".join(f"{n} ({_run_state(root / n)})" for n in names)
+        raise ValueError(f"--ckpt_path last is ambiguous: {len(names)} versions of {root} hold a last*.ckpt: {listed}; "
+                         f"fix: pick one with --trainer.logger.init_args.version N (e.g. {names[-1].split('_')[-1]}), "
+                         f"or give the .ckpt file with --ckpt_path")
+    return newest_last_checkpoint(next(iter(versions)) / "checkpoints") if versions else None
+
+
+def _run_state(version: Path) -> str:
+    """'completed at step 8' (from the version's summary.json), or 'no summary'."""
+    try:
+        summary = json.loads((version / "summary.json").read_text())
+        return f"{summary['status']} at step {summary['global_step']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no summary"
+
+
+def pinned_checkpoint_folder(cfg) -> Path | None:
+    """Where a run's checkpoints are when the command (its parsed config `cfg`) pins them:
+    --checkpoint.dirpath, or the checkpoints/ of the logger's pinned version."""
+    folder = cfg.checkpoint.get("dirpath") if cfg.get("checkpoint") else None
+    logger = cfg.trainer.logger
+    if folder is None and _tensorboard_args(logger) is not None and logger.init_args.get("version") is not None:
+        folder = version_folder(logger.init_args) / "checkpoints"
+    return Path(folder) if folder is not None else None
+
+
+def last_checkpoint(cfg) -> tuple[Path | None, str]:
+    """What `--ckpt_path last` means for the command `cfg`, and where it was looked for: the newest
+    last*.ckpt in --checkpoint.dirpath or the logger's pinned version when given, else in the one
+    version of this config's run that holds checkpoints (several: refused as ambiguous)."""
+    folder = pinned_checkpoint_folder(cfg)
+    if folder is not None:
+        return newest_last_checkpoint(folder), f"{folder}/last*.ckpt"
+    args = _tensorboard_args(cfg.trainer.logger)
+    if args is None or args.get("save_dir") is None:
+        raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder or --checkpoint.dirpath "
+                         "to look in; fix: give the .ckpt file with --ckpt_path")
+    root = Path(args.save_dir) / (args.get("name") or "")
+    return run_checkpoint(root), f"{root}/version_*/checkpoints/last*.ckpt"
+
+
+def resume_in_last_version(logger_args) -> None:
+    """For `fit --ckpt_path last`: continue in the version folder of this run name that holds a
+    checkpoint, so Lightning finds its last.ckpt (or last-interrupted.ckpt) and the TensorBoard
+    curves continue in the same folder. With none, training starts afresh; with several, the
+    choice is the user's (`run_checkpoint`)."""
+    if logger_args.get("version") is not None:
+        return
+    found = run_checkpoint(Path(logger_args.save_dir) / logger_args.name)
+    if found is not None:
+        logger_args.version = found.parent.parent.name
+
+
+def _tensorboard_args(logger):
+    """A logger given as class_path/init_args (jsonargparse's Namespace): its init_args, else None."""
+    return logger.init_args if hasattr(logger, "init_args") else None
