@@ -20,6 +20,12 @@ SCHEME_EXPONENT = {"deepnorm": 0.25, "deeploop": 0.5}
 BETA_SCALED = ("v_proj", "o_proj", "fc1", "fc2")
 
 
+def scheme_label(residual: str, p: float | None) -> str:
+    """The residual scheme's name in run folders and reports: ``deeploop``, ``preln``, ..., or ``p0.4``
+    for `scaled` at exponent p."""
+    return f"p{p:g}" if residual == "scaled" and p is not None else residual
+
+
 def residual_scales(scheme: str, n_unrolled: int, p: float | None = None) -> tuple[float, float]:
     """Return (α, β) for `scheme` at unrolled depth N = `n_unrolled`.
 

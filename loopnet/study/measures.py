@@ -1,7 +1,8 @@
-"""The study's definitions, each once: how a run and a method are named, when a run escaped the unigram
-plateau and after how many steps, how much of the gradient reaches the first round. `loopnet fit`
-names its run folders with `scheme_label`, the grid its cells with `param_label`, the report its
-methods and columns with the rest. Light to import (no plotting)."""
+"""The study's definitions, each once: how a method is named, when a run escaped the unigram plateau
+and after how many steps, how much of the gradient reaches the first round. The grid names its cells
+with `param_label`, the report its methods and columns with the rest; the scheme's own name
+(`scheme_label`, also `loopnet fit`'s run folders) lives with the schemes in `loopnet.model.scales`.
+Light to import (no plotting)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import statistics
 from typing import Any
 
+from loopnet.model.scales import scheme_label
 from loopnet.model.visits import Visit
 
 # Short names of grid keys in cell ids and method labels (`r6`, `s2`, `lr0.001`); others use their last part.
@@ -36,11 +38,6 @@ def slug(value: Any) -> str:
 def param_label(key: str, value: Any) -> str:
     """One grid value as it stands in a cell id or a method label: ``r6``, ``s2``, ``deeploop``."""
     return f"{SHORT.get(key, key.rsplit('.', 1)[-1])}{slug(value)}"
-
-
-def scheme_label(residual: str, p: float | None) -> str:
-    """The residual scheme's name: ``deeploop``, ``preln``, ..., or ``p0.4`` for `scaled` at exponent p."""
-    return f"p{p:g}" if residual == "scaled" and p is not None else residual
 
 
 def method_label(config: dict, params: dict[str, Any]) -> str:

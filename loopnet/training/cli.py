@@ -32,7 +32,7 @@ from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import one_line_errors
 from loopnet.files import atomic_write, check_writable
 from loopnet.model import LoopConfig
-from loopnet.study.measures import scheme_label
+from loopnet.model.scales import scheme_label
 from loopnet.training.callbacks import AtomicCheckpointIO
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.module import LoopedLM
