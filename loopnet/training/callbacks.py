@@ -105,7 +105,8 @@ class GracefulInterrupt(Checkpoint):
 
     Lightning already turns SIGTERM into a stop at the end of the current batch; the first
     SIGINT is routed to that same path (a second one aborts at once, without a checkpoint: it may
-    land in the middle of an optimiser step). The checkpoint, `last-interrupted.ckpt` beside
+    land in the middle of an optimiser step; once the interruption checkpoint is being written, a
+    further Ctrl-C only prints that it is, so the checkpoint is completed). The checkpoint, `last-interrupted.ckpt` beside
     `last.ckpt`, is written only for these stops between steps, never for a crash; being named
     `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
     status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
@@ -205,6 +206,7 @@ class GracefulInterrupt(Checkpoint):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self._armed and isinstance(exception, SIGTERMException):
             self._after_validation = self._validated_at == trainer.global_step
+            self._hold_sigint()  # until teardown: the checkpoint is written whole, then the process ends
             try:
                 trainer.save_checkpoint(self.ckpt_path, weights_only=False)
             finally:
@@ -212,6 +214,16 @@ class GracefulInterrupt(Checkpoint):
             if trainer.is_global_zero:
                 print(f"loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
                       "resume with the same command and --ckpt_path last", file=sys.stderr)
+
+    # A Ctrl-C while the interruption checkpoint is written would abandon it (the stop would then leave
+    # no checkpoint at all): held, with one line saying what is happening; the process ends moments later.
+    def _hold_sigint(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._on_sigint_while_saving)
+
+    def _on_sigint_while_saving(self, signum, frame) -> None:
+        print(f"\nloopnet: saving the interrupted checkpoint {self.ckpt_path}, please wait "
+              "(the run then ends by itself)", file=sys.stderr)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         # After a fit that completed, a stale interruption checkpoint is removed (by rank 0)

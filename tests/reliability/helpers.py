@@ -195,6 +195,25 @@ class KillDuringSave(Callback):
         torch.save = save
 
 
+class SlowInterruptSave(Callback):
+    """Make writing the interruption checkpoint (`last-interrupted.ckpt`) take `delay` s longer: torch.save
+    waits before writing its bytes, after creating `marker` (so a test knows the save has begun)."""
+
+    def __init__(self, marker: str, delay: float = 5.0):
+        real = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            name = os.readlink(f"/proc/self/fd/{f.fileno()}") if hasattr(f, "fileno") else str(f)
+            if "last-interrupted" in name:
+                Path(marker).write_text(name)
+                end = time.monotonic() + delay
+                while time.monotonic() < end:  # sleeps again after a signal handler returns
+                    time.sleep(0.05)
+            return real(obj, f, *args, **kwargs)
+
+        torch.save = save
+
+
 def callbacks(*specs: tuple[type, dict]) -> list[str]:
     """`--trainer.callbacks` arguments for these (class, init_args) pairs."""
     value = [{"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": kw} for cls, kw in specs]
