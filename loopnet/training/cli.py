@@ -357,6 +357,18 @@ class LoopnetCLI(LightningCLI):
         if self.config.fit.get("ckpt_path"):  # a resume continues in its own checkpoint folder, as it should
             warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
 
+    def fit(self, **kwargs) -> None:
+        """`trainer.fit`; one that fails before its first step completes removes the empty run folder it
+        created, saying so in one line (`loopnet.training.failed_start`), and the error goes on as before."""
+        from loopnet.training.failed_start import existing_log_folders, remove_failed_start
+
+        existed = existing_log_folders(self.trainer)
+        try:
+            self.trainer.fit(**kwargs)
+        except Exception as err:
+            remove_failed_start(self.trainer, existed, err)
+            raise
+
     def after_fit(self) -> None:
         """Where the run went: one line each for its folder, checkpoints and summary (rank 0)."""
         trainer = self.trainer

@@ -126,6 +126,17 @@ class SignalAt(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class RaiseAt(Callback):
+    """Fail in the middle of training step `step`, before its backward, as running out of GPU memory does."""
+
+    def __init__(self, step: int = 0):
+        self.step = step
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_step == self.step:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (forced by the test)")
+
+
 class SignalInValidation(Callback):
     """Send `signum` to this process at the end of validation batch `batch_idx` of the validation at
     global step `step` (`sanity`: of the sanity check before training)."""
