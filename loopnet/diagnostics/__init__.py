@@ -10,7 +10,8 @@ alignment κ̂_R, divergence detection and the run summary.
 
 Open the logs with ``tensorboard --logdir runs`` (http://127.0.0.1:6006): the SCALARS tab shows
 one chart per quantity and visit, CUSTOM SCALARS overlays every visit of a quantity in one chart
-(and every selected run, so schemes compare), HISTOGRAMS shows the state per round.
+(and every selected run, so schemes compare) and each round's visits in a category of its own, IMAGES
+shows the depth profile (norms against the visit index, log axis), HISTOGRAMS the state per round.
 """
 
 from .callback import VisitDiagnostics
