@@ -75,7 +75,6 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from loopnet.data.tokenizer import N_VOCAB  # noqa: E402
 from loopnet.model import LoopConfig, LoopedTransformer  # noqa: E402
-from loopnet.training.callbacks import gpu_bf16_peak  # noqa: E402
 from loopnet.training.host_memory import keep_freed_memory  # noqa: E402
 
 
@@ -212,6 +211,8 @@ class Peak:
         self.s, self.probes = s, []
         self.datasheet: Optional[tuple[str, float]] = None
         if s.cuda and s.bf16:
+            from loopnet.training.callbacks import gpu_bf16_peak  # imports Lightning: only here
+
             name = torch.cuda.get_device_name(s.device)
             peak = gpu_bf16_peak(name)
             self.datasheet = (name, peak) if peak is not None else None

@@ -14,13 +14,26 @@ one chart per quantity and visit, CUSTOM SCALARS overlays every visit of a quant
 shows the depth profile (norms against the visit index, log axis), HISTOGRAMS the state per round.
 """
 
-from .callback import VisitDiagnostics
-from .divergence import DivergenceGuard
-from .probe import VisitProbe, alignment
-from .summary import SUMMARY_NAME, read_summary, write_summary
-from .tags import custom_scalars_layout, expected_scalar_tags, parse_tag
+import importlib
 
-__all__ = [
-    "SUMMARY_NAME", "DivergenceGuard", "VisitDiagnostics", "VisitProbe", "alignment", "custom_scalars_layout",
-    "expected_scalar_tags", "parse_tag", "read_summary", "write_summary",
-]
+# Imported on first use (PEP 562): `loopnet sweep` and `loopnet report` read summaries and tags without
+# importing Lightning, which the callbacks need (most of a command's start-up).
+_WHERE = {
+    "VisitDiagnostics": ".callback", "DivergenceGuard": ".divergence", "VisitProbe": ".probe", "alignment": ".probe",
+    "SUMMARY_NAME": ".summary", "read_summary": ".summary", "write_summary": ".summary",
+    "custom_scalars_layout": ".tags", "expected_scalar_tags": ".tags", "parse_tag": ".tags",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from loopnet.commands import TOOLS  # the subcommands that are not Trainer entry points
 from loopnet.data import TokenStreamDataModule
 from loopnet.data.tokenizer import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
@@ -485,16 +486,6 @@ class LoopnetCLI(LightningCLI):
 
 # The Trainer entry points that evaluate a trained model: they need a checkpoint.
 EVALUATION = ("validate", "test", "predict")
-
-# Subcommands that are not Trainer entry points, each with its own parser.
-TOOLS = {
-    "sweep": ("loopnet.study.sweep", "run a grid of fits (resumable)"),
-    "report": ("loopnet.study.report", "turn a sweep folder into a markdown report with plots"),
-    "probe": ("loopnet.study.probe", "update size and κ̂ of the first AdamW steps over R and schemes"),
-    "eval": ("loopnet.eval.cli", "downstream tasks through lm-evaluation-harness at several R'"),
-    "bench": ("loopnet.bench.run", "training throughput, MFU and memory benchmarks"),
-}
-
 
 class CheckOnly(LoopnetCLI):
     """Parses and checks a command line as `loopnet` does (config files, keys, types, the model config,
