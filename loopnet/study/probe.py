@@ -81,7 +81,11 @@ def resolve(config_args: list[str]):
         def instantiate_classes(self) -> None:
             got["cfg"] = self.config["fit"]
 
-    main(["fit", *config_args], cli_class=Capture)
+    argv, sys.argv = sys.argv, sys.argv[:1]  # `loopnet probe`'s own arguments are not this fit's (LightningCLI warns)
+    try:
+        main(["fit", *config_args], cli_class=Capture)
+    finally:
+        sys.argv = argv
     cfg = got["cfg"]
     from loopnet.data import TokenStreamDataModule
     from loopnet.model import LoopConfig

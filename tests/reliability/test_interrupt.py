@@ -162,7 +162,8 @@ def test_failed_write_keeps_the_previous_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
 
 
-def test_cli_writes_checkpoints_atomically(tmp_path):
+def test_cli_writes_checkpoints_atomically(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["loopnet"])  # pytest's own arguments are not this command line's
     from loopnet.data import TokenStreamDataModule
     from loopnet.training.cli import TRAINER_DEFAULTS, LoopnetCLI, OneLineErrorParser
     from loopnet.training.module import LoopedLM
