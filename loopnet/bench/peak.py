@@ -8,7 +8,6 @@ from typing import Optional
 import torch
 
 from loopnet.bench.settings import Settings, sync
-from loopnet.training.callbacks import gpu_bf16_peak
 
 
 def matmul_flops(device: str, dtype: torch.dtype, n: int, seconds: float = 0.4, trials: int = 5) -> float:
@@ -42,6 +41,8 @@ class Peak:
         self.s, self.probes = s, []
         self.datasheet: Optional[tuple[str, float]] = None
         if s.cuda and s.bf16:
+            from loopnet.training.callbacks import gpu_bf16_peak  # imports Lightning: only here
+
             name = torch.cuda.get_device_name(s.device)
             peak = gpu_bf16_peak(name)
             self.datasheet = (name, peak) if peak is not None else None

@@ -11,16 +11,19 @@ alignment κ̂_R, divergence detection and the run summary.
 
 Open the logs with ``tensorboard --logdir runs`` (http://127.0.0.1:6006): the SCALARS tab shows
 one chart per quantity and visit, CUSTOM SCALARS overlays every visit of a quantity in one chart
-(and every selected run, so schemes compare), HISTOGRAMS shows the state per round.
+(and every selected run, so schemes compare) and each round's visits in a category of its own, IMAGES
+shows the depth profile (norms against the visit index, log axis), HISTOGRAMS the state per round.
 """
 
-from .callback import VisitDiagnostics
-from .divergence import DivergenceGuard
-from .probe import VisitProbe, alignment, kappas
-from .summary import SUMMARY_NAME, RunSummary, read_summary, write_summary
-from .tags import custom_scalars_layout, expected_scalar_tags, parse_tag
+from loopnet.lazy import lazy_attributes
 
-__all__ = [
-    "SUMMARY_NAME", "DivergenceGuard", "RunSummary", "VisitDiagnostics", "VisitProbe", "alignment",
-    "custom_scalars_layout", "expected_scalar_tags", "kappas", "parse_tag", "read_summary", "write_summary",
-]
+# Imported on first use (PEP 562): `loopnet sweep` and `loopnet report` read summaries and tags without
+# importing Lightning, which the callbacks need (most of a command's start-up).
+_WHERE = {
+    "VisitDiagnostics": ".callback", "DivergenceGuard": ".divergence", "VisitProbe": ".probe", "alignment": ".probe",
+    "kappas": ".probe", "RunSummary": ".summary",
+    "SUMMARY_NAME": ".summary", "read_summary": ".summary", "write_summary": ".summary",
+    "custom_scalars_layout": ".tags", "expected_scalar_tags": ".tags", "parse_tag": ".tags",
+}
+
+__getattr__, __dir__, __all__ = lazy_attributes(__name__, _WHERE)

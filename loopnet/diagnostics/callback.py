@@ -36,7 +36,8 @@ from loopnet.model import SUBLAYERS, Visit
 
 from .probe import VisitProbe, kappas
 from .summary import RunSummary
-from .tags import HIST_QUANTITIES, VISIT_QUANTITIES, custom_scalars_layout, hist_tag, sublayer_tag, visit_tag
+from .tags import (HIST_QUANTITIES, PROFILE_TAG, VISIT_QUANTITIES, custom_scalars_layout, hist_tag, sublayer_tag,
+                   visit_tag)
 from .update_size import relative_changes, round_outputs
 
 
@@ -116,10 +117,12 @@ class VisitDiagnostics(Callback):
         update_size: Also measure how much the step changed the output: the batch run again after
             the optimiser step (``update/output_change``, per round ``update/output_change/r03``,
             ``update/logit_change``); two extra forwards without grad on logging steps.
+        profile: Also draw the depth profile (``profile/depth`` in IMAGES): the per-visit norms against
+            the visit index in forward order, on a log axis (`loopnet.diagnostics.profile`; matplotlib).
     """
 
     def __init__(self, every_n_steps: int = 50, histograms: bool = True, hist_samples: int = 16384,
-                 update_size: bool = True):
+                 update_size: bool = True, profile: bool = True):
         if every_n_steps < 0:
             raise ValueError(f"diagnostics.every_n_steps must be >= 0 (0 turns it off), got {every_n_steps}")
         if hist_samples < 1:
@@ -128,6 +131,7 @@ class VisitDiagnostics(Callback):
         self.histograms = histograms
         self.hist_samples = hist_samples
         self.update_size = update_size
+        self.profile = profile
         # The last measured step: {"step", "visits": {tag: {q: v}}, "kappa": {j: v}, ...}.
         self.last_stats: dict[str, Any] | None = None
         self._model = None  # the LoopedTransformer, found once per fit (on_fit_start)
@@ -242,6 +246,8 @@ class VisitDiagnostics(Callback):
                     for r, samples in sorted(probe.hist.items()):
                         for q in HIST_QUANTITIES:
                             write_histogram(logger.experiment, hist_tag(q, r), samples[q], step)
+                    if self.profile:
+                        self._write_profile(logger, scalars, probe.visits, step)
             else:
                 logger.log_metrics(scalars, step=step)
 
@@ -256,6 +262,18 @@ class VisitDiagnostics(Callback):
         }
         RunSummary.of(trainer).record_diagnostics(step, self.last_stats["visits"], self.last_stats["kappa"])
         self._reset()
+
+    def _write_profile(self, logger, scalars: dict[str, float], visits: list[Visit], step: int) -> None:
+        from .profile import depth_profile, profile_png, write_png
+
+        try:
+            png = profile_png(depth_profile(scalars, visits), visits, title=f"{logger.name}  step {step}")
+        except ImportError as err:  # matplotlib missing: the scalars are logged all the same
+            rank_zero_warn(f"VisitDiagnostics: no depth profile ({err}); install matplotlib, or set "
+                           "--diagnostics.profile false")
+            self.profile = False
+            return
+        write_png(logger.experiment, PROFILE_TAG, png, step)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._detach(pl_module)

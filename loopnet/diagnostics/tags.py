@@ -24,6 +24,9 @@ holding every visit (or every physical sublayer) of it:
     update/logit_change  the same for the logits
     hist/state/r<rr>     histogram of the state at the end of round r (a strided sample of values)
     hist/token_rms/r<rr> histogram of the per-token RMS of the last pre-Norm stream of round r
+    profile/depth        image: the depth profile, resid_norm, state_norm, act_grad_norm and
+                         param_grad_norm against the visit index in forward order, log axis
+                         (`loopnet.diagnostics.profile`)
 
 "RMS" is sqrt(mean(x²)) over all elements; gradient norms are Frobenius (L2) norms. Visit names
 come from `loopnet.model.Visit` only (``Visit.tag`` / ``Visit.physical``); parse them back with
@@ -40,6 +43,7 @@ SUBLAYER_QUANTITIES = ("kappa", "grad_norm", "update_ratio")
 GLOBAL_TAGS = ("grad/global_norm", "grad/kappa_model")
 UPDATE_QUANTITIES = ("output_change", "logit_change")
 HIST_QUANTITIES = ("state", "token_rms")
+PROFILE_TAG = "profile/depth"
 
 
 def visit_tag(quantity: str, visit: Visit) -> str:
@@ -89,13 +93,20 @@ def expected_scalar_tags(n_blocks: int, n_rounds: int, update_size: bool = True)
                + [update_tag("output_change", r) for r in range(1, n_rounds + 1)] if update_size else []))
 
 
+def round_category(round_: int) -> str:
+    """The custom-scalars category of round r's charts, e.g. ``round 03``."""
+    return f"round {round_:02d}"
+
+
 def custom_scalars_layout(n_rounds: int) -> dict:
-    """TensorBoard custom-scalars layout: one Multiline chart per quantity overlays every visit of
-    a run (and TensorBoard draws each selected run, so schemes compare side by side), plus one
-    chart per round and quantity. Charts select tags by regex, so they hold for any K."""
+    """TensorBoard custom-scalars layout. Category ``visits``: one Multiline chart per quantity overlays
+    every visit of a run (and TensorBoard draws each selected run, so schemes compare side by side);
+    one category per round (``round 03``) with a chart per quantity holding only that round's visits
+    (2·K lines instead of 2·K·R, on a scale of their own). Per-visit values span decades along the
+    depth: every chart's "Toggle y-axis log scale" button (TensorBoard's, not settable from a layout)
+    gives a log axis, and the IMAGES tab's ``profile/depth`` shows them against depth on a log axis.
+    Charts select tags by regex, so they hold for any K."""
     visits = {q: ["Multiline", [rf"visits/{q}/.*"]] for q in VISIT_QUANTITIES}
-    rounds = {f"{q} r{r:02d}": ["Multiline", [rf"visits/{q}/r{r:02d}_.*"]]
-              for r in range(1, n_rounds + 1) for q in VISIT_QUANTITIES}
     sublayers = {q: ["Multiline", [rf"sublayers/{q}/.*"]] for q in SUBLAYER_QUANTITIES}
     train = {
         "loss": ["Multiline", [r"train/loss", r"val/loss"]],
@@ -104,4 +115,6 @@ def custom_scalars_layout(n_rounds: int) -> dict:
         "update size (output change of the step)": ["Multiline", [r"update/output_change", r"update/logit_change"]],
         "update size per round": ["Multiline", [r"update/output_change/r.*"]],
     }
-    return {"visits": visits, "sublayers": sublayers, "training": train, "visits per round": rounds}
+    rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"visits/{q}/r{r:02d}_.*"]] for q in VISIT_QUANTITIES}
+              for r in range(1, n_rounds + 1)}
+    return {"visits": visits, "sublayers": sublayers, "training": train, **rounds}

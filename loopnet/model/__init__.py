@@ -4,12 +4,15 @@ K physical blocks × R rounds (N = K·R unrolled depth), residual schemes Pre-LN
 DeepNorm, DeepLoop and any exponent p, and the loop wirings of the Fully Looped Transformer paper.
 """
 
-from .config import LoopConfig
-from .scales import BETA_SCALED, SCHEMES, residual_scales
-from .transformer import LoopedTransformer, lm_loss, sample_next
-from .visits import SUBLAYERS, Visit, VisitObserver, VisitTrace, visit_order
+from loopnet.lazy import lazy_attributes
 
-__all__ = [
-    "BETA_SCALED", "SCHEMES", "SUBLAYERS", "LoopConfig", "LoopedTransformer", "Visit", "VisitObserver",
-    "VisitTrace", "lm_loss", "residual_scales", "sample_next", "visit_order",
-]
+# Imported on first use (PEP 562): the visit names (`Visit`, `SUBLAYERS`) need no torch, so `loopnet report`
+# and the diagnostics' tag scheme start without it.
+_WHERE = {
+    "LoopConfig": ".config", "BETA_SCALED": ".scales", "SCHEMES": ".scales", "residual_scales": ".scales",
+    "LoopedTransformer": ".transformer", "lm_loss": ".transformer", "sample_next": ".transformer",
+    "SUBLAYERS": ".visits", "Visit": ".visits", "VisitObserver": ".visits", "VisitTrace": ".visits",
+    "visit_order": ".visits",
+}
+
+__getattr__, __dir__, __all__ = lazy_attributes(__name__, _WHERE)

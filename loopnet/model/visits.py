@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: the visit names are read by the report without torch
+    import torch
 
 SUBLAYERS = ("attn", "ffn")
 _TAG = re.compile(r"^r(\d+)_k(\d+)_(attn|ffn)$")

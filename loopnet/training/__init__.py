@@ -1,6 +1,9 @@
 """Training wiring: the LightningModule, the callbacks and the defaults `loopnet fit` runs with, the
 LightningCLI (`cli`) and its check-only mode (`check`)."""
 
-from .module import GenerateConfig, LoopedLM, OptimConfig
+from loopnet.lazy import lazy_attributes
 
-__all__ = ["GenerateConfig", "LoopedLM", "OptimConfig"]
+# Imported on first use (PEP 562): `loopnet.training.host_memory` and the like load without Lightning.
+_WHERE = {"GenerateConfig": ".module", "LoopedLM": ".module", "OptimConfig": ".module"}
+
+__getattr__, __dir__, __all__ = lazy_attributes(__name__, _WHERE)

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -53,14 +54,17 @@ class TokenThroughput(ThroughputMonitor):
         super().__init__(batch_size_fn=_sequences, length_fn=_tokens, window_size=window_size)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        device = trainer.strategy.root_device
+        device, peak = trainer.strategy.root_device, None
         if device.type == "cuda" and _plugin_to_compute_dtype(trainer.precision_plugin) in (torch.bfloat16, torch.half):
             peak = gpu_bf16_peak(torch.cuda.get_device_name(device))
-            if peak is not None:
-                self.available_flops = peak
-                for throughput in self._throughputs.values():
-                    throughput.available_flops = peak
+        with warnings.catch_warnings():
+            if peak is not None:  # Lightning's table misses the device and says so; loopnet's has it
+                warnings.filterwarnings("ignore", message="FLOPs not found for")
+            super().setup(trainer, pl_module, stage)
+        if peak is not None:
+            self.available_flops = peak
+            for throughput in self._throughputs.values():
+                throughput.available_flops = peak
 
 
 class HostMemory(Callback):
@@ -105,7 +109,8 @@ class GracefulInterrupt(Checkpoint):
 
     Lightning already turns SIGTERM into a stop at the end of the current batch; the first
     SIGINT is routed to that same path (a second one aborts at once, without a checkpoint: it may
-    land in the middle of an optimiser step). The checkpoint, `last-interrupted.ckpt` beside
+    land in the middle of an optimiser step; once the interruption checkpoint is being written, a
+    further Ctrl-C only prints that it is, so the checkpoint is completed). The checkpoint, `last-interrupted.ckpt` beside
     `last.ckpt`, is written only for these stops between steps, never for a crash; being named
     `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
     status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
@@ -205,13 +210,27 @@ class GracefulInterrupt(Checkpoint):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self._armed and isinstance(exception, SIGTERMException):
             self._after_validation = self._validated_at == trainer.global_step
+            self._hold_sigint(say=trainer.is_global_zero)
             try:
                 trainer.save_checkpoint(self.ckpt_path, weights_only=False)
             finally:
                 self._after_validation = False
+                self._restore_sigint()  # (Lightning calls no teardown hook after an exception)
             if trainer.is_global_zero:
                 print(f"loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
                       "resume with the same command and --ckpt_path last", file=sys.stderr)
+
+    # A Ctrl-C while the interruption checkpoint is written would abandon it (the stop would then leave
+    # no checkpoint at all): held, with one line saying what is happening; the run ends moments later.
+    def _hold_sigint(self, say: bool) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._say_saving = say  # rank 0 only: a terminal's Ctrl-C reaches every rank
+            signal.signal(signal.SIGINT, self._on_sigint_while_saving)
+
+    def _on_sigint_while_saving(self, signum, frame) -> None:
+        if self._say_saving:
+            print(f"\nloopnet: saving the interrupted checkpoint {self.ckpt_path}, please wait "
+                  "(the run then ends by itself)", file=sys.stderr)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         # After a fit that completed, a stale interruption checkpoint is removed (by rank 0)
@@ -219,6 +238,10 @@ class GracefulInterrupt(Checkpoint):
         if stage == "fit" and self._armed:
             trainer.strategy.remove_checkpoint(self.ckpt_path)
         self._armed = False
+        self._restore_sigint()
+
+    def _restore_sigint(self) -> None:
+        """The SIGINT handler from before the fit, back."""
         if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._previous_sigint)
             self._previous_sigint = None

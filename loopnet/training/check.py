@@ -58,5 +58,9 @@ def parse_fit(args: list[str]) -> Namespace:
         def instantiate_classes(self) -> None:
             got["cfg"] = self.config["fit"]
 
-    main(["fit", *args], cli_class=Capture)
+    argv, sys.argv = sys.argv, sys.argv[:1]  # the caller's own arguments are not this fit's (LightningCLI warns)
+    try:
+        main(["fit", *args], cli_class=Capture)
+    finally:
+        sys.argv = argv
     return got["cfg"]

@@ -4,7 +4,7 @@
     loopnet test --config ... --ckpt_path runs/<run>/version_0/checkpoints/last.ckpt
     loopnet predict --config ... --ckpt_path ... --model.generate.prompt "To be"
 
-The Trainer subcommands only; `loopnet` itself (and its other tools) is `loopnet.__main__`.
+The Trainer subcommands only; `loopnet` itself (and its other tools) is `loopnet.commands`.
 """
 
 from __future__ import annotations
@@ -205,6 +205,18 @@ def evaluate_in_run_folder(cfg: Namespace, subcommand: str) -> None:
 
 
 class LoopnetCLI(LightningCLI):
+    def __init__(self, *args, **kwargs):
+        argv = kwargs.get("args")
+        argv = sys.argv[1:] if argv is None else argv
+        # `loopnet fit ...` builds fit's parser alone: each subcommand's costs ~0.3 s of every start-up.
+        every = LightningCLI.subcommands()
+        self._only = argv[0] if isinstance(argv, (list, tuple)) and argv and argv[0] in every else None
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:
+        every = LightningCLI.subcommands()
+        return {self._only: every[self._only]} if getattr(self, "_only", None) else every
+
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
         # Checkpoints are written atomically (temporary file in the same folder, fsync, rename),
@@ -260,6 +272,18 @@ class LoopnetCLI(LightningCLI):
         self._check_data(train=True)
         if self.config.fit.get("ckpt_path"):  # a resume continues in its own checkpoint folder, as it should
             warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
+
+    def fit(self, **kwargs) -> None:
+        """`trainer.fit`; one that fails before its first step completes removes the empty run folder it
+        created, saying so in one line (`loopnet.training.failed_start`), and the error goes on as before."""
+        from loopnet.training.failed_start import existing_log_folders, remove_failed_start
+
+        existed = existing_log_folders(self.trainer)
+        try:
+            self.trainer.fit(**kwargs)
+        except Exception as err:
+            remove_failed_start(self.trainer, existed, err)
+            raise
 
     def after_fit(self) -> None:
         """Where the run went: one line each for its folder, checkpoints and summary (rank 0)."""
@@ -400,6 +424,6 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
 
 
 if __name__ == "__main__":  # `python -m loopnet.training.cli` is `loopnet` (sweep cells run it): the tools too
-    from loopnet.__main__ import main as loopnet
+    from loopnet.commands import main as loopnet
 
     loopnet(trainer=main)

@@ -80,6 +80,9 @@ def fit(tmp_path, num_workers, max_steps, ckpt_path=None, callbacks=()):
     return model.seen
 
 
+# The resumed fits leave the checkpoint callbacks out on purpose (they would write over the checkpoints
+# resumed from); Lightning reminds of them.
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`, callbacks used to create the checkpoint")
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_lightning_resume_continues_with_the_next_batch(tmp_path, num_workers):
     ckpts = [
@@ -115,7 +118,8 @@ def test_model_on_before_batch_transfer_still_runs(tmp_path):
         limit_val_batches=0,
         default_root_dir=tmp_path,
     )
-    trainer.fit(Hooked(), datamodule=dm)
+    with pytest.warns(UserWarning, match="overridden `on_before_batch_transfer` in both"):  # Lightning says so
+        trainer.fit(Hooked(), datamodule=dm)
     assert Hooked.calls == 3
 
 

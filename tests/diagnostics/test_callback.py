@@ -13,7 +13,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from loopnet.diagnostics import VisitDiagnostics, expected_scalar_tags, parse_tag
-from loopnet.model import Visit
+from loopnet.diagnostics.profile import LABELS, PROFILE_QUANTITIES, depth_profile, profile_figure
+from loopnet.diagnostics.tags import VISIT_QUANTITIES
+from loopnet.model import Visit, visit_order
 from loopnet.training.module import LoopedLM
 
 from .helpers import random_tokens, tiny_module, trainer
@@ -86,6 +88,49 @@ def test_logged_values_are_sane(fitted):
     assert len(stats["visits"]) == 2 * K * R and stats["kappa"]["model"] == pytest.approx(last("grad/kappa_model"))
 
 
+def test_per_round_charts_hold_that_rounds_visits(fitted):
+    """Issue 16, item 7: the custom chart of a quantity overlaid all 2·K·R visits on one linear axis; each
+    round now has a category whose charts hold only its 2·K visits."""
+    import re
+
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    _, _, _, acc = fitted
+    (config,) = acc.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
+    categories = {c.title: c for c in layout.category}
+    assert [t for t in categories if t.startswith("round")] == ["round 01", "round 02", "round 03"]
+    scalars = acc.Tags()["scalars"]
+    for r in (1, 2, 3):
+        charts = {c.title: list(c.multiline.tag) for c in categories[f"round {r:02d}"].chart}
+        assert sorted(charts) == sorted(f"{q} r{r:02d}" for q in VISIT_QUANTITIES)
+        for q in VISIT_QUANTITIES:
+            matched = sorted(t for t in scalars if any(re.fullmatch(rx, t) for rx in charts[f"{q} r{r:02d}"]))
+            assert matched == sorted(f"visits/{q}/{v.tag}" for v in visit_order(K, R) if v.round == r)
+
+
+def test_depth_profile_plots_each_norm_against_the_visit_index(fitted):
+    """The norm-vs-visit depth profile: an image at every logging step; its lines are the logged per-visit
+    values in forward order (x = 1 … 2·K·R), on a log axis."""
+    _, _, _, acc = fitted
+    images = acc.Images("profile/depth")
+    assert [e.step for e in images] == [0, 2, 4]
+    assert all(e.encoded_image_string.startswith(b"\x89PNG") and e.width > 300 for e in images)
+
+    visits = visit_order(K, R)
+    assert [v.tag for v in visits[:5]] == ["r01_k1_attn", "r01_k1_ffn", "r01_k2_attn", "r01_k2_ffn", "r02_k1_attn"]
+    logged = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("visits/")}
+    profile = depth_profile(logged, visits)
+    fig = profile_figure(profile, visits)
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log"
+    lines = {line.get_label(): line for line in ax.lines}
+    for q in PROFILE_QUANTITIES:
+        line = lines[LABELS[q]]
+        assert list(line.get_xdata()) == list(range(1, 2 * K * R + 1))
+        assert list(line.get_ydata()) == pytest.approx([logged[f"visits/{q}/{v.tag}"] for v in visits])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,7 +168,9 @@ def test_tensorboard_server_lists_the_tags(fitted):
         assert "hist/state/r03" in hists
         layout = _get(f"{base}/data/plugin/custom_scalars/layout")
         titles = {c["title"] for c in layout["category"]}
-        assert {"visits", "sublayers", "training"} <= titles
+        assert {"visits", "sublayers", "training", "round 01", "round 02", "round 03"} <= titles
+        images = {tag for tags in _get(f"{base}/data/plugin/images/tags").values() for tag in tags}
+        assert "profile/depth" in images
     finally:
         proc.terminate()
         try:

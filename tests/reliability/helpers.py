@@ -126,6 +126,17 @@ class SignalAt(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class RaiseAt(Callback):
+    """Fail in the middle of training step `step`, before its backward, as running out of GPU memory does."""
+
+    def __init__(self, step: int = 0):
+        self.step = step
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_step == self.step:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (forced by the test)")
+
+
 class SignalInValidation(Callback):
     """Send `signum` to this process at the end of validation batch `batch_idx` of the validation at
     global step `step` (`sanity`: of the sanity check before training)."""
@@ -190,6 +201,25 @@ class KillDuringSave(Callback):
                 f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
                 f.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
+            return real(obj, f, *args, **kwargs)
+
+        torch.save = save
+
+
+class SlowInterruptSave(Callback):
+    """Make writing the interruption checkpoint (`last-interrupted.ckpt`) take `delay` s longer: torch.save
+    waits before writing its bytes, after creating `marker` (so a test knows the save has begun)."""
+
+    def __init__(self, marker: str, delay: float = 5.0):
+        real = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            name = os.readlink(f"/proc/self/fd/{f.fileno()}") if hasattr(f, "fileno") else str(f)
+            if "last-interrupted" in name:
+                Path(marker).write_text(name)
+                end = time.monotonic() + delay
+                while time.monotonic() < end:  # sleeps again after a signal handler returns
+                    time.sleep(0.05)
             return real(obj, f, *args, **kwargs)
 
         torch.save = save

@@ -2,14 +2,21 @@
 cleanly; a kill in the middle of writing a checkpoint leaves the previous one intact; and
 `loopnet fit ... --ckpt_path last` resumes from whichever is newest."""
 
+import fcntl
+import os
 import signal
+import subprocess
+import sys
+import tempfile
+import termios
 import time
 
 import pytest
 import torch
 
 from loopnet.training.callbacks import AtomicCheckpointIO
-from .helpers import RUN, TINY, KillDuringSave, Progress, callbacks, event_files, finish, load, loopnet, scalars, spawn
+from .helpers import (RUN, TINY, KillDuringSave, Progress, SlowInterruptSave, callbacks, env, event_files, finish, load,
+                      loopnet, scalars, spawn)
 
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
@@ -72,6 +79,55 @@ def test_signal_stops_fit_with_a_resumable_checkpoint(name, runs):
     assert sorted(scalars(new)) == [stopped, stopped + 1]
 
 
+def _take_terminal() -> None:  # in the child: the pty on stdin becomes its controlling terminal
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _wait_for(check, proc, what: str, timeout: float = 240) -> None:
+    t0 = time.monotonic()
+    while not check():
+        if proc.poll() is not None:
+            res = finish(proc)
+            raise AssertionError(f"fit ended (code {res.code}) before {what}:\n{res.err[-4000:]}")
+        assert time.monotonic() - t0 < timeout, f"fit did not reach {what} in {timeout} s"
+        time.sleep(0.05)
+
+
+def test_second_ctrl_c_while_saving_completes_the_checkpoint(tmp_path):
+    """Ctrl-C typed twice on a real terminal (the pty's line discipline signals the foreground process
+    group), the second while the interruption checkpoint is written: one line says it is saving, the
+    checkpoint is completed, no traceback, status 0."""
+    master, slave = os.openpty()
+    progress, saving = tmp_path / "progress", tmp_path / "saving"
+    extra = callbacks((Progress, {"path": str(progress), "delay": 0.2}),
+                      (SlowInterruptSave, {"marker": str(saving), "delay": 3.0}))
+    logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", "fit", *STOP_ARGS, *extra], cwd=tmp_path,
+                            env=env(), stdin=slave, stdout=logs[0], stderr=logs[1], text=True,
+                            start_new_session=True, preexec_fn=_take_terminal)
+    proc.logs = logs
+    os.close(slave)
+    try:
+        _wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, proc, "step 2")
+        os.write(master, b"\x03")  # Ctrl-C
+        _wait_for(saving.exists, proc, "the interruption checkpoint's save")
+        time.sleep(0.3)
+        os.write(master, b"\x03")  # Ctrl-C again, in the middle of the save
+        res = finish(proc, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert res.code == 0, res.err[-4000:]
+    assert "Traceback" not in res.err, res.err[-4000:]
+    saving_lines = [line for line in res.err.splitlines() if "saving the interrupted checkpoint" in line]
+    assert len(saving_lines) == 1, res.err[-4000:]
+    ckpts = tmp_path / "runs" / RUN / "version_0" / "checkpoints"
+    stopped = load(ckpts / "last-interrupted.ckpt")["global_step"]  # complete: loads
+    assert stopped >= 2 and f"stopped at step {stopped}" in res.last_err_line
+    assert not list(ckpts.glob(".*.tmp"))
+
+
 def test_kill_while_writing_a_checkpoint_leaves_last_ckpt_intact(runs):
     cwd, res = runs["kill"]
     assert res.code == -signal.SIGKILL, res.err[-4000:]
@@ -106,7 +162,8 @@ def test_failed_write_keeps_the_previous_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
 
 
-def test_cli_writes_checkpoints_atomically(tmp_path):
+def test_cli_writes_checkpoints_atomically(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["loopnet"])  # pytest's own arguments are not this command line's
     from loopnet.data import TokenStreamDataModule
     from loopnet.training.cli import LoopnetCLI, OneLineErrorParser
     from loopnet.training.defaults import TRAINER_DEFAULTS

@@ -1,11 +1,33 @@
 """Issue 16, item 5: what commands leave in `runs/`: evaluations add no version folder and never touch a
-fit's files, a finished run is not overwritten, a config.yaml link is not written through."""
+fit's files, a finished run is not overwritten, a config.yaml link is not written through, a fit that
+fails in its first step leaves no empty version folder."""
 
+import contextlib
+import io
+import json
 import shutil
+import sys
 
 import pytest
+import torch
 
-from .helpers import RUN, SHORT, finished_run, loopnet, snapshot
+from .helpers import RUN, SHORT, RaiseAt, callbacks, finished_run, loopnet, snapshot
+
+
+def failing_fit(cwd, step: int) -> str:
+    """`loopnet fit` of SHORT in `cwd` (in this process) that runs out of memory in training step `step`;
+    the error propagates as it does from the command. Returns what it printed on stderr."""
+    from loopnet.training.cli import main
+
+    err, argv = io.StringIO(), sys.argv
+    sys.argv = ["loopnet"]
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
+                pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+            main(["fit", *SHORT, "--trainer.max_steps", "4", *callbacks((RaiseAt, {"step": step}))])
+    finally:
+        sys.argv = argv
+    return err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +99,28 @@ def test_predict_prints_and_saves_the_text(run):
     text = saved.read_text().rstrip("\n")
     assert text.startswith("To be") and res.out.splitlines()[-1] == text.splitlines()[-1]
     assert f"loopnet: saved the generated text to runs/{RUN}/version_0/predict/predictions.txt" in res.err
+
+
+def test_a_fit_failing_in_its_first_step_leaves_no_empty_run_folder(run):
+    """Issue 16: "failed starts each add a version_N" (6 empty runs of 14 in TensorBoard): a fit past the
+    start-up checks that fails in step 1 removes the version folder it created; earlier runs stay as they were."""
+    before = snapshot(run / "runs")
+    err = failing_fit(run, step=0)
+    assert sorted(p.name for p in (run / "runs" / RUN).iterdir()) == ["version_0"]
+    assert snapshot(run / "runs") == before
+    (line,) = [l for l in err.splitlines() if "removed the run folder" in l]
+    assert line == (f"loopnet: the fit failed before its first step completed (OutOfMemoryError: CUDA out of memory. "
+                    f"Tried to allocate 2.00 GiB (forced by the test)); removed the run folder it had created, "
+                    f"runs/{RUN}/version_1 (no checkpoint, no step)")
+
+
+def test_a_fit_failing_later_keeps_its_record(tmp_path):
+    """In a fresh folder the run-name folder it made goes too; a fit that failed after completing steps
+    keeps its folder and the summary that names the error."""
+    failing_fit(tmp_path, step=0)
+    assert list((tmp_path / "runs").iterdir()) == []
+    err = failing_fit(tmp_path, step=1)
+    assert "removed the run folder" not in err
+    summary = json.loads((tmp_path / "runs" / RUN / "version_0" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["global_step"] == 1
+    assert "OutOfMemoryError" in summary["error"]

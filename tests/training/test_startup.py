@@ -4,10 +4,59 @@
 import subprocess
 import sys
 
-from tests.reliability.helpers import env
+import pytest
+
+from tests.reliability.helpers import ROOT, env
 
 
 def test_the_cli_starts_without_importing_datasets():
     code = "import sys, loopnet.training.cli; print(sorted({'datasets', 'pandas'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+LIGHT = """
+import sys
+from loopnet.commands import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+print(sorted({'lightning', 'torch', 'datasets', 'matplotlib'} & set(sys.modules)), file=sys.stderr)
+"""
+
+
+def _light(*args: str) -> tuple[str, list[str]]:
+    proc = subprocess.run([sys.executable, "-c", LIGHT, *args], env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, eval(proc.stderr.strip().splitlines()[-1])
+
+
+def test_loopnet_help_lists_the_commands_without_importing_lightning():
+    """Issue 16, item 7: `loopnet --help` paid Lightning's import (3-4 s of its 5 s) to list the commands."""
+    out, heavy = _light("--help")
+    assert heavy == []
+    for command in ("fit", "validate", "test", "predict", "sweep", "report", "probe", "eval", "bench"):
+        assert f"\n  {command} " in out
+    assert out.startswith("usage: loopnet <command>")
+
+
+@pytest.mark.parametrize("tool", ["sweep", "report", "probe", "eval", "bench"])
+def test_the_tools_start_without_lightning(tool):
+    """`loopnet sweep/report/probe/eval --help` imported Lightning (through loopnet.diagnostics, loopnet.data,
+    loopnet.training's package imports) and paid 4-10 s; now only what the tool itself needs (bench: torch)."""
+    out, heavy = _light(tool, "--help")
+    assert "usage:" in out
+    assert heavy == (["torch"] if tool == "bench" else [])
+
+
+def test_the_console_script_and_python_m_name_the_command_loopnet():
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["loopnet"] == "loopnet.commands:main"
+    proc = subprocess.run([sys.executable, "-m", "loopnet", "test", "--help"], env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("usage: loopnet [options] test")
+    assert "--ckpt_path" in proc.stdout

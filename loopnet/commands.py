@@ -1,0 +1,83 @@
+"""The `loopnet` command's entry point, light to import: `loopnet --help` and the tools (`sweep`,
+`report`, `probe`, `eval`, `bench`) start without Lightning, whose import is most of a command's
+start-up (3-4 s on a 2-core CPU); `fit`, `validate`, `test` and `predict` go on to
+`loopnet.training.cli`."""
+
+from __future__ import annotations
+
+import sys
+
+# The Trainer entry points (LightningCLI's subcommands, `loopnet.training.cli`).
+TRAINER_COMMANDS = {
+    "fit": "train: loopnet fit --config configs/deeploop_r6.yaml [--config configs/cpu.yaml]",
+    "validate": "validation loss of a checkpoint (--ckpt_path FILE or last)",
+    "test": "held-out loss of a checkpoint at its R and at each --model.eval_rounds R'",
+    "predict": "generate text from a checkpoint (--model.generate.prompt \"ROMEO:\")",
+}
+
+def _sweep(argv: list[str]) -> None:
+    from loopnet.study.sweep import main
+
+    main(argv)
+
+
+def _report(argv: list[str]) -> None:
+    from loopnet.study.report import main
+
+    main(argv)
+
+
+def _probe(argv: list[str]) -> None:
+    from loopnet.study.probe import main
+
+    main(argv)
+
+
+def _eval(argv: list[str]) -> None:
+    from loopnet.eval.cli import main
+
+    main(argv)
+
+
+def _bench(argv: list[str]) -> None:
+    from loopnet.bench.run import main
+
+    main(argv)
+
+
+# Subcommands that are not Trainer entry points, each with its own parser: name -> (entry point, what it does).
+# Each is imported only when called, so that `loopnet fit` does not pay for the harness or matplotlib.
+TOOLS = {
+    "sweep": (_sweep, "run a grid of fits (resumable)"),
+    "report": (_report, "turn a sweep folder into a markdown report with plots"),
+    "probe": (_probe, "update size and κ̂ of the first AdamW steps over R and schemes"),
+    "eval": (_eval, "downstream tasks through lm-evaluation-harness at several R'"),
+    "bench": (_bench, "training throughput, MFU and memory benchmarks"),
+}
+
+
+def usage() -> str:
+    rows = [*TRAINER_COMMANDS.items(), *((name, text) for name, (_, text) in TOOLS.items())]
+    lines = ["usage: loopnet <command> [options]   (`loopnet <command> --help` lists the command's options)", "",
+             "Train and study looped Transformers.", "", "commands:"]
+    lines += [f"  {name:<9} {text}" for name, text in rows]
+    return "\n".join(lines)
+
+
+def main(args: list[str] | None = None, trainer=None) -> None:
+    """`trainer`: the Trainer subcommands' entry point, when the caller already holds it
+    (`python -m loopnet.training.cli`)."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] in TOOLS:
+        return TOOLS[argv[0]][0](argv[1:])
+    if argv in (["-h"], ["--help"]):
+        print(usage())
+        return
+    if not argv:
+        print(usage(), file=sys.stderr)
+        print("loopnet: error: no command given; fix: give one of the commands above, e.g. "
+              "`loopnet fit --config configs/deeploop_r6.yaml`", file=sys.stderr)
+        sys.exit(2)
+    if trainer is None:
+        from loopnet.training.cli import main as trainer
+    trainer(args)  # None: LightningCLI reads sys.argv itself
