@@ -22,10 +22,13 @@ def _run_loggers(trainer) -> list:
 
 
 def existing_log_folders(trainer) -> set[Path]:
-    """Before a fit: every folder at or directly under its loggers' run-name folders that already exists."""
+    """Before a fit: every folder at or directly under its loggers' run-name folders that already exists,
+    and their save folders (`runs/`)."""
     found: set[Path] = set()
     for logger in _run_loggers(trainer):
         root = Path(logger.root_dir)
+        if getattr(logger, "save_dir", None) and Path(logger.save_dir).is_dir():
+            found.add(Path(logger.save_dir).absolute())  # `runs/` itself
         if root.is_dir():
             found.add(root.absolute())
             found.update(p.absolute() for p in root.iterdir())
@@ -52,8 +55,10 @@ def remove_failed_start(trainer, existed: set[Path], error: BaseException) -> li
         if not all(START_FILES.match(f) for f in files):
             continue  # something more (a checkpoint, a user's file): kept
         shutil.rmtree(folder, ignore_errors=True)
-        if folder != root and root not in existed and root.is_dir() and not any(root.iterdir()):
-            root.rmdir()
+        save_dir = Path(logger.save_dir).absolute() if getattr(logger, "save_dir", None) else None
+        for parent in (root, save_dir):  # the run-name folder, then `runs/`, when this fit made them
+            if parent and parent != folder and parent not in existed and parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
         removed.append(folder)
     if removed:
         where = ", ".join(str(_relative(p)) for p in removed)
