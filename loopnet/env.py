@@ -1,7 +1,7 @@
 """What every command shares about where it runs and how it ends; light to import (torch only
 inside `machine`).
 
-    hub_offline       HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set to a true value
+    hub_offline       HF_HUB_OFFLINE / HF_DATASETS_OFFLINE / TRANSFORMERS_OFFLINE set to a true value
     machine           where a command ran (the sweep's manifest, the probe's and the bench's reports)
     one_line_errors   the errors a user can fix: one line `<prog>: error: ...` and exit status 2
 """
@@ -18,8 +18,10 @@ _TRUE = {"1", "on", "yes", "true"}
 
 
 def hub_offline() -> bool:
-    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set to a true value, as huggingface_hub and datasets read them."""
-    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE (or TRANSFORMERS_OFFLINE, which huggingface_hub reads as
+    HF_HUB_OFFLINE) set to a true value, as huggingface_hub and datasets read them."""
+    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in names)
 
 
 def cpu_model() -> str:

@@ -41,7 +41,11 @@ for name in ("lightning", "torchmetrics", "datasets", "pyarrow", "fsspec", "hugg
         print(f"  {name} {md.version(name)}")
     except md.PackageNotFoundError:
         print(f"  {name} MISSING: add it to DEVICE_WHEELS in the Makefile")
-import loopnet.training.cli  # noqa: F401  (fails here, not half-way, if anything is missing)
+try:  # optional here: without it the depth-profile image is off (one warning), everything else runs
+    print(f"  matplotlib {md.version('matplotlib')}")
+except md.PackageNotFoundError:
+    print("  matplotlib missing: no depth-profile image in TensorBoard (its wheels would not fit in .whl/)")
+import loopnet.training.cli, loopnet.training.defaults, loopnet.diagnostics.callback  # noqa: F401,E401  (fails here, not half-way, if anything is missing)
 sys.exit(0 if torch.cuda.is_available() else 1)
 PY
 

@@ -330,7 +330,10 @@ def main(argv: list[str] | None = None) -> None:
     # As `loopnet fit` on CPU runs (the system-malloc row is the contrast).
     if args.system_malloc and s.cuda:
         log("--system-malloc changes nothing on CUDA (the host allocator only matters to CPU training)")
-    s.keep_freed_memory = not s.cuda and not args.system_malloc and keep_freed_memory()
+    if not s.cuda and not args.system_malloc:
+        import lightning  # noqa: F401  loaded before the allocator setting, as in `loopnet fit` (its HostMemory callback)
+
+        s.keep_freed_memory = keep_freed_memory()
     command = " ".join(["loopnet bench", *argv])
     res = benchmark(s, args.smoke, command)
     text = markdown(res)

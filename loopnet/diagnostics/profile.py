@@ -64,7 +64,8 @@ def profile_figure(profile: dict[str, list[float]], visits: list[Visit], title: 
     ax.set_xlim(0.5, len(visits) + 0.5)
     ax.set_xlabel("visit in forward order (each round: block 1 attn, ffn, block 2 attn, ...)")
     ax.grid(True, which="major", axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    if ax.lines:  # nothing finite to draw (a diverged run): no legend, and no matplotlib warning
+        ax.legend(fontsize=7, loc="upper left")
     if title:
         ax.set_title(title, fontsize=9)
     fig.subplots_adjust(left=0.09, right=0.98, bottom=0.13, top=0.92)  # tight_layout's result, without its cost

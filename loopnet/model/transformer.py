@@ -58,13 +58,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         valid = targets != -1
         index = targets.clamp(min=0)[:, None]
         scale = valid / valid.sum()  # per row: 1/n, or 0 for an ignored target; nan when none is valid, as F.cross_entropy
-        p_target = p.gather(1, index).squeeze(1)
-        nll = -p_target.log()
-        far = p_target < 1e-30  # near fp32's underflow −log p loses digits (and is inf past it): from the logits
-        if far.any():
-            rows, z = far.nonzero().squeeze(1), logits[far]
-            nll[rows] = torch.logsumexp(z, dim=-1) - z.gather(1, index[rows]).squeeze(1)
-        loss = (nll * scale).sum()
+        loss = (target_nll(logits, p, index, host_check=logits.is_cpu) * scale).sum()
         grad = p.scatter_add_(1, index, -valid[:, None].to(p.dtype))  # softmax − one-hot
         grad_x = (grad @ weight).mul_(scale[:, None])  # scaling x and the N×d result, not the N×V gradient
         grad_w = grad.t() @ (x * scale[:, None])
@@ -79,6 +73,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
             return None, None, None
         grad_x, grad_w = ctx.saved_tensors
         return grad_x * grad_loss, grad_w * grad_loss, None
+
+
+def target_nll(logits: torch.Tensor, p: torch.Tensor, index: torch.Tensor, host_check: bool) -> torch.Tensor:
+    """−log p(target) per row, from the softmax `p` of `logits` [N, V] and the targets `index` [N, 1].
+    Where p(target) < 1e-30, −log p loses digits near fp32's underflow (and is inf past it, which would
+    make an ignored row's 0 weight a nan), so those rows take logsumexp(z) − z_target from the logits.
+    `host_check`: find those rows with one host-side test (free on CPU); otherwise (CUDA) compute every
+    row from the logits, one more read of them instead of a stall of the stream."""
+    if not host_check:
+        return torch.logsumexp(logits, dim=-1) - logits.gather(1, index).squeeze(1)
+    p_target = p.gather(1, index).squeeze(1)
+    nll = -p_target.log()
+    far = p_target < 1e-30
+    if far.any():
+        rows, z = far.nonzero().squeeze(1), logits[far]
+        nll[rows] = torch.logsumexp(z, dim=-1) - z.gather(1, index[rows]).squeeze(1)
+    return nll
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = None) -> torch.Tensor:

@@ -33,8 +33,6 @@ import yaml
 
 from .measures import param_label
 
-# Short names of the usual grid keys in cell ids; any other key shows as <last component><value>.
-# Values of residual and wiring are distinctive enough to stand alone.
 SWEEP_KEYS = {"base", "overrides", "grid", "include", "out", "description"}
 
 

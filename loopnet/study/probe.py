@@ -92,7 +92,7 @@ def measure_cell(base, optim, batches, scheme: str, rounds: int, seed: int, clip
     import torch
 
     from loopnet.diagnostics.callback import physical_sublayers
-    from loopnet.diagnostics.probe import VisitProbe, alignment
+    from loopnet.diagnostics.probe import VisitProbe, kappas
     from loopnet.diagnostics.update_size import relative_changes, round_outputs
     from loopnet.training.module import LoopedLM
 
@@ -111,7 +111,7 @@ def measure_cell(base, optim, batches, scheme: str, rounds: int, seed: int, clip
         loss.backward()
         model.attach_observer(None)
         num, den = probe.alignment_terms(physical_sublayers(model))
-        kappa = alignment(sum(num.values()), sum(den.values())).item()
+        kappa = kappas(num, den)["model"].item()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()

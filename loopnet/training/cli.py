@@ -282,7 +282,10 @@ class LoopnetCLI(LightningCLI):
         try:
             self.trainer.fit(**kwargs)
         except Exception as err:
-            remove_failed_start(self.trainer, existed, err)
+            try:
+                remove_failed_start(self.trainer, existed, err)
+            except Exception as cleanup:  # the fit's own error is the one to show
+                print(f"loopnet: could not remove the failed start's run folder ({cleanup})", file=sys.stderr)
             raise
 
     def after_fit(self) -> None:

@@ -1,6 +1,6 @@
 """What `loopnet fit` runs with unless told otherwise: the Trainer's defaults and the callbacks the
 CLI adds, each under its option group with the CLI's defaults. The CLI builds its options from
-`CALLBACKS`, the benchmark's Lightning rows their callbacks (`default_callbacks`), so that the
+`callbacks()`, the benchmark's Lightning rows their callbacks (`default_callbacks`), so that the
 "Lightning overhead" row keeps measuring what `loopnet fit` runs."""
 
 from __future__ import annotations

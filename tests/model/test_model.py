@@ -424,3 +424,11 @@ def test_training_head_loss_is_exact_where_the_softmax_underflows():
     torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(xs.grad, xr.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ws.grad, wr.grad, rtol=1e-5, atol=1e-6)
+    # The sync-free route (CUDA's) gives the same per-row losses, ignored row and far rows included.
+    from loopnet.model.transformer import target_nll
+
+    logits = x @ w.t()
+    p, index = torch.softmax(logits, -1), targets.clamp(min=0)[:, None]
+    exact = F.cross_entropy(logits, targets.clamp(min=0), reduction="none")
+    for host_check in (True, False):
+        torch.testing.assert_close(target_nll(logits, p, index, host_check), exact, rtol=1e-6, atol=1e-5)
