@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.system_malloc and s.cuda:
         log("--system-malloc changes nothing on CUDA (the host allocator only matters to CPU training)")
     if not s.cuda and not args.system_malloc:
-        import lightning  # noqa: F401  loaded before the allocator setting, as in `loopnet fit` (its HostMemory callback)
+        # Lightning loaded before the allocator setting, as in `loopnet fit` (its HostMemory callback).
+        import lightning  # noqa: F401
 
         s.keep_freed_memory = keep_freed_memory()
     command = " ".join(["loopnet bench", *argv])
