@@ -74,10 +74,11 @@ def main(args: list[str] | None = None, trainer=None) -> None:
         print(usage())
         return
     if not argv:
+        from loopnet.env import fail
+
         print(usage(), file=sys.stderr)
-        print("loopnet: error: no command given; fix: give one of the commands above, e.g. "
-              "`loopnet fit --config configs/deeploop_r6.yaml`", file=sys.stderr)
-        sys.exit(2)
+        fail("loopnet", "no command given; fix: give one of the commands above, e.g. "
+             "`loopnet fit --config configs/deeploop_r6.yaml`")
     if trainer is None:
         from loopnet.training.cli import main as trainer
     trainer(args)  # None: LightningCLI reads sys.argv itself

@@ -3,10 +3,6 @@
     loopnet bench [--smoke] [--out bench.md] [--json bench.json] [--steps 10] [--reps 3] ...
     python -m loopnet.bench ...
 
-The files: `settings` (sizes per device, the batches), `variants` (the loops timed), `peak` (the
-FLOP/s of MFU), `memory`, `targets` (each target once, and the checks), `report` (markdown); this
-one runs the phases and parses the command line.
-
 All variants train the same model on the same batches, in this process (all but one, which needs a
 fresh process):
 
@@ -210,15 +206,13 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
                 + " ms/step")
 
     # Derived row: diagnostics at the CLI's every_n_steps = 50, from the measured windows.
-    diag, lit = rows.get(f"diagnostics@{diag_every}"), rows.get("lightning")
-    if diag is None:
-        pass  # --vs-nanogpt: no phase A
-    elif diag_every < 50:
+    diag, lit = rows.get(f"diagnostics@{diag_every}"), rows.get("lightning")  # None with --vs-nanogpt: no phase A
+    if diag is not None and diag_every < 50:
         at50 = [lt + (dt - lt) * diag_every / 50 for lt, dt in zip(lit.times, diag.times)]
         rows["diagnostics@50"] = Row("diagnostics@50", "lightning + VisitDiagnostics(every_n_steps=50), the CLI "
                                      f"default: the extra time of diagnostics@{diag_every} spread over 50 steps",
                                      base_cfg, "lightning", str(TARGETS["diagnostics@50"]), at50, derived=True)
-    else:
+    elif diag is not None:
         diag.target = str(TARGETS["diagnostics@50"])
 
     breakdown = step_breakdown(step_runners["bare"]) if "bare" in step_runners else None
@@ -264,10 +258,10 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
             if f"R={r}" in rows:
                 rows[f"R={r}"].peak_bytes = by[(K, r)]["plain"]["peak"]
 
-    skipped = {}
-    if not s.compile:
+    skipped = {}  # the variants a full run has and this one left out (--vs-nanogpt runs only its pair)
+    if not s.compile and not s.only_nanogpt:
         skipped["compile"] = "skipped (--smoke runs it with --compile)" if smoke else "skipped (--no-compile)"
-    if "data" not in rows:
+    if "data" not in rows and not s.only_nanogpt:
         skipped["data"] = "skipped (--no-data)" if not s.data else "skipped (TokenStreamDataModule failed, see the log)"
     peak.probe()
     result = evaluate(s, rows, memory, peak.flops)

@@ -282,16 +282,15 @@ class VisitDiagnostics(Callback):
         thread = threading.Thread(target=draw, name="loopnet-depth-profile")
         thread.start()
         thread.join()
-        try:
-            if "error" in out:
-                raise out["error"]
-            png = out["png"]
-        except ImportError as err:  # matplotlib missing: the scalars are logged all the same
-            rank_zero_warn(f"VisitDiagnostics: no depth profile ({err}); install matplotlib, or set "
+        error = out.get("error")
+        if isinstance(error, ImportError):  # matplotlib missing: the scalars are logged all the same
+            rank_zero_warn(f"VisitDiagnostics: no depth profile ({error}); install matplotlib, or set "
                            "--diagnostics.profile false")
             self.profile = False
             return
-        write_png(logger.experiment, PROFILE_TAG, png, step)
+        if error is not None:
+            raise error
+        write_png(logger.experiment, PROFILE_TAG, out["png"], step)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._detach(pl_module)

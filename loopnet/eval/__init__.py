@@ -9,19 +9,10 @@ The harness (PyPI ``lm-eval``) is imported only when an evaluation runs, so impo
 is cheap and works without it.
 """
 
-from loopnet.eval.tasks import DEEPLOOP_TASKS, PRESETS
+from loopnet.lazy import lazy_attributes
 
-__all__ = ["DEEPLOOP_TASKS", "PRESETS", "LoopnetLM", "load_checkpoint", "main", "run_eval"]
+# Imported on first use: the adapter imports lm_eval, which takes a second and may not be installed.
+_WHERE = {"DEEPLOOP_TASKS": ".tasks", "PRESETS": ".tasks", "LoopnetLM": ".adapter", "load_checkpoint": ".adapter",
+          "main": ".cli", "run_eval": ".cli"}
 
-
-def __getattr__(name: str):
-    # Lazy: importing the adapter imports lm_eval, which takes a second and may not be installed.
-    if name in ("LoopnetLM", "load_checkpoint"):
-        from loopnet.eval import adapter
-
-        return getattr(adapter, name)
-    if name in ("main", "run_eval"):
-        from loopnet.eval import cli
-
-        return getattr(cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_attributes(__name__, _WHERE)

@@ -37,7 +37,7 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from loopnet.data.vocab import N_VOCAB
-from loopnet.checkpoints import load_checkpoint_meta
+from loopnet.checkpoints import load_checkpoint_meta, model_weights
 from loopnet.model import LoopConfig, LoopedTransformer, sample_next
 
 log = logging.getLogger(__name__)
@@ -55,21 +55,13 @@ def load_checkpoint(ckpt_path: str | Path, device: str | torch.device = "cpu") -
     path = Path(ckpt_path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    ckpt = load_checkpoint_meta(str(path))  # refuses pickled code and names a corrupt file in one line
-    try:
-        config = ckpt["hyper_parameters"]["config"]
-        state = ckpt["state_dict"]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"{path} is not a loopnet checkpoint (expected hyper_parameters.config and state_dict, "
-            f"as saved by loopnet fit)"
-        ) from None
-    if (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2") != "gpt2":
-        raise ValueError(f"{path} was trained with data.vocab: compact (its own token ids), but the harness "
-                         f"feeds GPT-2 ids; fix: evaluate a model trained with data.vocab: gpt2")
+    # refuses pickled code and names a corrupt file in one line; then a checkpoint that is not loopnet's
+    return build_model(*model_weights(load_checkpoint_meta(str(path)), path), device)
+
+
+def build_model(config: dict, weights: dict, device: str | torch.device = "cpu") -> LoopedTransformer:
+    """The `LoopedTransformer` of `config` with `weights` (`loopnet.checkpoints.model_weights`), in eval mode."""
     model = LoopedTransformer(LoopConfig(**config))
-    # LoopedLM keeps the network under `self.model`; other entries (metrics) are not weights.
-    weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     model.load_state_dict(weights)
     return model.to(device).eval()
 

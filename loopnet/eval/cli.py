@@ -88,10 +88,12 @@ def run_eval(
     if batch_size < 1:
         raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
     names = expand_tasks(tasks)
-    from loopnet.checkpoints import load_checkpoint_meta
+    from loopnet.checkpoints import load_checkpoint_meta, model_weights
     from loopnet.files import check_writable
 
-    load_checkpoint_meta(str(ckpt))  # readable, plain data (no pickled code): one line, not a traceback
+    # Readable, plain data (no pickled code), loopnet's, GPT-2 ids: one line, not a traceback, and before
+    # the harness's task set-up; the tensors stay on disk until the model is built.
+    config, weights = model_weights(load_checkpoint_meta(str(ckpt)), ckpt)
     folder = Path(output_dir).expanduser() if output_dir is not None else ckpt.parent
     check_writable(str(folder), "--output_dir")  # before the evaluation, not after it
     try:
@@ -102,11 +104,11 @@ def run_eval(
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device} requested but CUDA is not available; use --device cpu")
 
-    from loopnet.eval.adapter import LoopnetLM, load_checkpoint
+    from loopnet.eval.adapter import LoopnetLM, build_model
 
     manager = make_task_manager(names, include_path)
     check_datasets(manager, names)
-    model = load_checkpoint(ckpt, device)
+    model = build_model(config, weights, device)
     train_rounds = model.config.n_rounds
     rounds = rounds or [train_rounds]
 

@@ -261,17 +261,12 @@ class Group:
     def escape_steps(self) -> tuple[float | None, float | None]:
         return mean_std([r.escape_step for r in self.finished if r.escape_step is not None])
 
-    def escape_steps_cell(self) -> str:
-        mean, std = self.escape_steps()
-        if mean is None:
-            return "—"
-        return f"{mean:.0f}" + ("" if std is None else f" ± {std:.0f}")
-
-    def stat_cell(self, stat) -> str:
+    def stat_cell(self, stat, show=lambda v: fmt(v, 3)) -> str:
+        """mean ± std of `stat()` as a table cell ("—" without values), each shown by `show`."""
         mean, std = stat()
         if mean is None:
             return "—"
-        return fmt(mean, 3) if std is None else f"{fmt(mean, 3)} ± {fmt(std, 3)}"
+        return show(mean) if std is None else f"{show(mean)} ± {show(std)}"
 
 
 def group_runs(runs: list[Run]) -> tuple[list[str], list[int], dict[tuple[str, int], Group]]:
@@ -665,7 +660,7 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
         wide_table(methods, rounds, groups, Group.escape_cell), "",
         "Steps to escape: the first step at which the training loss, smoothed by an EMA of weight 0.9, is below "
         "the plateau; mean ± std over the seeds that escaped.", "",
-        wide_table(methods, rounds, groups, Group.escape_steps_cell), "",
+        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.escape_steps, lambda v: f"{v:.0f}")), "",
         "## Measured visit alignment κ̂ (whole model)", "",
         "κ̂ = ‖Σ_r g_r‖² / Σ_r ‖g_r‖² over all sublayers at the last diagnostics step (1: orthogonal visits, "
         "R: identical); mean ± std over completed seeds.", "",

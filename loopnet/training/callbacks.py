@@ -111,8 +111,8 @@ class GracefulInterrupt(Checkpoint):
     SIGINT is routed to that same path (a second one aborts at once, without a checkpoint: it may
     land in the middle of an optimiser step; once the interruption checkpoint is being written, a
     further Ctrl-C only prints that it is, so the checkpoint is completed). The checkpoint,
-    `last-interrupted.ckpt` beside `last.ckpt`, is written only for these stops between steps, never for a crash; being named
-    `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
+    `last-interrupted.ckpt` beside `last.ckpt`, is written only for these stops between steps, never
+    for a crash; being named `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
     status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
     At fit start, temporary files that a kill during an earlier checkpoint write left in the
     checkpoint folder are removed. A stop asked for during a validation or the sanity check waits

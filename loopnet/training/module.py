@@ -77,8 +77,9 @@ def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) ->
     one each `qkv_proj` stood as three consecutive parameters, q_proj, k_proj, v_proj."""
     if not any(key.endswith(".q_proj.weight") for key in checkpoint.get("state_dict", {})):
         return
+    width = lambda name: 3 if ".qkv_proj." in name else 1  # noqa: E731  its parameters in the old layout
     for opt in checkpoint.get("optimizer_states", []):
-        old_counts = [sum(3 if ".qkv_proj." in n else 1 for n in names) for names in group_names]
+        old_counts = [sum(width(n) for n in names) for names in group_names]
         if [len(g["params"]) for g in opt["param_groups"]] != old_counts:
             raise ValueError("the checkpoint's optimizer state does not match this model's parameters in the "
                              "layout before the fused QKV projection; load its weights without the optimizer "
@@ -87,8 +88,8 @@ def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) ->
         for group, names in zip(opt["param_groups"], group_names):
             group["params"] = list(range(new, new + len(names)))
             for name in names:
-                parts = [old_state[i] for i in range(old, old + (3 if ".qkv_proj." in name else 1)) if i in old_state]
-                old += 3 if ".qkv_proj." in name else 1
+                parts = [old_state[i] for i in range(old, old + width(name)) if i in old_state]
+                old += width(name)
                 if parts:  # moments (tensors of the parameter's shape) stacked; the step count shared
                     state[new] = {key: torch.cat([p[key] for p in parts]) if torch.is_tensor(value) and value.dim()
                                   else value for key, value in parts[0].items()}
