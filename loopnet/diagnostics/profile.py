@@ -37,7 +37,7 @@ LABELS = {  # short: they label lines on a 270 px card
 }
 COLORS = {"resid_norm": "C0", "branch_ratio": "C4", "act_grad_norm": "C3", "param_grad_norm": "C2",
           "attn_logit_max": "C1", "attn_log_z": "C9"}
-SIZE_IN, DPI, FONT = (3.6, 2.4), 100, 12  # 360 × 240 px: TensorBoard shrinks it by ~0.75, type stays ≥ 9 px
+SIZE_IN, DPI, FONT = (3.6, 2.4), 100, 13  # 360 × 240 px: TensorBoard shrinks it to ~270 px, type stays ≥ 9 px
 
 
 def view_tag(view: str) -> str:

@@ -130,17 +130,17 @@ def custom_scalars_layout(n_rounds: int) -> dict:
     physical sublayers. Per-visit values span decades: every chart's "Toggle y-axis log scale" button
     (TensorBoard's, not settable from a layout) gives a log axis. Charts select tags by regex, so they
     hold for any K."""
-    sublayers = {q: ["Multiline", [rf"sublayers/{q}/.*"]] for q in SUBLAYER_QUANTITIES}
-    train = {
-        "loss": ["Multiline", [r"train/loss", r"val/loss"]],
-        "global grad norm (before clipping)": ["Multiline", [r"grad/global_norm"]],
-        "kappa (model)": ["Multiline", [r"grad/kappa_model"]],
-        "output logits: mean log Z": ["Multiline", [r"output/log_z"]],
-        "output logits: max |logit|": ["Multiline", [r"output/logit_absmax"]],
-        "update size (output change of the step)": ["Multiline", [r"update/output_change", r"update/logit_change"]],
-        "update size per round": ["Multiline", [r"update/output_change/r.*"]],
+    sublayers = {q: ["Multiline", [rf"^sublayers/{q}/"]] for q in SUBLAYER_QUANTITIES}
+    train = {  # anchored: TensorBoard searches a chart's regexes anywhere in a tag
+        "loss": ["Multiline", [r"^train/loss$", r"^val/loss$"]],
+        "global grad norm (before clipping)": ["Multiline", [r"^grad/global_norm$"]],
+        "kappa (model)": ["Multiline", [r"^grad/kappa_model$"]],
+        "output logits: mean log Z": ["Multiline", [r"^output/log_z$"]],
+        "output logits: max |logit|": ["Multiline", [r"^output/logit_absmax$"]],
+        "update size (output change of the step)": ["Multiline", [r"^update/output_change$", r"^update/logit_change$"]],
+        "update size per round": ["Multiline", [r"^update/output_change/r\d+$"]],
     }
     quantities = VISIT_QUANTITIES + ATTN_QUANTITIES
-    rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"visits/{q}/r{r:02d}_.*"]] for q in quantities}
+    rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"^visits/{q}/r{r:02d}_"]] for q in quantities}
               for r in range(1, n_rounds + 1)}
     return {"training": train, **rounds, "sublayers": sublayers}

@@ -115,14 +115,21 @@ def test_per_round_charts_hold_that_rounds_visits(fitted):
         charts = {c.title: list(c.multiline.tag) for c in categories[f"round {r:02d}"].chart}
         assert sorted(charts) == sorted(f"{q} r{r:02d}" for q in VISIT_QUANTITIES + ATTN_QUANTITIES)
         for q in VISIT_QUANTITIES + ATTN_QUANTITIES:
-            matched = sorted(t for t in scalars if any(re.fullmatch(rx, t) for rx in charts[f"{q} r{r:02d}"]))
+            matched = sorted(t for t in scalars if any(re.match(rx, t) for rx in charts[f"{q} r{r:02d}"]))
             sublayers = ("attn",) if q in ATTN_QUANTITIES else ("attn", "ffn")
             assert matched == sorted(f"visits/{q}/{v.tag}" for v in visit_order(K, R)
                                      if v.round == r and v.sublayer in sublayers)
+    # re.match, as TensorBoard's custom-scalars plugin selects a chart's tags (a prefix match).
     for category in layout.category:  # every chart of every category: at most one round's visits
         for chart in category.chart:
-            matched = [t for t in scalars if any(re.fullmatch(rx, t) for rx in chart.multiline.tag)]
+            matched = [t for t in scalars if any(re.match(rx, t) for rx in chart.multiline.tag)]
             assert len({parse_tag(t)[2].round for t in matched if t.startswith("visits/")}) <= 1, chart.title
+    training = {c.title: sorted(t for t in scalars if any(re.match(rx, t) for rx in c.multiline.tag))
+                for c in categories["training"].chart}
+    # The update-size chart held every per-round output change too (its regex matched them as prefixes).
+    assert training["update size (output change of the step)"] == ["update/logit_change", "update/output_change"]
+    assert training["update size per round"] == [f"update/output_change/r{r:02d}" for r in (1, 2, 3)]
+    assert training["output logits: mean log Z"] == ["output/log_z"]
 
 
 def test_depth_profile_plots_each_quantity_against_the_visit_index(fitted):
