@@ -117,7 +117,7 @@ class VisitDiagnostics(Callback):
         update_size: Also measure how much the step changed the output: the batch run again after
             the optimiser step (``update/output_change``, per round ``update/output_change/r03``,
             ``update/logit_change``); two extra forwards without grad on logging steps.
-        profile: Also draw the depth profile (``depth/stream``, ``depth/gradients``, ... in IMAGES): the
+        profile: Also draw the depth profile (``depth/gradients``, ``depth/norms``, ... in IMAGES): the
             per-visit values against the visit index in forward order (`loopnet.diagnostics.profile`;
             matplotlib).
     """

@@ -19,12 +19,13 @@ from loopnet.model import Visit
 
 from .tags import PROFILE_GROUP, visit_tag
 
-# view -> (title, quantities, log y axis). Attention quantities exist at attention visits only.
+# view -> (title, quantities, log y axis), in the order TensorBoard shows the views (it sorts tags by name).
+# Attention quantities exist at attention visits only.
 VIEWS = {
-    "stream": ("residual stream RMS", ("resid_norm",), True),
-    "branch_ratio": ("branch / skip ‖f‖/‖αx‖", ("branch_ratio",), True),
     "gradients": ("gradient norms", ("act_grad_norm", "param_grad_norm"), True),
-    "attention": ("attention logits", ("attn_logit_max", "attn_log_z"), False),
+    "norms": ("residual stream RMS", ("resid_norm",), True),
+    "qk_logits": ("attention logits", ("attn_logit_max", "attn_log_z"), False),
+    "skip_ratio": ("branch / skip ‖f‖/‖αx‖", ("branch_ratio",), True),
 }
 PROFILE_QUANTITIES = tuple(q for _, quantities, _ in VIEWS.values() for q in quantities)
 LABELS = {  # short: they label lines on a 270 px card
@@ -124,7 +125,7 @@ def png(fig) -> bytes:
 
 
 def profile_pngs(scalars: dict[str, float], visits: list[Visit]) -> dict[str, bytes]:
-    """{image tag: PNG} of every view with something to draw at this step (``depth/stream``, ...)."""
+    """{image tag: PNG} of every view with something to draw at this step (``depth/gradients``, ...)."""
     profile = depth_profile(scalars, visits)
     return {view_tag(view): png(view_figure(view, profile, visits)) for view, (_, quantities, _) in VIEWS.items()
             if any(math.isfinite(y) for q in quantities for y in profile[q])}

@@ -34,8 +34,9 @@ Every tag is ``<group>/<quantity>/<name>`` (TensorBoard groups its charts by the
     hist/state/r<rr>     histogram of the state at the end of round r (a strided sample of values)
     hist/token_rms/r<rr> histogram of the per-token RMS of the last pre-Norm stream of round r
     depth/<view>         images: the depth profile, per-visit values against the visit index in forward
-                         order (`loopnet.diagnostics.profile`): depth/stream (resid_norm), depth/gradients
-                         (act_grad_norm, param_grad_norm), depth/attention (attn_logit_max, attn_log_z)
+                         order (`loopnet.diagnostics.profile`): depth/gradients (act_grad_norm,
+                         param_grad_norm), depth/norms (resid_norm), depth/qk_logits (attn_logit_max,
+                         attn_log_z), depth/skip_ratio (branch_ratio)
 
 The images' group is named ``depth`` so that TensorBoard's TIME SERIES dashboard, which sorts tag groups
 by name and opens the first two, opens the depth profile first (before Lightning's ``epoch``).
@@ -57,7 +58,7 @@ SUBLAYER_QUANTITIES = ("kappa", "grad_norm", "update_ratio")
 GLOBAL_TAGS = ("grad/global_norm", "grad/kappa_model")
 UPDATE_QUANTITIES = ("output_change", "logit_change")
 HIST_QUANTITIES = ("state", "token_rms")
-PROFILE_GROUP = "depth"  # the depth profile's images: depth/stream, depth/gradients, depth/attention
+PROFILE_GROUP = "depth"  # the depth profile's images: depth/gradients, depth/norms, ...
 
 
 def visit_quantities(visit: Visit) -> tuple[str, ...]:

@@ -199,7 +199,7 @@ def test_tensorboard_server_lists_the_tags(fitted):
         titles = {c["title"] for c in layout["category"]}
         assert {"sublayers", "training", "round 01", "round 02", "round 03"} <= titles and "visits" not in titles
         images = {tag for tags in _get(f"{base}/data/plugin/images/tags").values() for tag in tags}
-        assert "depth/stream" in images
+        assert "depth/norms" in images
     finally:
         proc.terminate()
         try:

@@ -53,8 +53,8 @@ def test_each_panel_holds_each_run_at_each_step(two_runs):
             assert list(line.get_xdata()) == at
             assert list(line.get_ydata()) == pytest.approx([value(run, step, q, i) for i in at]), (q, run, step)
     assert [ax.get_title() for ax in fig.axes] == [
-        "residual stream RMS", "branch / skip ‖f‖/‖αx‖", "gradient: ‖∂L/∂x‖", "gradient: ‖g_r,j‖",
-        "attention: max q·k/√d", "attention: mean log Z"]
+        "gradient: ‖∂L/∂x‖", "gradient: ‖g_r,j‖", "residual stream RMS", "attention: max q·k/√d",
+        "attention: mean log Z", "branch / skip ‖f‖/‖αx‖"]
 
 
 def test_command_writes_the_png_without_lightning(two_runs, tmp_path):
