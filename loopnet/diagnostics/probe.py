@@ -81,11 +81,18 @@ def attention_logit_stats(q: torch.Tensor, k: torch.Tensor, chunk: int = 1 << 22
 
 
 @torch.no_grad()
-def output_logit_stats(logits: torch.Tensor) -> torch.Tensor:
+def output_logit_stats(logits: torch.Tensor, chunk: int = 1 << 24) -> torch.Tensor:
     """[Σ log Z, max |logit|, n] of the LM head's logits (..., V): log Z = logsumexp over the vocabulary
-    for each of the n positions (summed, so that micro-batches combine)."""
-    z = logits.detach().float().flatten(0, -2)
-    return torch.stack([torch.logsumexp(z, dim=-1).sum(), z.abs().amax(),
+    for each of the n positions (summed, so that micro-batches combine). In fp32, a few rows at a time
+    (≤ `chunk` elements), so that no second N×V tensor is formed."""
+    z = logits.detach().flatten(0, -2)
+    rows = max(1, chunk // z.size(-1))
+    log_z, top_abs = [], []
+    for i in range(0, z.size(0), rows):
+        part = z[i:i + rows].float()
+        log_z.append(torch.logsumexp(part, dim=-1).sum())
+        top_abs.append(part.abs().amax())
+    return torch.stack([torch.stack(log_z).sum(), torch.stack(top_abs).amax(),
                         torch.tensor(float(z.size(0)), device=z.device)])
 
 

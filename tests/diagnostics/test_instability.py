@@ -133,6 +133,9 @@ def test_chunked_logits_equal_the_whole():
     whole = probe_module.attention_logit_stats(q, k)
     chunked = probe_module.attention_logit_stats(q, k, chunk=2 * 7 * 7)  # one batch row at a time
     assert torch.allclose(whole, chunked, rtol=RTOL, atol=ATOL)
+    logits = torch.randn(3, 5, 11)
+    assert torch.allclose(probe_module.output_logit_stats(logits), probe_module.output_logit_stats(logits, chunk=11),
+                          rtol=RTOL, atol=ATOL)
     z = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), -math.inf)
     assert float(whole[0]) == pytest.approx(float(z.amax()), rel=RTOL)
     assert float(whole[2] / whole[3]) == pytest.approx(float(torch.logsumexp(z, -1).mean()), rel=RTOL)
