@@ -93,3 +93,24 @@ def test_bad_input_gets_one_line_with_the_fix(two_runs, tmp_path, case):
 def test_event_dir_finds_the_one_version(two_runs):
     a, _ = two_runs
     assert event_dir(str(a.parent)) == a and event_dir(str(a)) == a
+
+
+def test_depth_views_have_few_distinct_y_labels():
+    """Issue 23: at TensorBoard's ~270 px card the profile was illegible (a legend of long names, minor
+    log ticks labelled "6×10⁻²"). Each view now has 2-5 y labels, all different, with short text."""
+    from loopnet.diagnostics.profile import VIEWS, depth_profile, view_figure
+
+    visits = visit_order(2, 6)
+    for spread in (1.05, 3.0, 1e4):  # within a few percent, within a decade, over four decades
+        scalars = {visit_tag(q, v): 0.01 * spread ** (i / len(visits)) for i, v in enumerate(visits)
+                   for q in visit_quantities(v)}
+        profile = depth_profile(scalars, visits)
+        for view in VIEWS:
+            fig = view_figure(view, profile, visits)
+            fig.canvas.draw()
+            (ax,) = fig.axes
+            labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+            assert 2 <= len(labels) <= 5 and len(set(labels)) == len(labels), (view, spread, labels)
+            assert max(map(len, labels)) <= 7 and not ax.get_yticklabels(minor=True), (view, spread, labels)
+            assert len(ax.get_xticklabels()) <= 5
+            assert fig.canvas.get_width_height() == (360, 240)
