@@ -67,13 +67,13 @@ def nearest(step: int, logged: list[int]) -> int:
 def compare_figure(runs: list[tuple[str, list[Visit], dict[int, dict[str, float]]]], steps: list[int] | None):
     """The figure: one panel per depth-profile quantity, every (run, step) a line in each. `runs`:
     (label, visits, {step: scalars}) each."""
-    from .profile import LABELS, VIEWS, _figure, depth_profile, draw_depth
+    from .profile import LABELS, VIEWS, figure, depth_profile, draw_depth
 
     panels = [(q, title if len(quantities) == 1 else f"{title.split()[0]}: {LABELS[q]}", log)
               for _, (title, quantities, log) in VIEWS.items() for q in quantities]
     cols = 3
     rows = math.ceil(len(panels) / cols)
-    fig = _figure(size=(4.2 * cols, 3.0 * rows + 0.5), dpi=100)
+    fig = figure(size=(4.2 * cols, 3.0 * rows + 0.5), dpi=100)
     longest = max((visits for _, visits, _ in runs), key=len)
     lines: dict[str, list] = {q: [] for q, _, _ in panels}
     for i, (label, visits, by_step) in enumerate(runs):

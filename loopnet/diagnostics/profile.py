@@ -94,7 +94,8 @@ def _few_y_ticks(ax, log: bool) -> None:
     ax.set_ylim(lo, hi)
 
 
-def _figure(size=SIZE_IN, dpi=DPI):
+def figure(size=SIZE_IN, dpi=DPI):
+    """A matplotlib Figure on an Agg canvas (no pyplot: no global state, no display)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -107,7 +108,7 @@ def view_figure(view: str, profile: dict[str, list[float]], visits: list[Visit])
     """One view of the depth profile (`VIEWS`) as a matplotlib Figure (Agg canvas), 360 × 240 px: the
     title names the quantity, a compact legend the lines when there are two."""
     title, quantities, log = VIEWS[view]
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     lines = [(profile[q], {"color": COLORS[q], "label": LABELS[q]}) for q in quantities]
     draw_depth(ax, visits, lines, log)
