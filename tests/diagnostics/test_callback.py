@@ -160,6 +160,20 @@ def test_depth_profile_plots_each_quantity_against_the_visit_index(fitted):
             assert list(line.get_ydata()) == pytest.approx([logged[f"visits/{q}/{visits[i - 1].tag}"] for i in at])
 
 
+def test_the_depth_profile_is_the_first_group_tensorboard_opens(fitted):
+    """Issue 23: TensorBoard opened on `epoch`. Its TIME SERIES dashboard (the default) sorts every tag
+    (scalars, images, histograms) by name, groups them by the part before the first '/', and opens the
+    first two groups (TensorBoard 2.21's webfiles, `zD` and the `tagGroupExpanded` default). With the
+    images under `depth/` the depth profile opens first, then Lightning's `epoch`."""
+    _, _, _, acc = fitted
+    tags = [t for kind in ("scalars", "images", "histograms") for t in acc.Tags()[kind]]
+    assert "epoch" in tags  # Lightning logs it
+    # TensorBoard compares digits numerically and puts them and '/' first; no tag here has either
+    # before the group's end, so the groups' order is the plain string order.
+    groups = sorted({t.split("/", 1)[0] for t in tags})
+    assert groups[:2] == ["depth", "epoch"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
