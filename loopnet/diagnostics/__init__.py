@@ -9,10 +9,11 @@ alignment κ̂_R, divergence detection and the run summary.
     read_summary       read a run's summary.json (for the sweep and the report)
     tags               the tag scheme (visits/<quantity>/r03_k1_attn, sublayers/kappa/k1_attn, ...)
 
-Open the logs with ``tensorboard --logdir runs`` (http://127.0.0.1:6006): the SCALARS tab shows
-one chart per quantity and visit, CUSTOM SCALARS overlays every visit of a quantity in one chart
-(and every selected run, so schemes compare) and each round's visits in a category of its own, IMAGES
-shows the depth profile (norms against the visit index, log axis), HISTOGRAMS the state per round.
+Open the logs with ``tensorboard --logdir runs`` (http://127.0.0.1:6006): TIME SERIES opens on the depth
+profile (IMAGES ``depth/...``: per-visit values against the visit index, one small view each), SCALARS
+shows one chart per quantity and visit, CUSTOM SCALARS one category per round whose charts hold only that
+round's visits (and every selected run, so schemes compare), HISTOGRAMS the state per round.
+`loopnet compare RUN_A RUN_B --steps ...` overlays two runs' depth profiles (`.compare`).
 """
 
 from loopnet.lazy import lazy_attributes

@@ -36,8 +36,8 @@ from loopnet.model import SUBLAYERS, Visit
 
 from .probe import VisitProbe, kappas
 from .summary import RunSummary
-from .tags import (HIST_QUANTITIES, PROFILE_TAG, VISIT_QUANTITIES, custom_scalars_layout, hist_tag, sublayer_tag,
-                   visit_tag)
+from .tags import (HIST_QUANTITIES, OUTPUT_QUANTITIES, custom_scalars_layout, hist_tag, output_tag, sublayer_tag,
+                   visit_quantities, visit_tag)
 from .update_size import relative_changes, round_outputs
 
 
@@ -117,8 +117,9 @@ class VisitDiagnostics(Callback):
         update_size: Also measure how much the step changed the output: the batch run again after
             the optimiser step (``update/output_change``, per round ``update/output_change/r03``,
             ``update/logit_change``); two extra forwards without grad on logging steps.
-        profile: Also draw the depth profile (``profile/depth`` in IMAGES): the per-visit norms against
-            the visit index in forward order, on a log axis (`loopnet.diagnostics.profile`; matplotlib).
+        profile: Also draw the depth profile (``depth/gradients``, ``depth/norms``, ... in IMAGES): the
+            per-visit values against the visit index in forward order (`loopnet.diagnostics.profile`;
+            matplotlib).
     """
 
     def __init__(self, every_n_steps: int = 50, histograms: bool = True, hist_samples: int = 16384,
@@ -224,6 +225,10 @@ class VisitDiagnostics(Callback):
                 named[visit_tag(q, v)] = value
             named[visit_tag("act_grad_norm", v)] = probe.act_grad_norm(v)
             named[visit_tag("param_grad_norm", v)] = probe.visit_grad_sq(v).sqrt()
+            for q, value in probe.attention_quantities(v).items():
+                named[visit_tag(q, v)] = value
+        for q, value in probe.output_quantities().items():
+            named[output_tag(q)] = value
         num, kappa = side["num"], kappas(side["num"], side["den"])
         for j, params in physical.items():
             before = self._weights_before[j]
@@ -253,20 +258,23 @@ class VisitDiagnostics(Callback):
 
         self.last_stats = {
             "step": step,
-            "visits": {v.tag: {q: scalars[visit_tag(q, v)] for q in VISIT_QUANTITIES} for v in probe.visits},
+            "visits": {v.tag: {q: scalars[visit_tag(q, v)] for q in visit_quantities(v) if visit_tag(q, v) in scalars}
+                       for v in probe.visits},
+            "output": {q: scalars[output_tag(q)] for q in OUTPUT_QUANTITIES if output_tag(q) in scalars},
             "kappa": {**{j: scalars[sublayer_tag("kappa", j)] for j in physical},
                       "model": scalars["grad/kappa_model"]},
             "update_ratio": {j: scalars[sublayer_tag("update_ratio", j)] for j in physical},
             "global_grad_norm": scalars["grad/global_norm"],
             "update": {t.removeprefix("update/"): v for t, v in scalars.items() if t.startswith("update/")},
         }
-        RunSummary.of(trainer).record_diagnostics(step, self.last_stats["visits"], self.last_stats["kappa"])
+        RunSummary.of(trainer).record_diagnostics(step, self.last_stats["visits"], self.last_stats["kappa"],
+                                                  self.last_stats["output"])
         self._reset()
 
     def _write_profile(self, logger, scalars: dict[str, float], visits: list[Visit], step: int) -> None:
         import threading
 
-        from .profile import depth_profile, profile_png, write_png
+        from .profile import profile_pngs, write_png
 
         # Drawn on a short-lived thread, which allocates from its own malloc arena: on the main thread
         # matplotlib's long-lived objects landed between a CPU step's large blocks, which HostMemory keeps
@@ -275,7 +283,7 @@ class VisitDiagnostics(Callback):
 
         def draw() -> None:
             try:
-                out["png"] = profile_png(depth_profile(scalars, visits), visits, title=f"{logger.name}  step {step}")
+                out["pngs"] = profile_pngs(scalars, visits)
             except BaseException as err:  # noqa: BLE001  raised again on the calling thread
                 out["error"] = err
 
@@ -290,7 +298,8 @@ class VisitDiagnostics(Callback):
             return
         if error is not None:
             raise error
-        write_png(logger.experiment, PROFILE_TAG, out["png"], step)
+        for tag, png in out["pngs"].items():
+            write_png(logger.experiment, tag, png, step)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._detach(pl_module)

@@ -4,7 +4,12 @@ Attached to a `LoopedTransformer` (``model.attach_observer(probe)``) it sees eve
 i = (r, j) of the forward pass through `VisitTrace` and
 
 - in the forward, keeps three 0-d tensors per visit (no host sync): RMS of the pre-Norm stream
-  α·x + f(x), RMS of the state after the Norm, and ‖f(x)‖ / ‖α·x‖;
+  α·x + f(x), RMS of the state after the Norm minus 1, and ‖f(x)‖ / ‖α·x‖;
+- at an attention visit, from its queries and keys (`VisitTrace.qk`), the instability signals of
+  Wortsman et al. 2023 (arXiv 2309.14322): the largest logit q·k/√d_h and the largest |logit| over
+  heads and causal positions, and the heads' mean log-partition log Z = log Σ_{j≤i} exp(q_i·k_j/√d_h)
+  (`attention_logit_stats`); at the model's output, the mean log Z of the LM head's softmax and its
+  largest |logit| (`output_logit_stats`), the output-logit divergence they report;
 - hooks the visit's output to get ‖∂L/∂x‖ in the backward;
 - hooks the visit's own parameter views to get the per-visit gradient contribution g_{r,j}
   (Σ_r g_{r,j} is the shared parameter's ``.grad``) and keeps ‖g_{r,j}‖² per parameter, or the
@@ -32,7 +37,7 @@ import torch
 
 from loopnet.model import Visit, VisitTrace
 
-from .tags import FORWARD_QUANTITIES
+from .tags import ATTN_QUANTITIES, FORWARD_QUANTITIES, OUTPUT_QUANTITIES
 
 
 def _sq(t: torch.Tensor) -> torch.Tensor:
@@ -51,6 +56,53 @@ def kappas(num: dict[str, torch.Tensor], den: dict[str, torch.Tensor]) -> dict[s
     out = {j: alignment(num[j], den[j]) for j in num}
     if num:
         out["model"] = alignment(sum(num.values()), sum(den.values()))
+    return out
+
+
+@torch.no_grad()
+def attention_logit_stats(q: torch.Tensor, k: torch.Tensor, chunk: int = 1 << 22) -> torch.Tensor:
+    """[max logit, max |logit|, Σ log Z, n] of causal attention with queries `q` and keys `k` (B, H, T,
+    d_h), logits q·kᵀ/√d_h (what scaled_dot_product_attention computes and does not return), over the
+    causal positions j ≤ i only; log Z of each (batch, head, query) is logsumexp over its keys, summed
+    here (n of them) so that micro-batches combine. Computed in fp32, a few batch rows at a time so the
+    B·H·T² logits are never all held at once (≤ `chunk` elements)."""
+    B, H, T, d_h = q.shape
+    allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    rows = max(1, chunk // (H * T * T))
+    top, top_abs, log_z = [], [], []
+    for b in range(0, B, rows):
+        logits = q[b:b + rows].float() @ k[b:b + rows].float().transpose(-1, -2) / d_h ** 0.5
+        logits = logits.masked_fill(~allowed, -torch.inf)
+        top.append(logits.amax())
+        top_abs.append(logits.abs().masked_fill(~allowed, 0).amax())  # masked: |−inf| would win
+        log_z.append(torch.logsumexp(logits, dim=-1).sum())
+    return torch.stack([torch.stack(top).amax(), torch.stack(top_abs).amax(), torch.stack(log_z).sum(),
+                        torch.tensor(float(B * H * T), device=q.device)])
+
+
+@torch.no_grad()
+def output_logit_stats(logits: torch.Tensor, chunk: int = 1 << 24) -> torch.Tensor:
+    """[Σ log Z, max |logit|, n] of the LM head's logits (..., V): log Z = logsumexp over the vocabulary
+    for each of the n positions (summed, so that micro-batches combine). In fp32, a few rows at a time
+    (≤ `chunk` elements), so that no second N×V tensor is formed."""
+    z = logits.detach().flatten(0, -2)
+    rows = max(1, chunk // z.size(-1))
+    log_z, top_abs = [], []
+    for i in range(0, z.size(0), rows):
+        part = z[i:i + rows].float()
+        log_z.append(torch.logsumexp(part, dim=-1).sum())
+        top_abs.append(part.abs().amax())
+    return torch.stack([torch.stack(log_z).sum(), torch.stack(top_abs).amax(),
+                        torch.tensor(float(z.size(0)), device=z.device)])
+
+
+def _combine(before: torch.Tensor | None, new: torch.Tensor, maxima: tuple[int, ...]) -> torch.Tensor:
+    """Statistics of two micro-batches in one: the `maxima` entries by max, the others (sums) added."""
+    if before is None:
+        return new
+    out = before + new
+    for i in maxima:
+        out[i] = torch.maximum(before[i], new[i])
     return out
 
 
@@ -75,6 +127,8 @@ class VisitProbe:
         self.param_sq: dict[Visit, dict[str, torch.Tensor]] = defaultdict(dict)  # ‖g_{r,j,p}‖², no keep_grads
         self.grads: dict[Visit, dict[str, torch.Tensor]] = defaultdict(dict)  # g_{r,j,p} (keep_grads=True)
         self.hist: dict[int, dict[str, torch.Tensor]] = {}  # round -> {"state": values, "token_rms": values}
+        self.attn: dict[Visit, torch.Tensor] = {}  # attention visits: `attention_logit_stats`, over micro-batches
+        self.output: tuple[int, torch.Tensor] | None = None  # (round, `output_logit_stats`) of the last head
         self._last_visit_of_round: dict[int, Visit] = {}
 
     # ------------------------------------------------------------------------ forward / backward
@@ -86,18 +140,28 @@ class VisitProbe:
             skip = trace.alpha * torch.linalg.vector_norm(trace.x.detach().float())
             stats = torch.stack([  # in the order of FORWARD_QUANTITIES
                 stream.square().mean().sqrt(),  # resid_norm
-                state.square().mean().sqrt(),  # state_norm
+                state.square().mean().sqrt() - 1,  # state_norm_dev: ≈ 0 after a Norm, so its deviation
                 torch.linalg.vector_norm(trace.branch.detach().float()) / skip.clamp_min(1e-30),  # branch_ratio
             ])
             self.fwd[visit] = self.fwd[visit] + stats if visit in self.fwd else stats
             self.n_fwd[visit] += 1
             if self.hist_samples:
                 self._sample_for_histograms(visit, stream, state)
+            if trace.qk is not None:
+                self.attn[visit] = _combine(self.attn.get(visit), attention_logit_stats(*trace.qk), maxima=(0, 1))
         if trace.state.requires_grad:
             trace.state.register_hook(lambda g, v=visit: self._on_act_grad(v, g))
         for name, view in trace.params.items():
             if view.requires_grad:
                 view.register_hook(lambda g, v=visit, n=name: self._on_param_grad(v, n, g))
+
+    def on_logits(self, round_: int, logits: torch.Tensor) -> None:
+        """The head's logits at a loss round; the last round's (the model's output) are kept."""
+        if self.output is not None and self.output[0] > round_:
+            return
+        same = self.output is not None and self.output[0] == round_  # another micro-batch
+        stats = output_logit_stats(logits)
+        self.output = (round_, _combine(self.output[1] if same else None, stats, maxima=(1,)))
 
     def _sample_for_histograms(self, visit: Visit, stream: torch.Tensor, state: torch.Tensor) -> None:
         # The last visit seen in a round is the round's output; later visits overwrite earlier ones.
@@ -125,12 +189,26 @@ class VisitProbe:
 
     # ------------------------------------------------------------------------ results
     def forward_stats(self, visit: Visit) -> torch.Tensor:
-        """The FORWARD_QUANTITIES (resid_norm, state_norm, branch_ratio) averaged over micro-batches."""
+        """The FORWARD_QUANTITIES (resid_norm, state_norm_dev, branch_ratio) averaged over micro-batches."""
         return self.fwd[visit] / self.n_fwd[visit]
 
     def forward_quantities(self, visit: Visit) -> dict[str, torch.Tensor]:
         """`forward_stats` by name."""
         return dict(zip(FORWARD_QUANTITIES, self.forward_stats(visit)))
+
+    def attention_quantities(self, visit: Visit) -> dict[str, torch.Tensor]:
+        """ATTN_QUANTITIES of an attention visit (max logit, max |logit|, mean log Z); {} for an FFN visit."""
+        if visit not in self.attn:
+            return {}
+        top, top_abs, log_z, n = self.attn[visit]
+        return dict(zip(ATTN_QUANTITIES, (top, top_abs, log_z / n)))
+
+    def output_quantities(self) -> dict[str, torch.Tensor]:
+        """OUTPUT_QUANTITIES of the model's output logits (mean log Z, max |logit|); {} if none was seen."""
+        if self.output is None:
+            return {}
+        log_z, top_abs, n = self.output[1]
+        return dict(zip(OUTPUT_QUANTITIES, (log_z / n, top_abs)))
 
     def act_grad_norm(self, visit: Visit) -> torch.Tensor:
         if visit not in self.act_grad:

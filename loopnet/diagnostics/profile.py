@@ -1,11 +1,13 @@
-"""The depth profile: at a logging step, each per-visit norm against the visit's position in the forward
-pass (visit 1 = round 1, block 1, attn; then ffn, block 2, ..., round R), on a log axis, as one image
-(`tags.PROFILE_TAG`, TensorBoard's IMAGES tab, with a slider over the logging steps). It shows where along
-the unrolled depth the stream grows or the gradient vanishes, which the per-visit charts (one line per
-visit over training steps) show only one visit at a time.
+"""The depth profile: at a logging step, per-visit values against the visit's position in the forward pass
+(visit 1 = round 1, block 1, attn; then ffn, block 2, ..., round R), as small images in TensorBoard's
+IMAGES (one per view, ``depth/<view>``, with a slider over the logging steps). It shows where along the
+unrolled depth the stream grows, the gradient vanishes or the attention logits grow, which the per-round
+charts (one line per visit over training steps) show only one round at a time.
 
-Drawn with matplotlib's Agg canvas directly (no pyplot, no display) into a PNG written as a TensorBoard
-image summary; matplotlib is imported on the first logging step only.
+Drawn for TensorBoard's image card (about 270 px wide): one view per image with one or two quantities,
+large type, a tick per round at most every few rounds, short labels. Drawn with matplotlib's Agg canvas
+directly (no pyplot, no display); matplotlib is imported on the first logging step only.
+`loopnet compare` draws the same views for two runs at chosen steps (`loopnet.diagnostics.compare`).
 """
 
 from __future__ import annotations
@@ -15,64 +17,122 @@ import math
 
 from loopnet.model import Visit
 
-from .tags import visit_tag
+from .tags import PROFILE_GROUP, visit_tag
 
-# What the profile draws, in this order (the norms that span decades along the depth).
-PROFILE_QUANTITIES = ("resid_norm", "state_norm", "act_grad_norm", "param_grad_norm")
-LABELS = {
-    "resid_norm": "residual stream RMS (pre-Norm)",
-    "state_norm": "state RMS (after the Norm)",
-    "act_grad_norm": "activation gradient ‖∂L/∂x‖",
-    "param_grad_norm": "per-visit parameter gradient ‖g_r,j‖",
+# view -> (title, quantities, log y axis), in the order TensorBoard shows the views (it sorts tags by name).
+# Attention quantities exist at attention visits only.
+VIEWS = {
+    "gradients": ("gradient norms", ("act_grad_norm", "param_grad_norm"), True),
+    "norms": ("residual stream RMS", ("resid_norm",), True),
+    "qk_logits": ("attention logits", ("attn_logit_max", "attn_log_z"), False),
+    "skip_ratio": ("branch / skip ‖f‖/‖αx‖", ("branch_ratio",), True),
 }
+PROFILE_QUANTITIES = tuple(q for _, quantities, _ in VIEWS.values() for q in quantities)
+LABELS = {  # short: they label lines on a 270 px card
+    "resid_norm": "stream RMS",
+    "branch_ratio": "‖f‖/‖αx‖",
+    "act_grad_norm": "‖∂L/∂x‖",
+    "param_grad_norm": "‖g_r,j‖",
+    "attn_logit_max": "max q·k/√d",
+    "attn_log_z": "mean log Z",
+}
+COLORS = {"resid_norm": "C0", "branch_ratio": "C4", "act_grad_norm": "C3", "param_grad_norm": "C2",
+          "attn_logit_max": "C1", "attn_log_z": "C9"}
+SIZE_IN, DPI, FONT = (3.6, 2.4), 100, 13  # 360 × 240 px: TensorBoard shrinks it to ~270 px, type stays ≥ 9 px
+
+
+def view_tag(view: str) -> str:
+    return f"{PROFILE_GROUP}/{view}"
 
 
 def depth_profile(scalars: dict[str, float], visits: list[Visit]) -> dict[str, list[float]]:
-    """{quantity: its value at each visit, in forward order} from one logging step's scalars (keyed
-    by `tags.visit_tag`); `visits` in forward order (`loopnet.model.visit_order`)."""
-    return {q: [scalars[visit_tag(q, v)] for v in visits] for q in PROFILE_QUANTITIES}
+    """{quantity: its value at each visit, in forward order (nan where not logged: the attention
+    quantities at FFN visits)} from one logging step's scalars keyed by `tags.visit_tag`; `visits` in
+    forward order (`loopnet.model.visit_order`)."""
+    return {q: [scalars.get(visit_tag(q, v), math.nan) for v in visits] for q in PROFILE_QUANTITIES}
 
 
-def profile_png(profile: dict[str, list[float]], visits: list[Visit], title: str = "") -> bytes:
-    """The depth profile (`profile_figure`) as a PNG."""
-    buf = io.BytesIO()
-    profile_figure(profile, visits, title).savefig(buf, format="png")
-    return buf.getvalue()
+def draw_depth(ax, visits: list[Visit], lines: list[tuple[list[float], dict]], log: bool, font: int = FONT) -> None:
+    """Draw `lines` ((values per visit, matplotlib kwargs)) against the visit index 1 … 2·K·R on `ax`;
+    visits without a finite (and, on a log axis, positive) value are left out, so that the attention
+    quantities join their attention visits. Rounds are marked by light lines and labelled r1, r2, … (a
+    few only)."""
+    for values, style in lines:
+        points = [(i, y) for i, y in enumerate(values, start=1) if math.isfinite(y) and (y > 0 or not log)]
+        if points:
+            ax.plot(*zip(*points), **{"marker": ".", "linewidth": 1.6, "markersize": 4, **style})
+    if log and ax.lines:
+        ax.set_yscale("log")
+    starts = [i for i, v in enumerate(visits, start=1) if v.block == 1 and v.sublayer == "attn"]
+    for i in starts[1:]:
+        ax.axvline(i - 0.5, color="0.85", linewidth=0.8, zorder=0)
+    every = max(1, math.ceil(len(starts) / 4))  # at most 4-5 round labels
+    ax.set_xticks(starts[::every], [f"r{visits[i - 1].round}" for i in starts[::every]])
+    ax.set_xlim(0.5, len(visits) + 0.5)
+    ax.tick_params(labelsize=font - 1, length=3, pad=2)
+    _few_y_ticks(ax, log)
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
 
 
-def profile_figure(profile: dict[str, list[float]], visits: list[Visit], title: str = ""):
-    """The depth profile as a matplotlib Figure (Agg canvas): x = visit index in forward order
-    (1 … 2·K·R, rounds marked), one line per quantity on a log y axis (non-positive or non-finite
-    values left out)."""
+def _few_y_ticks(ax, log: bool) -> None:
+    """3-5 y ticks with short labels that still differ ("0.0028", "0.003"; "1e+03"), no minor ticks:
+    legible at 270 px. Set explicitly: matplotlib's log locator falls back to many ticks within a decade."""
+    from matplotlib.ticker import LogLocator, MaxNLocator
+
+    lo, hi = ax.get_ylim()
+    decades = math.log10(hi / lo) if log and lo > 0 and hi > lo else 0.0
+    if decades >= 1:
+        locator = LogLocator(base=10, subs=(1.0, 3.0) if decades < 3 else (1.0,), numticks=5)
+    else:
+        locator = MaxNLocator(nbins=4)
+    ticks = [t for t in locator.tick_values(lo, hi) if lo <= t <= hi]
+    digits = next((d for d in range(2, 7) if len({f"{t:.{d}g}" for t in ticks}) == len(ticks)), 6)
+    ax.set_yticks(ticks, [f"{t:.{digits}g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(lo, hi)
+
+
+def figure(size=SIZE_IN, dpi=DPI):
+    """A matplotlib Figure on an Agg canvas (no pyplot: no global state, no display)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 4), dpi=80)
+    fig = Figure(figsize=size, dpi=dpi)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    x = list(range(1, len(visits) + 1))
-    for q in PROFILE_QUANTITIES:
-        y = [v if math.isfinite(v) and v > 0 else math.nan for v in profile[q]]
-        if any(math.isfinite(v) for v in y):
-            ax.plot(x, y, marker=".", linewidth=1.2, label=LABELS[q])
-    ax.set_yscale("log")
-    starts = [i for i, v in zip(x, visits) if v.block == 1 and v.sublayer == "attn"]
-    for i in starts[1:]:
-        ax.axvline(i - 0.5, color="0.8", linewidth=0.8, zorder=0)
-    step = max(1, len(starts) // 16)  # at most ~16 round labels
-    ax.set_xticks(starts[::step], [f"r{visits[i - 1].round}" for i in starts[::step]])
-    ax.set_xlim(0.5, len(visits) + 0.5)
-    ax.set_xlabel("visit in forward order (each round: block 1 attn, ffn, block 2 attn, ...)")
-    ax.grid(True, which="major", axis="y", alpha=0.3)
-    if ax.lines:  # nothing finite to draw (a diverged run): no legend, and no matplotlib warning
-        ax.legend(fontsize=7, loc="upper left")
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.13, top=0.92)  # tight_layout's result, without its cost
     return fig
 
 
-def write_png(writer, tag: str, png: bytes, step: int) -> None:
+def view_figure(view: str, profile: dict[str, list[float]], visits: list[Visit]):
+    """One view of the depth profile (`VIEWS`) as a matplotlib Figure (Agg canvas), 360 × 240 px: the
+    title names the quantity, a compact legend the lines when there are two."""
+    title, quantities, log = VIEWS[view]
+    fig = figure()
+    ax = fig.add_subplot()
+    lines = [(profile[q], {"color": COLORS[q], "label": LABELS[q]}) for q in quantities]
+    draw_depth(ax, visits, lines, log)
+    ax.set_title(title, fontsize=FONT, pad=4)
+    if sum(any(math.isfinite(y) for y in profile[q]) for q in quantities) > 1:
+        ax.legend(fontsize=FONT - 2, frameon=False, handlelength=1.2, borderaxespad=0.2, labelspacing=0.2)
+    fig.subplots_adjust(left=0.2, right=0.97, bottom=0.12, top=0.88)  # tight_layout's result, without its cost
+    return fig
+
+
+def png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def profile_pngs(scalars: dict[str, float], visits: list[Visit]) -> dict[str, bytes]:
+    """{image tag: PNG} of every view with something to draw at this step (``depth/gradients``, ...)."""
+    profile = depth_profile(scalars, visits)
+    return {view_tag(view): png(view_figure(view, profile, visits)) for view, (_, quantities, _) in VIEWS.items()
+            if any(math.isfinite(y) for q in quantities for y in profile[q])}
+
+
+def write_png(writer, tag: str, png_bytes: bytes, step: int) -> None:
     """A PNG as a TensorBoard image summary (what `SummaryWriter.add_image` writes, without re-encoding)."""
     import struct
 
@@ -81,6 +141,6 @@ def write_png(writer, tag: str, png: bytes, step: int) -> None:
     file_writer = getattr(writer, "file_writer", None)
     if file_writer is None:  # not torch's SummaryWriter
         return
-    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
-    image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=png)
+    width, height = struct.unpack(">II", png_bytes[16:24])  # the IHDR chunk
+    image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=png_bytes)
     file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)

@@ -27,6 +27,9 @@ Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
       "config": {...},                   # the model's LoopConfig fields (hparams["config"])
       "hparams": {...},                  # every hyperparameter of the LightningModule
       "last_visit_stats": {visit_tag: {quantity: value}},   # last logging step of VisitDiagnostics
+                                          # (tags.visit_quantities: attention visits add attn_logit_max,
+                                          # attn_logit_absmax, attn_log_z)
+      "last_output_stats": {"log_z": v, "logit_absmax": v} | null,  # the output logits, same step
       "kappa": {physical | "model": value},                 # κ̂_R of that step
       "diagnostics_step": int | null,    # the step those two were measured at
       "log_dir": str,
@@ -136,8 +139,8 @@ class RunSummary:
         return cls._records[trainer]
 
     # ------------------------------------------------------------------------------ fed while the fit runs
-    def record_diagnostics(self, step: int, visits: dict, kappa: dict) -> None:
-        self.diagnostics = {"step": step, "visits": visits, "kappa": kappa}
+    def record_diagnostics(self, step: int, visits: dict, kappa: dict, output: dict | None = None) -> None:
+        self.diagnostics = {"step": step, "visits": visits, "kappa": kappa, "output": output}
 
     def record_validation(self, step: int, value: float) -> None:
         self.val_history.append([step, value])
@@ -185,6 +188,7 @@ class RunSummary:
             "config": hparams.get("config"),
             "hparams": hparams,
             "last_visit_stats": stats["visits"] if stats else None,
+            "last_output_stats": stats.get("output") if stats else None,
             "kappa": stats["kappa"] if stats else None,
             "diagnostics_step": stats["step"] if stats else None,
             "log_dir": log_dir(trainer),

@@ -1,16 +1,22 @@
 """The TensorBoard tag scheme of loopnet's diagnostics (the report parses these tags).
 
-Every tag is ``<group>/<quantity>/<name>``, so that TensorBoard draws one chart per quantity
-holding every visit (or every physical sublayer) of it:
+Every tag is ``<group>/<quantity>/<name>`` (TensorBoard groups its charts by the first part):
 
     visits/<quantity>/<visit.tag>        one value per sublayer visit i = (r, j), e.g.
                                          visits/resid_norm/r03_k1_attn
         resid_norm       RMS of the pre-Norm stream α·x + f(x) (Pre-LN: the new stream x + f)
-        state_norm       RMS of the visit's output, the state after the Norm (Pre-LN: = resid_norm)
+        state_norm_dev   RMS of the visit's output minus 1: the state after the Norm has RMS ≈ 1 by
+                         construction (exactly 1 with unit gains), so only its deviation is shown
+                         (Pre-LN: the stream's RMS − 1)
         branch_ratio     ‖f(x)‖ / ‖α·x‖, branch to skip (Frobenius norms over the batch)
         act_grad_norm    ‖∂L/∂x‖ at the visit's output (Frobenius norm over the batch)
         param_grad_norm  ‖g_{r,j}‖: the part of the shared weights' gradient flowing through
                          this visit, over all parameters of the physical sublayer
+      attention visits only (Wortsman et al. 2023's attention-logit growth, `probe.attention_logit_stats`):
+        attn_logit_max     the largest attention logit q·k/√d_h, over heads, batch and causal positions
+        attn_logit_absmax  the largest |q·k/√d_h| over the same
+        attn_log_z         the heads' mean log-partition log Σ_{j≤i} exp(q_i·k_j/√d_h) over batch,
+                           heads and queries
     sublayers/<quantity>/<visit.physical>   one value per physical sublayer j, e.g.
                                          sublayers/kappa/k1_attn
         kappa            κ̂_R(j) = ‖Σ_r g_{r,j}‖² / Σ_r ‖g_{r,j}‖² (1 = orthogonal visits, R = aligned)
@@ -18,15 +24,22 @@ holding every visit (or every physical sublayer) of it:
         update_ratio     ‖ΔW_j‖ / ‖W_j‖ of the optimiser step (W_j: all the sublayer's parameters)
     grad/global_norm     global gradient norm of all parameters, before clipping
     grad/kappa_model     κ̂_R over all sublayers at once (their gradients concatenated)
+    output/log_z         the LM head's mean log-partition logsumexp(z) over the positions of the model's
+                         output (the last round's logits): Wortsman et al.'s output-logit divergence
+    output/logit_absmax  the largest |z| of those logits
     update/output_change ‖x' − x‖/‖x‖ of the final state (end of the last round) caused by the
                          optimiser step, on the step's batch (`loopnet.diagnostics.update_size`)
     update/output_change/r<rr>  the same for the state at the end of round r
     update/logit_change  the same for the logits
     hist/state/r<rr>     histogram of the state at the end of round r (a strided sample of values)
     hist/token_rms/r<rr> histogram of the per-token RMS of the last pre-Norm stream of round r
-    profile/depth        image: the depth profile, resid_norm, state_norm, act_grad_norm and
-                         param_grad_norm against the visit index in forward order, log axis
-                         (`loopnet.diagnostics.profile`)
+    depth/<view>         images: the depth profile, per-visit values against the visit index in forward
+                         order (`loopnet.diagnostics.profile`): depth/gradients (act_grad_norm,
+                         param_grad_norm), depth/norms (resid_norm), depth/qk_logits (attn_logit_max,
+                         attn_log_z), depth/skip_ratio (branch_ratio)
+
+The images' group is named ``depth`` so that TensorBoard's TIME SERIES dashboard, which sorts tag groups
+by name and opens the first two, opens the depth profile first (before Lightning's ``epoch``).
 
 "RMS" is sqrt(mean(x²)) over all elements; gradient norms are Frobenius (L2) norms. Visit names
 come from `loopnet.model.Visit` only (``Visit.tag`` / ``Visit.physical``); parse them back with
@@ -37,13 +50,20 @@ from __future__ import annotations
 
 from loopnet.model import Visit
 
-FORWARD_QUANTITIES = ("resid_norm", "state_norm", "branch_ratio")  # measured in the forward, in this order
-VISIT_QUANTITIES = FORWARD_QUANTITIES + ("act_grad_norm", "param_grad_norm")
+FORWARD_QUANTITIES = ("resid_norm", "state_norm_dev", "branch_ratio")  # measured in the forward, in this order
+VISIT_QUANTITIES = FORWARD_QUANTITIES + ("act_grad_norm", "param_grad_norm")  # every visit
+ATTN_QUANTITIES = ("attn_logit_max", "attn_logit_absmax", "attn_log_z")  # attention visits only
+OUTPUT_QUANTITIES = ("log_z", "logit_absmax")  # output/<quantity>: the LM head's logits
 SUBLAYER_QUANTITIES = ("kappa", "grad_norm", "update_ratio")
 GLOBAL_TAGS = ("grad/global_norm", "grad/kappa_model")
 UPDATE_QUANTITIES = ("output_change", "logit_change")
 HIST_QUANTITIES = ("state", "token_rms")
-PROFILE_TAG = "profile/depth"
+PROFILE_GROUP = "depth"  # the depth profile's images: depth/gradients, depth/norms, ...
+
+
+def visit_quantities(visit: Visit) -> tuple[str, ...]:
+    """The quantities logged for `visit`: VISIT_QUANTITIES, and ATTN_QUANTITIES at an attention visit."""
+    return VISIT_QUANTITIES + (ATTN_QUANTITIES if visit.sublayer == "attn" else ())
 
 
 def visit_tag(quantity: str, visit: Visit) -> str:
@@ -58,6 +78,10 @@ def hist_tag(quantity: str, round_: int) -> str:
     return f"hist/{quantity}/r{round_:02d}"
 
 
+def output_tag(quantity: str) -> str:
+    return f"output/{quantity}"
+
+
 def update_tag(quantity: str, round_: int | None = None) -> str:
     """``update/output_change``, ``update/logit_change``, ``update/output_change/r03``."""
     return f"update/{quantity}" if round_ is None else f"update/{quantity}/r{round_:02d}"
@@ -66,14 +90,14 @@ def update_tag(quantity: str, round_: int | None = None) -> str:
 def parse_tag(tag: str) -> tuple[str, str, Visit | str | None]:
     """Split a diagnostics tag into (group, quantity, name): the name is a `Visit` for
     ``visits/...``, the physical sublayer (``"k1_attn"``) for ``sublayers/...``, the round number
-    as a string for ``hist/...`` and for per-round ``update/...``, None for ``grad/...`` and the other
-    ``update/...``."""
+    as a string for ``hist/...`` and for per-round ``update/...``, None for ``grad/...``, ``output/...``
+    and the other ``update/...``."""
     parts = tag.split("/")
     if parts[0] == "visits" and len(parts) == 3:
         return "visits", parts[1], Visit.parse(parts[2])
     if parts[0] in ("sublayers", "hist") and len(parts) == 3:
         return parts[0], parts[1], parts[2]
-    if parts[0] in ("grad", "update") and len(parts) == 2:
+    if parts[0] in ("grad", "update", "output") and len(parts) == 2:
         return parts[0], parts[1], None
     if parts[0] == "update" and len(parts) == 3:
         return "update", parts[1], parts[2]
@@ -86,9 +110,9 @@ def expected_scalar_tags(n_blocks: int, n_rounds: int, update_size: bool = True)
 
     visits = visit_order(n_blocks, n_rounds)
     physical = sorted({v.physical for v in visits})
-    return ([visit_tag(q, v) for q in VISIT_QUANTITIES for v in visits]
+    return ([visit_tag(q, v) for v in visits for q in visit_quantities(v)]
             + [sublayer_tag(q, j) for q in SUBLAYER_QUANTITIES for j in physical]
-            + list(GLOBAL_TAGS)
+            + list(GLOBAL_TAGS) + [output_tag(q) for q in OUTPUT_QUANTITIES]
             + ([update_tag(q) for q in UPDATE_QUANTITIES]
                + [update_tag("output_change", r) for r in range(1, n_rounds + 1)] if update_size else []))
 
@@ -99,22 +123,25 @@ def round_category(round_: int) -> str:
 
 
 def custom_scalars_layout(n_rounds: int) -> dict:
-    """TensorBoard custom-scalars layout. Category ``visits``: one Multiline chart per quantity overlays
-    every visit of a run (and TensorBoard draws each selected run, so schemes compare side by side);
-    one category per round (``round 03``) with a chart per quantity holding only that round's visits
-    (2·K lines instead of 2·K·R, on a scale of their own). Per-visit values span decades along the
-    depth: every chart's "Toggle y-axis log scale" button (TensorBoard's, not settable from a layout)
-    gives a log axis, and the IMAGES tab's ``profile/depth`` shows them against depth on a log axis.
-    Charts select tags by regex, so they hold for any K."""
-    visits = {q: ["Multiline", [rf"visits/{q}/.*"]] for q in VISIT_QUANTITIES}
-    sublayers = {q: ["Multiline", [rf"sublayers/{q}/.*"]] for q in SUBLAYER_QUANTITIES}
-    train = {
-        "loss": ["Multiline", [r"train/loss", r"val/loss"]],
-        "global grad norm (before clipping)": ["Multiline", [r"grad/global_norm"]],
-        "kappa (model)": ["Multiline", [r"grad/kappa_model"]],
-        "update size (output change of the step)": ["Multiline", [r"update/output_change", r"update/logit_change"]],
-        "update size per round": ["Multiline", [r"update/output_change/r.*"]],
+    """TensorBoard custom-scalars layout. One category per round (``round 03``) with a chart per visit
+    quantity holding only that round's visits: 2·K lines per run (K for the attention quantities), each
+    chart on a scale of its own. No chart mixes rounds: across the depth, the per-visit values are drawn
+    by the depth profile (IMAGES, ``depth/...``). Category ``training``: loss, gradient norm, κ̂, update
+    size and the output logits' instability signals; ``sublayers``: one chart per quantity over the
+    physical sublayers. Per-visit values span decades: every chart's "Toggle y-axis log scale" button
+    (TensorBoard's, not settable from a layout) gives a log axis. Charts select tags by regex, so they
+    hold for any K."""
+    sublayers = {q: ["Multiline", [rf"^sublayers/{q}/"]] for q in SUBLAYER_QUANTITIES}
+    train = {  # anchored: TensorBoard searches a chart's regexes anywhere in a tag
+        "loss": ["Multiline", [r"^train/loss$", r"^val/loss$"]],
+        "global grad norm (before clipping)": ["Multiline", [r"^grad/global_norm$"]],
+        "kappa (model)": ["Multiline", [r"^grad/kappa_model$"]],
+        "output logits: mean log Z": ["Multiline", [r"^output/log_z$"]],
+        "output logits: max |logit|": ["Multiline", [r"^output/logit_absmax$"]],
+        "update size (output change of the step)": ["Multiline", [r"^update/output_change$", r"^update/logit_change$"]],
+        "update size per round": ["Multiline", [r"^update/output_change/r\d+$"]],
     }
-    rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"visits/{q}/r{r:02d}_.*"]] for q in VISIT_QUANTITIES}
+    quantities = VISIT_QUANTITIES + ATTN_QUANTITIES
+    rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"^visits/{q}/r{r:02d}_"]] for q in quantities}
               for r in range(1, n_rounds + 1)}
-    return {"visits": visits, "sublayers": sublayers, "training": train, **rounds}
+    return {"training": train, **rounds, "sublayers": sublayers}

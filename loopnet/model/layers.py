@@ -117,6 +117,9 @@ class Attention(nn.Module):
         self.qkv_proj = QKVLinear(d, b)
         self.o_proj = nn.Linear(d, d, bias=b)
         self.dropout = cfg.dropout
+        # Called with (q, k) when set: on diagnostics steps only (`LoopedTransformer._visit`), since
+        # scaled_dot_product_attention does not expose the logits q·k/√d_h that the probe measures.
+        self.qk_hook = None
         self.register_load_state_dict_pre_hook(
             lambda module, state_dict, prefix, *args: QKVLinear.fuse_state(state_dict, prefix))
 
@@ -132,6 +135,8 @@ class Attention(nn.Module):
         q, k, v = split(q), split(k), split(v)
         if rotary is not None:
             q, k = rotary(q), rotary(k)
+        if self.qk_hook is not None:
+            self.qk_hook(q, k)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 

@@ -29,7 +29,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .config import LoopConfig
-from .layers import Block, QKVLinear, Rotary, Sublayer, make_norm, unit_rms
+from .layers import Attention, Block, QKVLinear, Rotary, Sublayer, make_norm, unit_rms
 from .scales import BETA_SCALED
 from .visits import Visit, VisitObserver, VisitTrace
 
@@ -214,15 +214,24 @@ class LoopedTransformer(nn.Module):
     def attach_observer(self, observer: VisitObserver | None) -> None:
         """Let `observer.on_visit(visit, trace)` see every visit of the next forward passes.
         While attached, each visit reads its weights through its own views (per-visit gradients)
-        and activation checkpointing is bypassed so hooks see one forward. None detaches."""
+        and activation checkpointing is bypassed so hooks see one forward; an attention visit's trace
+        carries its queries and keys (`VisitTrace.qk`). An observer with an ``on_logits(round, logits)``
+        method also sees the logits of every head evaluation. None detaches."""
         self.observer = observer
 
     def _visit(self, visit: Visit, sub: Sublayer, x, q_src):
         if self.observer is None:
             return sub(x, self.alpha, q_src, self.rotary)[0]
         views = {name: p.view_as(p) for name, p in sub.named_parameters()}
-        new, stream, branch = functional_call(sub, views, (x, self.alpha, q_src, self.rotary))
-        self.observer.on_visit(visit, VisitTrace(x, self.alpha, branch, stream, new, views))
+        qk = []  # an attention visit's queries and keys, for its logits (SDPA does not return them)
+        if isinstance(sub.f, Attention):
+            sub.f.qk_hook = lambda q, k: qk.append((q, k))
+        try:
+            new, stream, branch = functional_call(sub, views, (x, self.alpha, q_src, self.rotary))
+        finally:
+            if isinstance(sub.f, Attention):
+                sub.f.qk_hook = None
+        self.observer.on_visit(visit, VisitTrace(x, self.alpha, branch, stream, new, views, qk[0] if qk else None))
         return new
 
     # ----------------------------------------------------------------------------- forward
@@ -308,6 +317,8 @@ class LoopedTransformer(nn.Module):
         for r, x in self.iter_rounds(idx, R):
             if r in loss_rounds:
                 logits, loss = self.head(x, targets)
+                if self.observer is not None and hasattr(self.observer, "on_logits"):
+                    self.observer.on_logits(r, logits)
                 if loss is not None:
                     losses.append(loss)
         if not losses:

@@ -56,6 +56,8 @@ class VisitTrace:
     state:  the visit's output (after the Norm for the Post-LN family; = stream for Pre-LN)
     params: this visit's own views of the physical sublayer's parameters; hooking their
             gradient gives the per-visit contribution g_{r,j} (they sum to the parameter's .grad)
+    qk:     an attention visit's queries and keys (B, H, T, d_h), after the rotary embedding: the
+            logits are q·kᵀ/√d_h; None for an FFN visit
     """
 
     x: torch.Tensor
@@ -64,6 +66,7 @@ class VisitTrace:
     stream: torch.Tensor
     state: torch.Tensor
     params: dict[str, torch.Tensor]
+    qk: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class VisitObserver(Protocol):

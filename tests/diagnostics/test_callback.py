@@ -13,8 +13,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from loopnet.diagnostics import VisitDiagnostics, expected_scalar_tags, parse_tag
-from loopnet.diagnostics.profile import LABELS, PROFILE_QUANTITIES, depth_profile, profile_figure
-from loopnet.diagnostics.tags import VISIT_QUANTITIES
+from loopnet.diagnostics.profile import LABELS, VIEWS, depth_profile, view_figure
+from loopnet.diagnostics.tags import ATTN_QUANTITIES, OUTPUT_QUANTITIES, VISIT_QUANTITIES
 from loopnet.model import Visit, visit_order
 from loopnet.training.module import LoopedLM
 
@@ -62,7 +62,9 @@ def test_event_files_hold_every_expected_tag(fitted):
     _, _, _, acc = fitted
     scalars = set(acc.Tags()["scalars"])
     expected = expected_scalar_tags(K, R)
-    assert len(expected) == 5 * 2 * K * R + 3 * 2 * K + 2 + (2 + R)  # + update/output_change, logit_change, per round
+    # 5 quantities per visit, 3 more per attention visit, 3 per physical sublayer, 2 global, 2 output,
+    # update/output_change, logit_change and per round
+    assert len(expected) == 5 * 2 * K * R + 3 * K * R + 3 * 2 * K + 2 + 2 + (2 + R)
     assert set(expected) <= scalars, sorted(set(expected) - scalars)
     for tag in expected:
         assert [e.step for e in acc.Scalars(tag)] == [0, 2, 4], tag
@@ -81,16 +83,23 @@ def test_logged_values_are_sane(fitted):
         assert last(f"sublayers/update_ratio/{j}") > 0
     # Gradients were clipped to CLIP: the logged global norm is the one before clipping.
     assert last("grad/global_norm") > 100 * CLIP
-    # DeepLoop's Norm after every visit: the state has unit RMS at init (RMSNorm gain 1).
-    assert last("visits/state_norm/r02_k1_ffn") == pytest.approx(1.0, abs=0.05)
+    # DeepLoop's Norm after every visit: the state has unit RMS at init (RMSNorm gain 1), so its deviation is ~0.
+    assert last("visits/state_norm_dev/r02_k1_ffn") == pytest.approx(0.0, abs=0.05)
+    assert not [tag for tag in acc.Tags()["scalars"] if "/state_norm/" in tag]  # no chart constant by construction
     stats = diagnostics.last_stats
     assert stats["step"] == 4 and set(stats["visits"]) == {v.tag for v in map(Visit.parse, stats["visits"])}
     assert len(stats["visits"]) == 2 * K * R and stats["kappa"]["model"] == pytest.approx(last("grad/kappa_model"))
+    assert set(stats["visits"]["r03_k2_attn"]) == set(VISIT_QUANTITIES + ATTN_QUANTITIES)
+    assert set(stats["visits"]["r03_k2_ffn"]) == set(VISIT_QUANTITIES)
+    assert stats["visits"]["r03_k2_attn"]["attn_logit_max"] == pytest.approx(last("visits/attn_logit_max/r03_k2_attn"))
+    assert set(stats["output"]) == set(OUTPUT_QUANTITIES)
+    assert stats["output"]["log_z"] == pytest.approx(last("output/log_z"))
 
 
 def test_per_round_charts_hold_that_rounds_visits(fitted):
     """Issue 16, item 7: the custom chart of a quantity overlaid all 2·K·R visits on one linear axis; each
-    round now has a category whose charts hold only its 2·K visits."""
+    round now has a category whose charts hold only its 2·K visits (K for the attention quantities). Issue
+    23: no chart mixes more than one round's visits (the 'visits' category held 2·K·R visits per run)."""
     import re
 
     from tensorboard.plugins.custom_scalar import layout_pb2
@@ -100,35 +109,69 @@ def test_per_round_charts_hold_that_rounds_visits(fitted):
     layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
     categories = {c.title: c for c in layout.category}
     assert [t for t in categories if t.startswith("round")] == ["round 01", "round 02", "round 03"]
+    assert list(categories)[0] == "training"
     scalars = acc.Tags()["scalars"]
     for r in (1, 2, 3):
         charts = {c.title: list(c.multiline.tag) for c in categories[f"round {r:02d}"].chart}
-        assert sorted(charts) == sorted(f"{q} r{r:02d}" for q in VISIT_QUANTITIES)
-        for q in VISIT_QUANTITIES:
-            matched = sorted(t for t in scalars if any(re.fullmatch(rx, t) for rx in charts[f"{q} r{r:02d}"]))
-            assert matched == sorted(f"visits/{q}/{v.tag}" for v in visit_order(K, R) if v.round == r)
+        assert sorted(charts) == sorted(f"{q} r{r:02d}" for q in VISIT_QUANTITIES + ATTN_QUANTITIES)
+        for q in VISIT_QUANTITIES + ATTN_QUANTITIES:
+            matched = sorted(t for t in scalars if any(re.match(rx, t) for rx in charts[f"{q} r{r:02d}"]))
+            sublayers = ("attn",) if q in ATTN_QUANTITIES else ("attn", "ffn")
+            assert matched == sorted(f"visits/{q}/{v.tag}" for v in visit_order(K, R)
+                                     if v.round == r and v.sublayer in sublayers)
+    # re.match, as TensorBoard's custom-scalars plugin selects a chart's tags (a prefix match).
+    for category in layout.category:  # every chart of every category: at most one round's visits
+        for chart in category.chart:
+            matched = [t for t in scalars if any(re.match(rx, t) for rx in chart.multiline.tag)]
+            assert len({parse_tag(t)[2].round for t in matched if t.startswith("visits/")}) <= 1, chart.title
+    training = {c.title: sorted(t for t in scalars if any(re.match(rx, t) for rx in c.multiline.tag))
+                for c in categories["training"].chart}
+    # The update-size chart held every per-round output change too (its regex matched them as prefixes).
+    assert training["update size (output change of the step)"] == ["update/logit_change", "update/output_change"]
+    assert training["update size per round"] == [f"update/output_change/r{r:02d}" for r in (1, 2, 3)]
+    assert training["output logits: mean log Z"] == ["output/log_z"]
 
 
-def test_depth_profile_plots_each_norm_against_the_visit_index(fitted):
-    """The norm-vs-visit depth profile: an image at every logging step; its lines are the logged per-visit
-    values in forward order (x = 1 … 2·K·R), on a log axis."""
+def test_depth_profile_plots_each_quantity_against_the_visit_index(fitted):
+    """The depth profile: small images (one per view, ``depth/<view>``) at every logging step; their lines
+    are the logged per-visit values in forward order (x = 1 … 2·K·R; attention quantities at the
+    attention visits only), drawn at 360 × 240 px for TensorBoard's ~270 px card."""
     _, _, _, acc = fitted
-    images = acc.Images("profile/depth")
-    assert [e.step for e in images] == [0, 2, 4]
-    assert all(e.encoded_image_string.startswith(b"\x89PNG") and e.width > 300 for e in images)
+    assert sorted(acc.Tags()["images"]) == sorted(f"depth/{view}" for view in VIEWS)
+    for view in VIEWS:
+        images = acc.Images(f"depth/{view}")
+        assert [e.step for e in images] == [0, 2, 4]
+        assert all(e.encoded_image_string.startswith(b"\x89PNG") and (e.width, e.height) == (360, 240)
+                   for e in images)
 
     visits = visit_order(K, R)
     assert [v.tag for v in visits[:5]] == ["r01_k1_attn", "r01_k1_ffn", "r01_k2_attn", "r01_k2_ffn", "r02_k1_attn"]
     logged = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("visits/")}
     profile = depth_profile(logged, visits)
-    fig = profile_figure(profile, visits)
-    (ax,) = fig.axes
-    assert ax.get_yscale() == "log"
-    lines = {line.get_label(): line for line in ax.lines}
-    for q in PROFILE_QUANTITIES:
-        line = lines[LABELS[q]]
-        assert list(line.get_xdata()) == list(range(1, 2 * K * R + 1))
-        assert list(line.get_ydata()) == pytest.approx([logged[f"visits/{q}/{v.tag}"] for v in visits])
+    for view, (_, quantities, log) in VIEWS.items():
+        fig = view_figure(view, profile, visits)
+        (ax,) = fig.axes
+        assert ax.get_yscale() == ("log" if log else "linear")
+        lines = {line.get_label(): line for line in ax.lines}
+        for q in quantities:
+            line = lines[LABELS[q]]
+            at = [i for i, v in enumerate(visits, start=1) if q not in ATTN_QUANTITIES or v.sublayer == "attn"]
+            assert list(line.get_xdata()) == at
+            assert list(line.get_ydata()) == pytest.approx([logged[f"visits/{q}/{visits[i - 1].tag}"] for i in at])
+
+
+def test_the_depth_profile_is_the_first_group_tensorboard_opens(fitted):
+    """Issue 23: TensorBoard opened on `epoch`. Its TIME SERIES dashboard (the default) sorts every tag
+    (scalars, images, histograms) by name, groups them by the part before the first '/', and opens the
+    first two groups (TensorBoard 2.21's webfiles, `zD` and the `tagGroupExpanded` default). With the
+    images under `depth/` the depth profile opens first, then Lightning's `epoch`."""
+    _, _, _, acc = fitted
+    tags = [t for kind in ("scalars", "images", "histograms") for t in acc.Tags()[kind]]
+    assert "epoch" in tags  # Lightning logs it
+    # TensorBoard compares digits numerically and puts them and '/' first; no tag here has either
+    # before the group's end, so the groups' order is the plain string order.
+    groups = sorted({t.split("/", 1)[0] for t in tags})
+    assert groups[:2] == ["depth", "epoch"]
 
 
 def _free_port() -> int:
@@ -168,9 +211,9 @@ def test_tensorboard_server_lists_the_tags(fitted):
         assert "hist/state/r03" in hists
         layout = _get(f"{base}/data/plugin/custom_scalars/layout")
         titles = {c["title"] for c in layout["category"]}
-        assert {"visits", "sublayers", "training", "round 01", "round 02", "round 03"} <= titles
+        assert {"sublayers", "training", "round 01", "round 02", "round 03"} <= titles and "visits" not in titles
         images = {tag for tags in _get(f"{base}/data/plugin/images/tags").values() for tag in tags}
-        assert "profile/depth" in images
+        assert "depth/norms" in images
     finally:
         proc.terminate()
         try:
@@ -244,7 +287,7 @@ def test_depth_profile_is_drawn_off_the_main_thread_and_its_errors_come_back(tmp
         drawn_on.append(threading.current_thread())
         raise ImportError("No module named 'matplotlib'")
 
-    monkeypatch.setattr(profile, "profile_png", no_matplotlib)
+    monkeypatch.setattr(profile, "profile_pngs", no_matplotlib)
     diagnostics = VisitDiagnostics(every_n_steps=2, histograms=False, update_size=False)
     with pytest.warns(UserWarning, match="no depth profile"):
         trainer(tmp_path, [diagnostics], max_steps=5).fit(tiny_module(), random_tokens())

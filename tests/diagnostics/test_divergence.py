@@ -99,7 +99,9 @@ def test_completed_run_summary(tmp_path):
     assert math.isfinite(summary["final_train_loss"])
     assert summary["diagnostics_step"] == 7 and len(summary["last_visit_stats"]) == 12  # the last step is measured
     assert set(summary["last_visit_stats"]["r03_k1_attn"]) == {
-        "resid_norm", "state_norm", "branch_ratio", "act_grad_norm", "param_grad_norm"}
+        "resid_norm", "state_norm_dev", "branch_ratio", "act_grad_norm", "param_grad_norm",
+        "attn_logit_max", "attn_logit_absmax", "attn_log_z"}
+    assert set(summary["last_output_stats"]) == {"log_z", "logit_absmax"}
     assert set(summary["kappa"]) == {"k1_attn", "k1_ffn", "k2_attn", "k2_ffn", "model"}
     assert not [f for f in os.listdir(t.log_dir) if f.endswith(".tmp")]  # written atomically
 
