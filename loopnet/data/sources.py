@@ -47,7 +47,8 @@ _COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 LOCAL_ALTERNATIVES = (
     "Offline alternatives: `source: shakespeare` (the embedded corpus), "
     "`source: files` with `path:` local files or globs (txt, json/jsonl, parquet), "
-    "or `source: hub` with `path:` a local dataset folder."
+    "or `source: hub` with `path:` a local dataset folder (the hub's parquet layout); "
+    "on a CPU machine, add `--config configs/cpu.yaml` to the method config."
 )
 
 
@@ -104,7 +105,8 @@ def check_revision(source: str, path: str | list[str] | None, revision: str | No
     if revision is None or is_hub_id(source, path):
         return
     where = f"source is {source!r}" if source != "hub" else f"{path!r} is a local folder"
-    raise DataConfigError(f"`revision: {revision}` pins a hub dataset, but {where}; fix: remove `revision:`")
+    raise DataConfigError(f"`revision: {revision}` pins a hub dataset, but {where}; fix: remove `revision:` "
+                          f"(`--data.revision null`: configs/base.yaml pins OpenWebText's parquet conversion)")
 
 
 # (dataset id, revision asked for) -> the commit it resolved to, for this process.
