@@ -10,6 +10,7 @@ is its size, shape and the tokenizer's work per byte, not its meaning. Generated
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -23,17 +24,20 @@ LAYOUTS = {
 }
 
 
-def _vocabulary(rng: np.random.Generator, n: int = 20000) -> np.ndarray:
+@functools.cache
+def _vocabulary(n: int = 20000) -> np.ndarray:
+    rng = np.random.default_rng(12345)
     syllables = [a + b for a in ("", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "st", "th", "w")
                  for b in ("a", "e", "i", "o", "u", "ou", "ea", "er", "in", "on", "an", "al")]
     lengths = rng.choice([1, 1, 2, 2, 2, 3, 3, 4], size=n)
-    return np.array(["".join(rng.choice(syllables, size=k)) for k in lengths])
+    picks = rng.integers(0, len(syllables), size=(n, 4))
+    return np.array(["".join(syllables[j] for j in picks[i, :k]) for i, k in enumerate(lengths)])
 
 
 def documents(n: int, seed: int = 0, mean_chars: int = 4900) -> list[str]:
     """n pseudo-English documents with a log-normal length around `mean_chars` characters."""
     rng = np.random.default_rng(seed)
-    vocab = _vocabulary(rng)
+    vocab = _vocabulary()
     p = 1.0 / np.arange(1, len(vocab) + 1) ** 1.1
     p /= p.sum()
     sigma = 0.9

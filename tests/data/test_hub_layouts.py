@@ -28,7 +28,7 @@ def owt(layout, n_docs=400, shards=8):
 
 
 def module(**kw):
-    args = dict(seq_len=32, batch_size=2, seed=0, source="hub", path=OWT) | kw
+    args = dict(seq_len=32, batch_size=2, seed=0, source="hub", path=OWT, shuffle_buffer=4) | kw
     return TokenStreamDataModule(**args)
 
 
@@ -83,7 +83,7 @@ def test_partial_conversion_is_named_with_its_documents_and_shards(hub, capsys):
                                                    ("own", "plain_text", False)])
 def test_local_folders_laid_out_as_the_hub(tmp_path, layout, folder, partial):
     write_corpus(tmp_path, 120, 8, layout, row_group_docs=7, mean_chars=200)
-    dm = module(path=str(tmp_path))
+    dm = module(path=str(tmp_path), val_fraction=0.05)
     dm.setup("fit")
     assert dm.docs.n_docs == 120 and dm.layout.folder == folder and dm.layout.partial is partial
     assert dm.revision is None and len(dm.val_windows()) > 0
