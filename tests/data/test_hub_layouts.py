@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -13,6 +14,7 @@ from loopnet.bench.corpus import write_corpus
 from loopnet.data import DataConfigError, TokenStreamDataModule
 from loopnet.data.hub import CONVERSION, parquet_layout
 from loopnet.data.parquet import ParquetCorpus
+from loopnet.diagnostics.summary import _data_summary
 
 OWT = "Skylion007/openwebtext"
 BASE = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "../../configs/base.yaml")))["data"]
@@ -76,6 +78,7 @@ def test_partial_conversion_is_named_with_its_documents_and_shards(hub, capsys):
     summary = dm.summary()
     assert summary["partial"] is True and summary["documents"] == 250 and summary["files"] == 9
     assert "250 documents in 9 shard(s)" in summary["partial_note"]
+    assert _data_summary(SimpleNamespace(datamodule=dm)) == summary  # what summary.json's "data" holds
 
 
 @pytest.mark.parametrize("layout,folder,partial", [("conversion", "plain_text/train", False),
