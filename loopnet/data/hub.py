@@ -68,17 +68,21 @@ def _words(path: str) -> set[str]:
     return set(re.split(r"[-._ 0-9/]+", path.lower()))
 
 
-def parquet_layout(listing: list[str], *, name: str | None, split: str, where: str, local: bool) -> ParquetLayout | None:
+def parquet_layout(listing: list[str], *, name: str | None, split: str, where: str, local: bool,
+                   script: str | None = None) -> ParquetLayout | None:
     """The parquet files to read for `name`/`split` from a repository's `listing`; None when it holds
     other data files only (read by `datasets`); a `DataConfigError` naming the fix otherwise.
 
-    `where` names the repository in messages (id and revision, or folder); `local`: a local folder."""
+    `where` names the repository in messages (id and revision, or folder); `local`: a local folder;
+    `script`: the loading script's name `datasets` looks for (`<dataset name>.py`), which it refuses
+    even beside data files (e.g. dataset_infos.json)."""
     parquet = sorted(p for p in listing if p.endswith(".parquet"))
     if not parquet:
-        if any(p.lower().endswith(_DATA_EXT) for p in listing):
-            return None
         scripts = [p for p in listing if p.endswith(".py") and "/" not in p]
+        if script not in listing and any(p.lower().endswith(_DATA_EXT) for p in listing):
+            return None
         if scripts:
+            scripts = [script] if script in listing else scripts
             fix = ("point `data.path` at a folder of its parquet files (e.g. `huggingface-cli download <id> "
                    f"--repo-type dataset --revision {CONVERSION} --local-dir <folder>`), or use `data.source: files` "
                    "with `data.path: '<folder>/**/*.parquet'`" if local else

@@ -205,12 +205,13 @@ def hub_parquet(path: str, name: str | None, split: str, revision: str | None,
         if not any(Path(path).iterdir()):
             raise DataConfigError(f"The dataset folder {path!r} is empty")
         layout = parquet_layout(local_listing(path), name=name, split=split, where=f"The dataset folder {path}",
-                                local=True)
+                                local=True, script=os.path.basename(os.path.normpath(path)) + ".py")
         return None if layout is None else ([os.path.join(path, f) for f in layout.files], layout, None)
     revision = revision or hub_revision(path, asked)
     at = f"revision {asked}" if asked else "its latest commit"
     layout = parquet_layout(hub_listing(path, revision), name=name, split=split,
-                            where=f"{path!r} at {at} ({revision[:12]})", local=False)
+                            where=f"{path!r} at {at} ({revision[:12]})", local=False,
+                            script=path.rsplit("/", 1)[-1] + ".py")
     if layout is None:
         return None
     from huggingface_hub import HfFileSystem

@@ -22,6 +22,7 @@ BASE = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "../../config
 
 def script_only(folder):
     (folder / "openwebtext.py").write_text("import datasets\n")
+    (folder / "dataset_infos.json").write_text("{}")  # as the script repository had
     (folder / "README.md").write_text("---\npretty_name: OpenWebText\n---\n")
 
 
@@ -48,10 +49,12 @@ def test_script_only_repository_gets_one_line_naming_the_revision(hub):
 
 
 def test_script_only_local_folder_names_a_parquet_folder(tmp_path):
-    script_only(tmp_path)
+    folder = tmp_path / "openwebtext"
+    folder.mkdir()
+    script_only(folder)
     with pytest.raises(DataConfigError, match=r"only the loading script openwebtext.py.*fix: point `data.path` at a "
                                               r"folder of its parquet files.*--revision refs/convert/parquet"):
-        module(path=str(tmp_path)).setup("fit")
+        module(path=str(folder)).setup("fit")
 
 
 @pytest.mark.parametrize("layout", ["conversion", "own"])
@@ -111,10 +114,12 @@ def test_layout_rules():
 def test_unreachable_hub_fails_fast_before_lightning_naming_the_overlay():
     """`loopnet fit --config configs/deeploop_r6.yaml` with no hub: one line naming --config configs/cpu.yaml and a
     local folder, before Lightning is imported."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=root)
     code = ("import sys\nfrom loopnet.commands import main\ntry:\n    main(['fit', '--config', 'configs/deeploop_r6.yaml'])\n"
             "finally:\n    print('LIGHTNING' if 'lightning' in sys.modules else 'NO-LIGHTNING', file=sys.stderr)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+                         timeout=120)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and lines[-1] == "NO-LIGHTNING", res.stderr
     assert lines[0].startswith("loopnet: error: ") and len(lines) == 2
