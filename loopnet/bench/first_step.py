@@ -81,6 +81,34 @@ def fit_command(repo: Path, data: Path, devices: int, workers: int) -> list[str]
             "--trainer.callbacks+=first_step_probe.FirstStep"]
 
 
+DATA_ONLY = """
+import json, sys, time
+from loopnet.data.datamodule import TokenStreamDataModule
+t0 = time.perf_counter()
+dm = TokenStreamDataModule(seq_len=128, batch_size=8, source="hub", path=sys.argv[1], val_fraction=0.0005,
+                           val_max_tokens=1048576, num_workers=0)
+dm.check(0, 2)  # what `loopnet fit` does before training, on rank 0 of 2: the held-out windows, a first document
+t1 = time.perf_counter()
+next(iter(dm._train_stream(0, 2)))  # rank 0's first training batch (one slot)
+t2 = time.perf_counter()
+print(json.dumps({"check_s": round(t1 - t0, 2), "first_batch_s": round(t2 - t1, 2), "data_s": round(t2 - t0, 2)}))
+"""
+
+
+def time_data(repo: Path, data: Path, cache: Path, label: str) -> dict:
+    """The data path alone, imports excluded: what rank 0 does before its first batch (one process)."""
+    env = dict(os.environ, PYTHONPATH=str(repo), LOOPNET_CACHE_DIR=str(cache), HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1")
+    load = os.getloadavg()[0]
+    res = subprocess.run([sys.executable, "-c", DATA_ONLY, str(data)], env=env, capture_output=True, text=True)
+    row = {"run": label, "load_at_start": round(load, 2), "exit": res.returncode}
+    if res.returncode == 0:
+        row |= json.loads(res.stdout.strip().splitlines()[-1])
+    else:
+        row["error"] = res.stderr.strip().splitlines()[-1:]
+    return row
+
+
 def time_fit(repo: Path, data: Path, devices: int, workers: int, cache: Path, label: str) -> dict:
     """Seconds from the start of `loopnet fit` (from `repo`) to its first training step."""
     with tempfile.TemporaryDirectory(prefix="first_step_") as tmp:
@@ -113,28 +141,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=2, help="DDP ranks (gloo processes on CPU)")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
     p.add_argument("--repo", action="append", default=[], help="another loopnet checkout to time the same way")
+    p.add_argument("--no-data-only", action="store_true", help="skip the data path's own timing")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     data = corpus(Path(args.corpus), args.mb, args.shards)
-    rows = []
+    rows, data_rows = [], []
+    repos = [(HERE, "this checkout")] + [(Path(r).resolve(), r) for r in args.repo]
     with tempfile.TemporaryDirectory(prefix="loopnet_valcache_") as cache:
-        for label in ("this checkout, cold validation cache", "this checkout, warm (a restart)"):
-            rows.append(time_fit(HERE, data, args.devices, args.workers, Path(cache), label))
-            print(json.dumps(rows[-1]), file=sys.stderr)
-    for repo in args.repo:
-        rows.append(time_fit(Path(repo).resolve(), data, args.devices, args.workers, Path(tempfile.mkdtemp()), repo))
-        print(json.dumps(rows[-1]), file=sys.stderr)
-    print(f"time from `loopnet fit` start to the first training step: {args.mb} MB OpenWebText-shaped parquet, "
-          f"{args.shards} shards, {args.devices} DDP ranks (gloo, CPU) x {args.workers} workers, "
-          f"{os.cpu_count()} CPUs")
+        if not args.no_data_only:
+            for repo, name in repos:  # interleaved with nothing else running from here: one process each
+                for state in ("cold", "warm") if repo == HERE else ("",):
+                    data_rows.append(time_data(repo, data, Path(cache) / "data", f"{name} {state}".strip()))
+                    print(json.dumps(data_rows[-1]), file=sys.stderr)
+        for repo, name in repos:
+            for state in ("cold validation cache", "warm (a restart)") if repo == HERE else ("",):
+                rows.append(time_fit(repo, data, args.devices, args.workers, Path(cache) / "fit",
+                                     f"{name}, {state}".strip(", ")))
+                print(json.dumps(rows[-1]), file=sys.stderr)
+    parquet_mb = sum(f.stat().st_size for f in Path(args.corpus).rglob("*.parquet")) / 1e6
+    print(f"time from `loopnet fit` start to the first training step: {args.mb} MB of text in OpenWebText-shaped "
+          f"parquet ({parquet_mb:.0f} MB of files), {args.shards} shards, {args.devices} DDP ranks (gloo, CPU) x "
+          f"{args.workers} workers, {os.cpu_count()} CPUs")
     print("| run | to first step (s) | first step done (s) | whole command (s) | load average at start |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['run']} | {r.get('to_first_step_s', 'failed')} | {r.get('first_step_done_s', '')} | "
               f"{r['total_s']} | {r['load_at_start']} |")
+    if data_rows:
+        print("\nthe data path alone, imports excluded (rank 0 of 2, one process): the checks before training, then "
+              "the first batch")
+        print("| run | checks: held-out windows + first document (s) | first batch (s) | load average at start |")
+        print("|---|---:|---:|---:|")
+        for r in data_rows:
+            print(f"| {r['run']} | {r.get('check_s', 'failed')} | {r.get('first_batch_s', '')} | {r['load_at_start']} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    return 0 if all(r["exit"] == 0 for r in rows) else 1
+        Path(args.json).write_text(json.dumps({"fit": rows, "data_only": data_rows}, indent=1))
+    return 0 if all(r["exit"] == 0 for r in rows + data_rows) else 1
 
 
 if __name__ == "__main__":
