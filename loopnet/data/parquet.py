@@ -61,20 +61,23 @@ class ParquetCorpus:
         self.n_docs = int(self.group_start[-1])
         self.identity = identity if identity is not None else [
             (os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
-        self._open: tuple[int, int, Any] | None = None  # (pid, file index, ParquetFile) of this process
+        self._open: tuple[int, dict[int, Any]] = (os.getpid(), {})  # this process's ParquetFiles, by file
 
     def __getstate__(self) -> dict:  # to spawned workers: no open file travels
-        return {**self.__dict__, "_open": None}
+        return {**self.__dict__, "_open": (-1, {})}
 
     def _parquet_file(self, f: int):
         import pyarrow.parquet as pq
 
-        # Opened per process (a DataLoader worker must not share its parent's file position), one at a time.
-        if self._open is None or self._open[:2] != (os.getpid(), f):
+        # Opened per process (a DataLoader worker must not share its parent's file positions) and kept
+        # open: the epoch's row-group order jumps between files, and reopening a remote one costs a request.
+        if self._open[0] != os.getpid():
+            self._open = (os.getpid(), {})
+        handles = self._open[1]
+        if f not in handles:
             path = self.files[f]
-            source = self.fs.open(path, "rb") if self.fs is not None else path
-            self._open = (os.getpid(), f, pq.ParquetFile(source))
-        return self._open[2]
+            handles[f] = pq.ParquetFile(self.fs.open(path, "rb") if self.fs is not None else path)
+        return handles[f]
 
     def _footer(self, f: int) -> list[int]:
         import pyarrow as pa
