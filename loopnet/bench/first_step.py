@@ -100,7 +100,9 @@ def time_data(repo: Path, data: Path, cache: Path, label: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(repo), LOOPNET_CACHE_DIR=str(cache), HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1")
     load = os.getloadavg()[0]
-    res = subprocess.run([sys.executable, "-c", DATA_ONLY, str(data)], env=env, capture_output=True, text=True)
+    # -P: `python -c` would put the current folder, maybe another checkout, ahead of PYTHONPATH
+    res = subprocess.run([sys.executable, "-P", "-c", DATA_ONLY, str(data)], env=env, capture_output=True, text=True,
+                         cwd=repo)
     row = {"run": label, "load_at_start": round(load, 2), "exit": res.returncode}
     if res.returncode == 0:
         row |= json.loads(res.stdout.strip().splitlines()[-1])
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
     p.add_argument("--repo", action="append", default=[], help="another loopnet checkout to time the same way")
     p.add_argument("--no-data-only", action="store_true", help="skip the data path's own timing")
+    p.add_argument("--data-only", action="store_true", help="time the data path alone, no fit")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     data = corpus(Path(args.corpus), args.mb, args.shards)
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 for state in ("cold", "warm") if repo == HERE else ("",):
                     data_rows.append(time_data(repo, data, Path(cache) / "data", f"{name} {state}".strip()))
                     print(json.dumps(data_rows[-1]), file=sys.stderr)
-        for repo, name in repos:
+        for repo, name in repos if not args.data_only else []:
             for state in ("cold validation cache", "warm (a restart)") if repo == HERE else ("",):
                 rows.append(time_fit(repo, data, args.devices, args.workers, Path(cache) / "fit",
                                      f"{name}, {state}".strip(", ")))
