@@ -124,3 +124,18 @@ def test_unreachable_hub_fails_fast_before_lightning_naming_the_overlay():
     assert res.returncode == 2 and lines[-1] == "NO-LIGHTNING", res.stderr
     assert lines[0].startswith("loopnet: error: ") and len(lines) == 2
     assert "--config configs/cpu.yaml" in lines[0] and "data.path" in lines[0] and "fix:" in lines[0]
+
+
+def test_a_fit_on_a_partial_conversion_records_it_in_summary_json(tmp_path):
+    """`loopnet fit` on a local copy of a partial conversion: the warning at start, summary.json's `data`."""
+    from tests.reliability.helpers import SHORT, loopnet
+
+    write_corpus(tmp_path / "owt", 300, 8, "partial", row_group_docs=10, mean_chars=400)
+    res = loopnet("fit", *SHORT, "--data.source", "hub", "--data.path", str(tmp_path / "owt"),
+                  "--data.val_fraction", "0.05", "--data.cache_dir", str(tmp_path / "cache"), cwd=tmp_path)
+    assert res.code == 0, res.err[-2000:]
+    assert "partial parquet conversion: plain_text/partial-train holds 300 documents in 8 shard(s)" in res.err
+    (summary,) = (tmp_path / "runs").rglob("summary.json")
+    data = json.loads(summary.read_text())["data"]
+    assert data["partial"] is True and data["documents"] == 300 and data["files"] == 8
+    assert data["val_rule"] == "last 15 of 300 documents" and os.path.isfile(data["val_cache"])
