@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from loopnet.data import DataConfigError, TokenStreamDataModule
+from loopnet.data import DataConfigError
 from loopnet.data.parquet import ParquetCorpus
 from loopnet.data.stream import TrainStream
 

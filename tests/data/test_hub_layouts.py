@@ -96,7 +96,8 @@ def test_local_folders_laid_out_as_the_hub(tmp_path, layout, folder, partial):
 
 
 def test_layout_rules():
-    conv = ["README.md", "plain_text/train/0000.parquet", "plain_text/train/0001.parquet", "plain_text/test/0000.parquet"]
+    conv = ["README.md", "plain_text/train/0000.parquet", "plain_text/train/0001.parquet",
+            "plain_text/test/0000.parquet"]
     assert parquet_layout(conv, name=None, split="train", where="x", local=False).files == tuple(conv[1:3])
     assert parquet_layout(conv, name=None, split="test", where="x", local=False).folder == "plain_text/test"
     with pytest.raises(DataConfigError, match="no split 'validation'.*found: test, train.*fix: set `data.split`"):
@@ -116,8 +117,9 @@ def test_unreachable_hub_fails_fast_before_lightning_naming_the_overlay():
     local folder, before Lightning is imported."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=root)
-    code = ("import sys\nfrom loopnet.commands import main\ntry:\n    main(['fit', '--config', 'configs/deeploop_r6.yaml'])\n"
-            "finally:\n    print('LIGHTNING' if 'lightning' in sys.modules else 'NO-LIGHTNING', file=sys.stderr)")
+    code = ("import sys\nfrom loopnet.commands import main\n"
+            "try:\n    main(['fit', '--config', 'configs/deeploop_r6.yaml'])\nfinally:\n"
+            "    print('LIGHTNING' if 'lightning' in sys.modules else 'NO-LIGHTNING', file=sys.stderr)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
                          timeout=120)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
