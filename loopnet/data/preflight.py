@@ -63,6 +63,8 @@ def check_hub(argv: list[str]) -> None:
     reads a hub dataset that cannot be reached now; the commit found is kept for the data module."""
     from loopnet.data.sources import OPENWEBTEXT, hub_revision
 
+    if any(arg in ("-h", "--help") or arg.startswith("--print_config") for arg in argv):
+        return  # reads no data
     data = data_settings(argv)
     overlaid = any(os.path.basename(arg) == "cpu.yaml" for arg in argv)
     if not data or data.get("source") != "hub":

@@ -405,8 +405,8 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
         with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
             for path in config_files(argv):
                 check_yaml(path)
-            if argv and argv[0] in ("fit", "validate", "test"):  # `loopnet` checked it before importing Lightning
-                check_hub(argv)
+            if cli_class is LoopnetCLI and argv and argv[0] in ("fit", "validate", "test"):  # runs, not checks
+                check_hub(argv)  # `loopnet` itself did before importing Lightning
             cli_class(
                 LoopedLM,
                 TokenStreamDataModule,
