@@ -141,3 +141,20 @@ def test_a_fit_on_a_partial_conversion_records_it_in_summary_json(tmp_path):
     data = json.loads(summary.read_text())["data"]
     assert data["partial"] is True and data["documents"] == 300 and data["files"] == 8
     assert data["val_rule"] == "last 15 of 300 documents" and os.path.isfile(data["val_cache"])
+
+
+def test_a_fit_reads_openwebtext_as_base_yaml_pins_it_from_the_simulated_hub(hub, tmp_path):
+    """The default path end to end (in process, the hub simulated): base.yaml's id, revision and config."""
+    from tests.reliability.helpers import SHORT, loopnet
+
+    hub.add(OWT, "main", script_only)  # what the main branch held: a loading script
+    sha = hub.add(OWT, CONVERSION, owt("conversion", n_docs=300))
+    pinned = [f"--data.{k}={BASE[k]}" for k in ("source", "path", "revision", "name")]
+    res = loopnet("fit", *SHORT, *pinned, "--data.val_fraction=0.02", "--data.cache_dir", str(tmp_path / "cache"),
+                  cwd=tmp_path)
+    assert res.code == 0, res.err[-2000:]
+    (summary,) = (tmp_path / "runs").rglob("summary.json")
+    data = json.loads(summary.read_text())["data"]
+    assert data["revision"] == sha and data["folder"] == "plain_text/train" and data["files"] == 8
+    assert data["partial"] is False and data["val_rule"] == "last 6 of 300 documents"
+    assert any(p.startswith(f"datasets/{OWT}@{sha}/plain_text/train/") for p in hub.opened)
