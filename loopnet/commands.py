@@ -87,5 +87,12 @@ def main(args: list[str] | None = None, trainer=None) -> None:
         fail("loopnet", "no command given; fix: give one of the commands above, e.g. "
              "`loopnet fit --config configs/deeploop_r6.yaml`")
     if trainer is None:
+        if argv[0] in ("fit", "validate", "test"):  # an unreachable hub said in seconds, not after Lightning's import
+            from loopnet.data.errors import DataConfigError
+            from loopnet.data.preflight import check_hub
+            from loopnet.env import one_line_errors
+
+            with one_line_errors("loopnet", (DataConfigError,)):
+                check_hub(argv)
         from loopnet.training.cli import main as trainer
     trainer(args)  # None: LightningCLI reads sys.argv itself

@@ -51,7 +51,7 @@ PY
 
 echo "== loopnet fit: 100 steps, DeepLoop K=2 R=6, d=768, T=1024, batch 16, bf16-mixed, embedded corpus"
 timeout -k 10 120 python3 -m loopnet.training.cli fit --config configs/deeploop_r6.yaml \
-    --data.source shakespeare --data.path null --data.val_fraction null --data.val_max_tokens null \
+    --data.source shakespeare --data.path null --data.revision null --data.name null --data.val_fraction null --data.val_max_tokens null \
     --trainer.max_steps 100 --trainer.val_check_interval 50 --trainer.limit_val_batches 4 \
     --trainer.log_every_n_steps 10 --trainer.enable_progress_bar false --trainer.default_root_dir "$RUNS" \
     --trainer.logger.init_args.save_dir "$RUNS" 2>&1 | tee "$OUT/fit.log" | tail -25

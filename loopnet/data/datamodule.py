@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import sys
 import weakref
 from typing import Any, Literal
 
@@ -13,6 +15,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from loopnet.data.errors import DataConfigError
+from loopnet.data.parquet import ParquetCorpus
 from loopnet.data.sources import (
     HUB_VAL_FRACTION,
     OPENWEBTEXT,
@@ -22,10 +25,19 @@ from loopnet.data.sources import (
     check_revision,
     hub_revision,
     is_hub_id,
-    load_documents,
+    open_corpus,
     resolve_files,
 )
-from loopnet.data.stream import ResumableLoader, TrainStream, WindowBatches, encode, stream_config_diff, val_windows
+from loopnet.data.stream import (
+    ResumableLoader,
+    TrainStream,
+    WindowBatches,
+    encode,
+    pack_windows,
+    stream_config_diff,
+    val_windows,
+)
+from loopnet.data.valcache import cache_root, cached_windows
 from loopnet.data.tokenizer import gpt2_encoding
 from loopnet.data.vocab import EOT_ID, N_VOCAB
 
@@ -34,11 +46,17 @@ class TokenStreamDataModule(L.LightningDataModule):
     """GPT-2-tokenized text streamed through `datasets`, packed into (inputs, targets) windows.
 
     Training batches are infinite (the corpus is cycled, reshuffled per epoch from `seed`);
-    validation and test iterate the same finite held-out split in a fixed order. Documents are
-    held out by a stable hash of their text, so the split does not depend on order or world size.
-    Training documents are sharded by rank under DDP and by DataLoader worker; the held-out
-    windows are sharded by rank (equal counts). Every rank reads the whole stream once to find
-    the held-out documents (cheap for files; bound it with `val_max_tokens` on OpenWebText).
+    validation and test iterate the same finite held-out split in a fixed order. The split rule:
+
+    * parquet corpora (hub datasets, .parquet files; `loopnet.data.parquet`): the last
+      ceil(val_fraction × documents) documents of the corpus order (files by name, rows in order),
+      read once, tokenized once and kept on disk (`loopnet.data.valcache`, keyed by the corpus's
+      commit or files, the rule, the tokenizer, seq_len and val_max_tokens), shared by the ranks;
+      training reads only the rows before them, cut into near-equal row ranges per rank and worker.
+    * other corpora (the embedded plays, text and json files): documents whose stable text hash falls
+      below val_fraction, found by reading the corpus once per rank (small corpora).
+
+    The held-out windows are sharded by rank (equal counts).
 
     Exact resume: the training DataLoader has `state_dict`/`load_state_dict`, which Lightning
     stores in checkpoints; a run resumed with `ckpt_path` continues with exactly the batch after
@@ -62,13 +80,14 @@ class TokenStreamDataModule(L.LightningDataModule):
             stream identity a resume checks, so a resume after an upstream change fails, naming both
             commits, instead of silently reading other data (`hub` only).
         text_column: column holding the document text.
+        cache_dir: where a parquet corpus's held-out windows are kept (None: $LOOPNET_CACHE_DIR, else
+            ~/.cache/loopnet); not part of the stream's identity.
         sample_by: how .txt/.md files are cut into documents: `document` (whole file),
             `paragraph` (blank-line separated) or `line`.
         val_fraction: fraction of documents held out for validation; default 0.05 for
             `shakespeare` (one play, ~45k tokens), 0.0005 (nanoGPT's) otherwise.
-        val_max_tokens: keep only the first windows of the held-out split, up to this many
-            tokens (None: all). Finding held-out documents means reading the whole stream once,
-            so this bounds the first validation's cost on large streamed corpora.
+        val_max_tokens: validate on the first windows of the held-out split only, up to this many
+            tokens (None: all); the held-out documents are never trained on either way.
         shuffle_buffer: windows shuffled together (in seeded blocks); 1 disables shuffling.
         vocab: `gpt2` (GPT-2's 50257 ids) or `compact`: only the GPT-2 tokens that occur in the
             corpus (training and held-out documents; end-of-text included), renumbered 0..V-1 in
@@ -96,6 +115,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         val_max_tokens: int | None = None,
         shuffle_buffer: int = 1024,
         vocab: Literal["gpt2", "compact"] = "gpt2",
+        cache_dir: str | None = None,
     ):
         super().__init__()
         # Same as save_hyperparameters(), but handing over this frame inline: Lightning's default
@@ -127,7 +147,9 @@ class TokenStreamDataModule(L.LightningDataModule):
         self.val = ValSelector(val_fraction)
         self.seq_len, self.batch_size, self.num_workers, self.seed = seq_len, batch_size, num_workers, seed
         self.source, self.path, self.text_column = source, path, text_column
-        self.docs = None
+        self.docs: ParquetCorpus | Any = None  # or a `datasets` IterableDataset
+        self.layout = None  # the hub layout read (loopnet.data.hub.ParquetLayout), for hub sources
+        self.val_cache: str | None = None  # the file the held-out windows of a parquet corpus are kept in
         self.revision: str | None = None  # the hub commit streamed, resolved in setup()
         self._train_loader = lambda: None  # weak reference to the last training loader
         self._val_windows: torch.Tensor | None = None
@@ -152,7 +174,11 @@ class TokenStreamDataModule(L.LightningDataModule):
             path = OPENWEBTEXT if self.source == "hub" and self.path is None else self.path
             # The commit streamed (hub datasets only): part of the stream identity checked on resume.
             self.revision = hub_revision(path, hp.revision) if is_hub_id(self.source, path) else None
-            self.docs = load_documents(self.source, path, hp.name, hp.split, hp.sample_by, self.revision)
+            self.docs, self.layout = open_corpus(self.source, path, text_column=self.text_column, name=hp.name,
+                                                 split=hp.split, sample_by=hp.sample_by, revision=self.revision,
+                                                 asked=hp.revision)
+            if self.layout is not None and self.layout.partial and self._rank_world()[0] == 0:
+                print(f"loopnet: warning: {self.partial_note()}", file=sys.stderr)
             if self.vocab == "compact":
                 self._build_compact_vocab()
 
@@ -160,8 +186,11 @@ class TokenStreamDataModule(L.LightningDataModule):
         """The corpus's own GPT-2 ids (all documents, so held-out tokens have a row too)."""
         seen = np.zeros(N_VOCAB, dtype=bool)
         seen[EOT_ID] = True
-        for doc in self.docs:
-            text = doc.get(self.text_column)
+        if isinstance(self.docs, ParquetCorpus):
+            texts = self.docs.texts(self.docs.range_pieces(0, self.docs.n_docs))
+        else:
+            texts = (doc.get(self.text_column) for doc in self.docs)
+        for text in texts:
             if text:
                 seen[encode(text)] = True
         self.vocab_ids = np.flatnonzero(seen).astype(np.int32)
@@ -217,7 +246,36 @@ class TokenStreamDataModule(L.LightningDataModule):
             config["revision"] = self.revision
         if self.vocab != "gpt2":  # likewise
             config["vocab"] = self.vocab
+        if isinstance(self.docs, ParquetCorpus):  # the split rule (the hash rule, absent, as before it existed)
+            config["val_rule"] = f"last {self.n_held_out} of {self.docs.n_docs} documents"
         return config
+
+    @property
+    def n_held_out(self) -> int:
+        """Documents held out at the end of a parquet corpus."""
+        return self.docs.n_held_out(self.val.fraction)
+
+    def partial_note(self) -> str:
+        """What a partial parquet conversion holds (the warning and summary.json say it)."""
+        lay, docs, path = self.layout, self.docs, self.path or OPENWEBTEXT
+        where = (f"{path} at revision {self.hparams.revision or 'main'} is" if is_hub_id(self.source, path)
+                 else f"the folder {path} holds")
+        return (f"{where} a partial parquet conversion: {lay.folder} holds {docs.n_docs:,} documents in "
+                f"{len(lay.files)} shard(s), the first part of split {lay.split!r} only (the converter stops at "
+                f"~5 GB); training and validation use those alone. For the whole corpus: the repository's own parquet "
+                f"files where it has them (data.revision: main), or data.path a local folder of all its parquet files")
+
+    def summary(self) -> dict:
+        """What was read, for the run's summary.json: source, commit, files, documents and split rule."""
+        out: dict[str, Any] = {"source": self.source, "path": self.path, "revision": self.revision}
+        if isinstance(self.docs, ParquetCorpus):
+            out |= {"files": len(self.docs.files), "documents": self.docs.n_docs, "val_rule": self._config()["val_rule"],
+                    "val_cache": self.val_cache}
+        if self.layout is not None:
+            out |= {"folder": self.layout.folder, "partial": self.layout.partial}
+            if self.layout.partial:
+                out["partial_note"] = self.partial_note()
+        return out
 
     @staticmethod
     def saved_config(checkpoint: dict) -> dict | None:
@@ -262,13 +320,15 @@ class TokenStreamDataModule(L.LightningDataModule):
         return loader
 
     def _train_stream(self, rank: int, world: int) -> TrainStream:
+        parquet = isinstance(self.docs, ParquetCorpus)
         return TrainStream(
             self.docs,
             text_column=self.text_column,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
             seed=self.seed,
-            val=self.val,
+            val=None if parquet else self.val,
+            train_rows=self.docs.n_docs - self.n_held_out if parquet else None,
             shuffle_buffer=self.hparams.shuffle_buffer,
             rank=rank,
             world_size=world,
@@ -284,6 +344,10 @@ class TokenStreamDataModule(L.LightningDataModule):
             rank, world_size = self._rank_world()
         if self._val_windows is None or self._val_for != (rank, world_size):
             self.setup("validate")
+            if isinstance(self.docs, ParquetCorpus):
+                self._val_windows = self._held_out_windows(rank, world_size)
+                self._val_for = (rank, world_size)
+                return self._val_windows
             self._val_windows = val_windows(
                 self.docs,
                 text_column=self.text_column,
@@ -296,6 +360,30 @@ class TokenStreamDataModule(L.LightningDataModule):
             )
             self._val_for = (rank, world_size)
         return self._val_windows
+
+    def _held_out_windows(self, rank: int, world_size: int) -> torch.Tensor:
+        """A parquet corpus's held-out range, packed into windows once and kept on disk; this rank's share."""
+        docs, n_val = self.docs, self.n_held_out
+        max_tokens = self.hparams.val_max_tokens
+        key = {"corpus": docs.identity, "text_column": self.text_column, "split_rule": self._config()["val_rule"],
+               "tokenizer": "gpt2" if self._table is None
+               else "compact-" + hashlib.sha256(self.vocab_ids.tobytes()).hexdigest()[:16],
+               "seq_len": self.seq_len, "max_tokens": max_tokens}
+
+        def build() -> np.ndarray:
+            rows = pack_windows(docs.texts(docs.range_pieces(docs.n_docs - n_val, docs.n_docs)), self.seq_len,
+                                max_tokens, self._table)
+            return np.stack(rows) if rows else np.zeros((0, self.seq_len + 1), dtype=np.int32)
+
+        windows, path = cached_windows(key, build, cache_root(self.hparams.cache_dir))
+        self.val_cache = None if path is None else str(path)
+        n = len(windows) // world_size * world_size
+        if n == 0:
+            raise DataConfigError(
+                f"The validation split holds {len(windows)} windows of seq_len + 1 = {self.seq_len + 1} tokens "
+                f"(the last {n_val} of {docs.n_docs} documents), fewer than the {world_size} device(s). "
+                "Fix: raise val_fraction, lower seq_len, or add data")
+        return torch.from_numpy(windows[rank:n:world_size]).long()
 
     def check(self, rank: int = 0, world_size: int = 1, train: bool = True) -> None:
         """Read what the first steps would, so that a corpus that cannot be used (empty, whitespace,

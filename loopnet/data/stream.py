@@ -1,15 +1,17 @@
 """Token streams: documents → tokens → windows → batches, for training (infinite) and validation (finite).
 
-Scale-out: the training documents are split with `datasets.distributed.split_dataset_by_node`,
-first by rank and world size, then again by DataLoader worker, so every (rank, worker) "slot"
-reads a disjoint part of the corpus. Each slot cycles over its part epoch after epoch, with the
-shard order reshuffled per epoch from the seed, and emits windows in seeded shuffled blocks.
-The (small) validation split is packed whole on every rank and sharded by window.
+Scale-out: every (rank, DataLoader worker) "slot" reads a disjoint part of the corpus. A parquet
+corpus (`loopnet.data.parquet.ParquetCorpus`: OpenWebText, hub datasets, local .parquet files) is cut
+by row ranges into world_size × workers near-equal parts (within one document), each read once per
+epoch; other sources (text, json) go through `datasets.distributed.split_dataset_by_node`, first by
+rank, then by worker (whole files when there are enough, else every part keeps every n-th document).
+Each slot cycles over its part epoch after epoch, with the order reshuffled per epoch from the seed,
+and emits windows in seeded shuffled blocks. The validation windows are sharded by window.
 
-Resume: a slot's whole state is small — where its current block of windows starts (a `datasets`
-state dict, a row and a token offset), the block number and how many windows of the block were
-already emitted — so it travels with every batch, and `ResumableLoader` turns the states of the
-batches the trainer consumed into a checkpointable state dict.
+Resume: a slot's whole state is small — where its current block of windows starts (a document
+position: a row of its part, or a `datasets` state dict and a row; and a token offset), the block
+number and how many windows of the block were already emitted — so it travels with every batch, and
+`ResumableLoader` turns the states of the batches the trainer consumed into a checkpointable state dict.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from loopnet.data.errors import DataConfigError
 from loopnet.data.packing import Packer, block_permutation
+from loopnet.data.parquet import ParquetCorpus
 from loopnet.data.sources import ValSelector
 from loopnet.data.tokenizer import gpt2_encoding
 from loopnet.data.vocab import EOT_ID
@@ -105,15 +108,20 @@ class TrainStream(IterableDataset):
         seq_len: int,
         batch_size: int,
         seed: int,
-        val: ValSelector,
+        val: ValSelector | None,
         shuffle_buffer: int,
         rank: int = 0,
         world_size: int = 1,
         num_slots: int = 1,
         config: dict | None = None,
         table: np.ndarray | None = None,
+        train_rows: int | None = None,
     ):
-        self.docs, self.text_column, self.val, self.table = docs, text_column, val, table
+        # A ParquetCorpus trains on its rows [0, train_rows) (the held-out range follows; `val` is None);
+        # a `datasets` stream on the documents `val` does not hold out.
+        if isinstance(docs, ParquetCorpus) and (train_rows is None or val is not None):
+            raise ValueError("a ParquetCorpus is read with train_rows (its held-out range) and no ValSelector")
+        self.docs, self.text_column, self.val, self.table, self.train_rows = docs, text_column, val, table, train_rows
         self.seq_len, self.batch_size, self.seed, self.shuffle_buffer = seq_len, batch_size, seed, shuffle_buffer
         self.rank, self.world_size, self.num_slots = rank, world_size, num_slots
         self.config = dict(config or {}, num_slots=num_slots, world_size=world_size)
@@ -130,13 +138,22 @@ class TrainStream(IterableDataset):
         part.set_epoch(_epoch_key(self.seed, epoch))
         return part
 
+    def slot_texts(self, slot: int, epoch: int, pos: dict | None = None) -> Iterator[tuple[dict, str | None]]:
+        """(position, text) of the documents slot `slot` of this rank reads in `epoch`, from `pos` on."""
+        if isinstance(self.docs, ParquetCorpus):
+            parts, part = self.world_size * self.num_slots, self.rank * self.num_slots + slot
+            start = 0 if pos is None else pos["row"]
+            return self.docs.part_texts(part, parts, self.train_rows, self.seed, epoch, start)
+        ds_state, row = (None, 0) if pos is None else (pos["ds"], pos["row"])
+        return iter_texts(self.slot_docs(slot, epoch), self.text_column, epoch, ds_state, row)
+
     def documents(self, slot: int, pos: dict | None = None) -> Iterator[tuple[dict, np.ndarray]]:
         """(position, tokens) of the slot's training documents, cycling over epochs forever."""
-        epoch, ds_state, row = (0, None, 0) if pos is None else (pos["epoch"], pos["ds"], pos["row"])
+        epoch = 0 if pos is None else pos["epoch"]
         while True:
-            full_epoch, n_tokens = ds_state is None and row == 0, 0
-            for p, text in iter_texts(self.slot_docs(slot, epoch), self.text_column, epoch, ds_state, row):
-                if not text or self.val(text):  # empty documents are skipped, no lone end-of-text
+            full_epoch, n_tokens = pos is None or (pos.get("ds") is None and pos["row"] == 0), 0
+            for p, text in self.slot_texts(slot, epoch, pos):
+                if not text or (self.val is not None and self.val(text)):  # empty documents: no lone end-of-text
                     continue
                 tokens = encode(text, self.table)
                 n_tokens += len(tokens)
@@ -152,7 +169,7 @@ class TrainStream(IterableDataset):
                     f"seq_len + 1 = {self.seq_len + 1}. Fix: add data, lower seq_len"
                     + (", or use fewer workers/devices" if where else "")
                 )
-            epoch, ds_state, row = epoch + 1, None, 0
+            epoch, pos = epoch + 1, None
 
     def windows(self, slot: int, state: dict | None = None) -> Iterator[tuple[np.ndarray, dict]]:
         """(window, state after it): windows in seeded shuffled blocks of `shuffle_buffer`.
@@ -219,18 +236,18 @@ def val_windows(
     all ranks get the same number of windows (up to world_size - 1 are dropped) even when the
     split is a handful of documents (the embedded corpus holds out one play).
     """
-    packer, rows, n_docs, n_text, n_held = Packer(seq_len), [], 0, 0, 0
-    for _, text in iter_texts(docs, text_column):
-        n_docs += 1
-        n_text += bool(text and text.strip())
-        if not text or not val(text):
-            continue
-        n_held += 1
-        packer.push(None, encode(text, table))
-        while (w := packer.pop()) is not None:
-            rows.append(w.copy())
-        if max_tokens is not None and len(rows) * seq_len >= max_tokens:
-            break
+    counts = {"docs": 0, "text": 0, "held": 0}
+
+    def held_out() -> Iterator[str]:
+        for _, text in iter_texts(docs, text_column):
+            counts["docs"] += 1
+            counts["text"] += bool(text and text.strip())
+            if text and val(text):
+                counts["held"] += 1
+                yield text
+
+    rows = pack_windows(held_out(), seq_len, max_tokens, table)
+    n_docs, n_text, n_held = counts["docs"], counts["text"], counts["held"]
     n = len(rows) // world_size * world_size
     if n_text == 0:
         raise DataConfigError(
@@ -249,6 +266,22 @@ def val_windows(
             + (few or ". Fix: raise val_fraction, lower seq_len, or add data")
         )
     return torch.from_numpy(np.stack(rows[rank:n:world_size])).long()
+
+
+def pack_windows(texts: Iterator[str | None], seq_len: int, max_tokens: int | None = None,
+                 table: np.ndarray | None = None) -> list[np.ndarray]:
+    """The windows of seq_len + 1 tokens packed from `texts` in order (the final partial window dropped),
+    stopping once they hold `max_tokens` (None: all); empty documents are skipped."""
+    packer, rows = Packer(seq_len), []
+    for text in texts:
+        if not text:
+            continue
+        packer.push(None, encode(text, table))
+        while (w := packer.pop()) is not None:
+            rows.append(w.copy())
+        if max_tokens is not None and len(rows) * seq_len >= max_tokens:
+            break
+    return rows
 
 
 class WindowBatches(IterableDataset):

@@ -33,6 +33,9 @@ Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
       "kappa": {physical | "model": value},                 # κ̂_R of that step
       "diagnostics_step": int | null,    # the step those two were measured at
       "log_dir": str,
+      "data": {...} | null,              # what was read (TokenStreamDataModule.summary): source, hub commit,
+                                          # files, documents, the split rule, the held-out cache, and for a
+                                          # partial parquet conversion "partial": true with its note
       "error": str | null,               # the exception, for status "interrupted"
       "wall_time_s": float               # of the fit, resumed segments included (each up to its last checkpoint)
     }
@@ -106,6 +109,11 @@ def log_dir(trainer) -> str:
     """The run's log folder, read on rank 0 alone: `trainer.log_dir` is a collective broadcast,
     which would hang or fail when only rank 0 calls it under DDP."""
     return (trainer.loggers[0].log_dir if trainer.loggers else None) or trainer.default_root_dir
+
+
+def _data_summary(trainer) -> dict | None:
+    data = getattr(trainer, "datamodule", None)
+    return data.summary() if callable(getattr(data, "summary", None)) else None
 
 
 class RunSummary:
@@ -192,6 +200,7 @@ class RunSummary:
             "kappa": stats["kappa"] if stats else None,
             "diagnostics_step": stats["step"] if stats else None,
             "log_dir": log_dir(trainer),
+            "data": _data_summary(trainer),
             "error": error,
             "wall_time_s": round(self.wall_time_s, 3),
         }

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from loopnet import checkpoints
 from loopnet.data import TokenStreamDataModule
+from loopnet.data.preflight import check_hub
 from loopnet.data.vocab import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import one_line_errors
@@ -404,6 +405,8 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
         with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
             for path in config_files(argv):
                 check_yaml(path)
+            if cli_class is LoopnetCLI and argv and argv[0] in ("fit", "validate", "test"):  # runs, not checks
+                check_hub(argv)  # `loopnet` itself did before importing Lightning
             cli_class(
                 LoopedLM,
                 TokenStreamDataModule,

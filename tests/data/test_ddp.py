@@ -2,6 +2,10 @@
 
 import socket
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -31,13 +35,18 @@ def _run(rank, world, port, kw, out):
         dist.destroy_process_group()
 
 
-def test_two_ranks(tmp_path):
+@pytest.mark.parametrize("kind", ["txt", "parquet"])
+def test_two_ranks(tmp_path, kind):
     d = tmp_path / "corpus"
     d.mkdir()
-    for i, text in enumerate(make_docs(16)):
-        (d / f"{i:02d}.txt").write_text(text)
+    if kind == "txt":
+        for i, text in enumerate(make_docs(16)):
+            (d / f"{i:02d}.txt").write_text(text)
+    else:  # 3 shards over 2 ranks: balanced row ranges; the held-out windows cached once, read by both ranks
+        for k in range(3):
+            pq.write_table(pa.table({"text": make_docs(11, tag=f"p{k}")}), d / f"{k:02d}.parquet", row_group_size=4)
     kw = dict(
-        seq_len=16, batch_size=2, seed=1, source="files", path=str(d / "*.txt"), val_fraction=0.2, shuffle_buffer=5
+        seq_len=16, batch_size=2, seed=1, source="files", path=str(d / f"*.{kind}"), val_fraction=0.2, shuffle_buffer=5
     )
     mp.start_processes(_run, args=(2, _free_port(), kw, str(tmp_path)), nprocs=2, start_method="fork")
     r = [torch.load(tmp_path / f"{k}.pt") for k in range(2)]

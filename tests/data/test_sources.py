@@ -144,6 +144,9 @@ def fake_hub(monkeypatch):
             raise ValueError(f"Invalid rev id: {revision}")  # what the hub's 404 for a revision says
         return Info(revision)
 
+    def listing(self, repo_id, repo_type=None, revision=None, **kw):
+        return ["README.md", "data/train.jsonl"]  # not parquet: read by datasets.load_dataset
+
     def load(path, **kw):
         seen["load"] = (path, kw.get("revision"), kw.get("streaming"))
         return "opened"
@@ -151,6 +154,7 @@ def fake_hub(monkeypatch):
     sources._RESOLVED.clear()
     monkeypatch.setattr(sources, "hub_offline", lambda: False)
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", info)
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", listing)
     monkeypatch.setattr(datasets, "load_dataset", load)
     yield seen
     sources._RESOLVED.clear()

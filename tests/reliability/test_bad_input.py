@@ -214,7 +214,7 @@ def test_corpus_all_held_out_fails_before_anything_is_written(tmp_path):
 
 
 @pytest.mark.parametrize("args, problem, fix", [
-    (["--data.source", "hub"], "offline mode is set", "Offline alternatives"),
+    (["--data.source", "hub"], "offline mode is set", "fix: read the embedded corpus with `--data.source shakespeare`"),
     (["--trainer.max_steps", "0"], "--trainer.max_steps 0 trains no step", "fix: give max_steps ≥ 1"),
     (["--model.config.vocab_size", "1000"], "model.config.vocab_size=1000 is smaller than the data's 50257 token ids",
      "fix: set model.config.vocab_size to at least 50257"),
