@@ -34,6 +34,7 @@ from loopnet.files import atomic_write, check_writable
 from loopnet.model import LoopConfig
 from loopnet.model.scales import scheme_label
 from loopnet.training.callbacks import AtomicCheckpointIO
+from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.module import LoopedLM
 
@@ -400,6 +401,7 @@ EVALUATION = ("validate", "test", "predict")
 def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> None:
     """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line)."""
     argv = sys.argv[1:] if args is None else list(args)
+    guard_console()  # a pipe whose reader goes away (`| tee`, Ctrl-C) never breaks the run
     try:
         with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
             for path in config_files(argv):
