@@ -160,7 +160,7 @@ def test_evaluation_of_last_takes_the_newest_checkpoint_of_the_run(unchanged):
     assert res.code == 0, res.err[-3000:]
     assert f"loopnet: evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err
     res = loopnet("test", *SHORT, "--model.config.n_rounds", "3", "--ckpt_path", "last", cwd=unchanged)
-    check(res, "--ckpt_path last: no runs/deeploop_carry_k2_r3/version_*/checkpoints/last*.ckpt",
+    check(res, "--ckpt_path last: no runs/deeploop_carry_k2_r3_d32_h2_ctx32/version_*/checkpoints/last*.ckpt",
           "fix: give the .ckpt file with --ckpt_path")
     res = loopnet("test", *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=unchanged)
     assert res.code == 0 and f"evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
