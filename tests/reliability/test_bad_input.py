@@ -93,8 +93,9 @@ def test_corrupt_last_checkpoint(prior, tmp_path):
 
 
 def test_checkpoint_from_another_config(unchanged):
-    # The same run name (scheme, wiring, K, R), so `last` finds the prior run, but another width.
-    res = loopnet("fit", *SHORT, "--model.config.d_model", "64", "--ckpt_path", "last", cwd=unchanged)
+    # Another width names another run folder (cli.run_name): pinned to the prior run's, `last` finds its checkpoint.
+    res = loopnet("fit", *SHORT, "--model.config.d_model", "64", "--trainer.logger.init_args.name", RUN,
+                  "--ckpt_path", "last", cwd=unchanged)
     check(res, "another model config (d_model: checkpoint 32 vs config 64)", "run with the config saved beside it")
 
 
