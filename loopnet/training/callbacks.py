@@ -174,7 +174,7 @@ class GracefulInterrupt(Checkpoint):
     # SIGTERM: Lightning's handler runs a collective (a broadcast from rank 0) inside the signal handler,
     # which under DDP hangs every rank when the signal reaches all of them (a terminal's Ctrl-C, SLURM,
     # Kubernetes, `timeout`) or a rank other than 0 alone. Here the handler only notes the signal; at
-    # the end of every step the ranks agree (one all-reduce of a flag) and all stop after that step.
+    # the end of every step and validation batch the ranks agree (one all-reduce of a flag) and all stop there.
     def _install_sigterm(self) -> None:
         if self._armed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)  # Lightning's teardown restores the original
@@ -230,8 +230,9 @@ class GracefulInterrupt(Checkpoint):
     def on_train_start(self, trainer, pl_module) -> None:
         self._install_sigterm()
         if self._rerun_at is not None and self._rerun_at == trainer.global_step:
-            # Restored after the step, before its validation (fit_loop.reset worked out the restart
-            # stage from the progress counters; this is the one they cannot tell)
+            # Resumed between the step and its abandoned validation: fit_loop.reset, just before this hook,
+            # worked the restart stage out from the progress counters, which cannot tell this validation
+            # from one that completed (and would be skipped)
             trainer.fit_loop.epoch_loop.val_loop._restart_stage = RestartStage.RESTARTED_MID_EVALUATION
         self._rerun_at = None
 
