@@ -202,13 +202,20 @@ class GracefulInterrupt(Checkpoint):
     # loop's progress as it was before this validation and this step's number (`state_dict`); the resumed
     # run enters Lightning's restart-in-the-middle-of-a-validation path, which runs the validation of
     # that step (all of it, it starts afresh) before the next training step.
+    #
+    # Except after the last step (max_steps): a resume would have no step left to run that validation
+    # before (Lightning's fit loop is done), and the final weights would be only in the interruption
+    # checkpoint, which the completed fit removes. That validation completes, and the run with it.
     def on_validation_start(self, trainer, pl_module) -> None:
         if not self._armed or trainer.sanity_checking:
             return
         self._val_progress = copy.deepcopy(trainer.fit_loop.epoch_loop.val_loop.batch_progress.state_dict())
-        if trainer._signal_connector.received_sigterm:  # the ranks agreed to stop at this step's end: no batch of it
+        if trainer._signal_connector.received_sigterm:  # the ranks agreed to stop at this step's end
+            if self._last_step(trainer):
+                trainer._signal_connector.received_sigterm = False  # (Lightning would leave it after a batch)
+                return
             self._abandoning = True
-            raise SIGTERMException()
+            raise SIGTERMException()  # before any of its batches
 
     def on_validation_batch_end(self, trainer, *args, **kwargs) -> None:
         if not self._armed:
@@ -220,8 +227,12 @@ class GracefulInterrupt(Checkpoint):
             if connector.received_sigterm:
                 connector.received_sigterm, self._pending = False, True
             return
-        if self._stop_agreed(trainer):
+        if not self._last_step(trainer) and self._stop_agreed(trainer):  # (every rank skips the last step's alike)
             connector.received_sigterm, self._abandoning = True, True
+
+    @staticmethod
+    def _last_step(trainer) -> bool:
+        return 0 <= trainer.max_steps <= trainer.global_step
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:

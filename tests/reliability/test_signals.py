@@ -197,3 +197,17 @@ def test_ddp_ranks_abandon_the_validation_together_when_one_gets_the_signal(tmp_
     res = finish(spawn("fit", *DDP, "--ckpt_path", "last", cwd=cut), timeout=600)
     assert res.code == 0, res.err[-3000:]
     assert record(cut) == record(ref)
+
+
+@pytest.mark.parametrize("stop", [(SignalInValidation, {"step": 6, "batch_idx": 0}), (SignalAt, {"step": 6})],
+                         ids=["in_its_first_batch", "at_the_end_of_the_last_step"])
+def test_a_stop_in_the_last_steps_validation_lets_the_run_complete(reference, tmp_path, stop):
+    """The validation after the last step is the run's end: abandoned, its resume would have no step
+    left to run it before (the fit loop is done at max_steps), and the final weights would be only in
+    the interruption checkpoint, which a completed fit removes. It completes, and so does the run."""
+    res = loopnet("fit", *ARGS, *callbacks(stop), cwd=tmp_path)
+    assert res.code == 0 and "loopnet: stopped at step" not in res.err, res.err[-3000:]
+    ckpts = tmp_path / "runs" / RUN / "version_0" / "checkpoints"
+    assert not (ckpts / "last-interrupted.ckpt").exists() and load(ckpts / "last.ckpt")["global_step"] == 6
+    assert json.loads((tmp_path / "runs" / RUN / "version_0" / "summary.json").read_text())["status"] == "completed"
+    assert record(tmp_path) == reference
