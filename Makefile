@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e '.[test]'
 	touch $(STAMP)
 
+# The hint is printed whatever the fit's outcome (and the fit's exit status kept).
 fit: $(STAMP)
-	$(VENV)/bin/loopnet fit --config $(CONFIG) --config configs/cpu.yaml
+	@$(VENV)/bin/loopnet fit --config $(CONFIG) --config configs/cpu.yaml; status=$$?; \
+	 echo "loopnet is in $(VENV)/bin, not on your PATH: run '. $(abspath $(VENV))/bin/activate' (or 'export PATH=$(abspath $(VENV))/bin:\$$PATH') to type 'loopnet ...'"; \
+	 exit $$status
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

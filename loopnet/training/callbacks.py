@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import sys
@@ -14,9 +15,11 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import Callback, Checkpoint, ThroughputMonitor
 from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+from lightning.pytorch.loops.evaluation_loop import RestartStage
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from loopnet.files import atomic_write, remove_stale_temporaries
+from loopnet.training.console import pipe_broken, send_broken_output_to
 
 
 def _sequences(batch) -> int:
@@ -115,9 +118,15 @@ class GracefulInterrupt(Checkpoint):
     for a crash; being named `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
     status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
     At fit start, temporary files that a kill during an earlier checkpoint write left in the
-    checkpoint folder are removed. A stop asked for during a validation or the sanity check waits
-    for its end, so a resumed run's record (TensorBoard, summary, best checkpoint) equals the
-    uninterrupted run's.
+    checkpoint folder are removed. A reader of the run's output that goes away (`| tee` and Ctrl-C)
+    neither breaks the run nor loses the checkpoint: the output goes to a file in the run folder and the
+    run stops the same way (`loopnet.training.console`).
+
+    A stop asked for during a validation abandons it after the current validation batch (a
+    validation may take minutes, SLURM's grace before its kill is 30 s): the checkpoint holds the
+    run as it was before that validation began, and the resumed run runs the validation again before
+    its next step, so its record (TensorBoard, summary, best checkpoint) equals the uninterrupted
+    run's. One during the sanity check (a few batches, before any step) waits for its end.
 
     Args:
         filename: Name of the checkpoint written on interruption (without .ckpt).
@@ -134,10 +143,13 @@ class GracefulInterrupt(Checkpoint):
             raise ValueError("interrupt.filename cannot be empty")
         self.dirpath, self.filename = ".", filename  # the real folder is set at fit start
         self._previous_sigint, self._armed = None, False
-        self._deferred = False  # a stop asked for during a validation, held until it ends
-        self._pending = False  # a signal arrived; the ranks agree on the stop at the end of a step
+        self._pending = False  # a signal arrived; the ranks agree on the stop at the end of a step or validation batch
         self._validated_at: int | None = None  # global step of the last validation (not the sanity check)
         self._after_validation = False  # the interruption checkpoint being written follows a validation
+        self._abandoning = False  # the validation under way is being abandoned for a stop
+        self._val_progress: dict | None = None  # the validation loop's progress before the validation under way
+        self._rerun_at: int | None = None  # resumed from a stop that abandoned the validation of this step
+        self._abandoned_step: int | None = None  # the interruption checkpoint being written abandoned this step's validation
 
     @property
     def ckpt_path(self) -> str | None:
@@ -150,6 +162,7 @@ class GracefulInterrupt(Checkpoint):
         self.dirpath, self._armed = trainer.checkpoint_callback.dirpath, True
         if trainer.is_global_zero:  # what a kill during an earlier run's checkpoint write left
             remove_stale_temporaries(self.dirpath)
+        send_broken_output_to(trainer.log_dir)  # (every rank: log_dir is a broadcast)
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
 
@@ -161,7 +174,7 @@ class GracefulInterrupt(Checkpoint):
     # SIGTERM: Lightning's handler runs a collective (a broadcast from rank 0) inside the signal handler,
     # which under DDP hangs every rank when the signal reaches all of them (a terminal's Ctrl-C, SLURM,
     # Kubernetes, `timeout`) or a rank other than 0 alone. Here the handler only notes the signal; at
-    # the end of every step the ranks agree (one all-reduce of a flag) and all stop after that step.
+    # the end of every step and validation batch the ranks agree (one all-reduce of a flag) and all stop there.
     def _install_sigterm(self) -> None:
         if self._armed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)  # Lightning's teardown restores the original
@@ -172,49 +185,94 @@ class GracefulInterrupt(Checkpoint):
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         self._install_sigterm()  # after Lightning registered its own handler, which this replaces
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        self._install_sigterm()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self._armed:
-            return
-        stop = self._pending
+    def _stop_agreed(self, trainer) -> bool:
+        """Whether to stop now: a signal or a broken output pipe on any rank (one all-reduce of a flag)."""
+        stop = self._pending or pipe_broken()
         if trainer.world_size > 1:
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if stop:  # Lightning's own stop, on every rank after this same step
+        return stop
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._armed and self._stop_agreed(trainer):  # Lightning's own stop, on every rank after this same step
             trainer._signal_connector.received_sigterm = True
 
-    # A stop asked for during a validation (or the sanity check) waits for its end: Lightning would
-    # abandon it at the next batch, losing it from the logs, the run summary and the best checkpoint
-    # (and, stopped in the sanity check, write a step-0 checkpoint whose resume shifts every step).
+    # A stop during a validation abandons it. Lightning raises SIGTERMException after a validation batch
+    # once `received_sigterm` is set (not after the last one: that validation completes, and the stop
+    # follows the step as outside a validation). The interruption checkpoint then stores the validation
+    # loop's progress as it was before this validation and this step's number (`state_dict`); the resumed
+    # run enters Lightning's restart-in-the-middle-of-a-validation path, which runs the validation of
+    # that step (all of it, it starts afresh) before the next training step.
+    #
+    # Except after the last step (max_steps): a resume would have no step left to run that validation
+    # before (Lightning's fit loop is done), and the final weights would be only in the interruption
+    # checkpoint, which the completed fit removes. That validation completes, and the run with it.
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if not self._armed or trainer.sanity_checking:
+            return
+        self._val_progress = copy.deepcopy(trainer.fit_loop.epoch_loop.val_loop.batch_progress.state_dict())
+        if trainer._signal_connector.received_sigterm:  # the ranks agreed to stop at this step's end
+            if self._last_step(trainer):
+                trainer._signal_connector.received_sigterm = False  # (Lightning would leave it after a batch)
+                return
+            self._abandoning = True
+            raise SIGTERMException()  # before any of its batches
+
     def on_validation_batch_end(self, trainer, *args, **kwargs) -> None:
+        if not self._armed:
+            return
         connector = trainer._signal_connector
-        if self._armed and connector.received_sigterm:
-            connector.received_sigterm, self._deferred = False, True
+        if trainer.sanity_checking:
+            # Stopped in the sanity check, Lightning would write a step-0 checkpoint whose resume shifts
+            # every step: the stop waits for the first step (the ranks agree on it there).
+            if connector.received_sigterm:
+                connector.received_sigterm, self._pending = False, True
+            return
+        if not self._last_step(trainer) and self._stop_agreed(trainer):  # (every rank skips the last step's alike)
+            connector.received_sigterm, self._abandoning = True, True
+
+    @staticmethod
+    def _last_step(trainer) -> bool:
+        return 0 <= trainer.max_steps <= trainer.global_step
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if self._deferred:  # Lightning stops after this step, with the validation's results kept
-            trainer._signal_connector.received_sigterm, self._deferred = True, False
         if not trainer.sanity_checking:
-            self._validated_at = trainer.global_step
+            self._validated_at, self._abandoning = trainer.global_step, False  # it completed
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._install_sigterm()
+        if self._rerun_at is not None and self._rerun_at == trainer.global_step:
+            # Resumed between the step and its abandoned validation: fit_loop.reset, just before this hook,
+            # worked the restart stage out from the progress counters, which cannot tell this validation
+            # from one that completed (and would be skipped)
+            trainer.fit_loop.epoch_loop.val_loop._restart_stage = RestartStage.RESTARTED_MID_EVALUATION
+        self._rerun_at = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self._abandoned_step is None else {"rerun_validation_at": self._abandoned_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._rerun_at = state_dict.get("rerun_validation_at")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if self._abandoned_step is not None:  # the validation loop as it was before the validation abandoned
+            checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"] = copy.deepcopy(self._val_progress)
         # Written after a validation, at the end of the step, the interruption checkpoint holds the
         # logger's step counter already advanced; resuming a checkpoint of a step that validated,
         # Lightning skips that validation and advances the counter once more (as for last.ckpt, written
         # at the validation, before the advance). Stored as last.ckpt has it, every resumed TensorBoard
-        # point keeps its step.
+        # point keeps its step. (An abandoned validation stops before the advance.)
         if self._after_validation:
             checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self._armed and isinstance(exception, SIGTERMException):
             self._after_validation = self._validated_at == trainer.global_step
+            self._abandoned_step = trainer.global_step if self._abandoning else None
             self._hold_sigint(say=trainer.is_global_zero)
             try:
                 trainer.save_checkpoint(self.ckpt_path, weights_only=False)
             finally:
-                self._after_validation = False
+                self._after_validation, self._abandoned_step = False, None
                 self._restore_sigint()  # (Lightning calls no teardown hook after an exception)
             if trainer.is_global_zero:
                 print(f"loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "

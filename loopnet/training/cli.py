@@ -9,6 +9,7 @@ The Trainer subcommands only; `loopnet` itself (and its other tools) is `loopnet
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import errno
 import logging
@@ -35,6 +36,7 @@ from loopnet.files import atomic_write, check_writable
 from loopnet.model import LoopConfig
 from loopnet.model.scales import scheme_label
 from loopnet.training.callbacks import AtomicCheckpointIO
+from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.module import LoopedLM
 
@@ -56,9 +58,29 @@ def quiet_dependencies() -> None:
 quiet_dependencies()
 
 
-def run_name(config: Namespace) -> str:
-    """One log folder per run, named after the scheme, wiring and R, e.g. ``deeploop_carry_k2_r6``."""
-    return f"{scheme_label(config.residual, config.p)}_{config.wiring}_k{config.n_blocks}_r{config.n_rounds}"
+# How run_name writes a model field that differs from LoopConfig's default ({} is its value); fields
+# not listed read `<field>-<value>`. Runtime fields (checkpoints.RUNTIME_FIELDS) never name a run.
+RUN_NAME_FIELDS = {"n_heads": "h{}", "seq_len": "ctx{}", "vocab_size": "v{}", "mlp_ratio": "mlp{}",
+                   "positions": "{}", "norm": "{}", "bias": "bias", "tie_embeddings": "untied",
+                   "input_norm": "input_norm", "sandwich": "sandwich"}
+
+
+def run_name(config) -> str:
+    """The run folder's name: the scheme, wiring, K, R and width, then every other model field that is not
+    LoopConfig's default, e.g. ``deeploop_carry_k2_r6_d128_h4_ctx128`` (configs/cpu.yaml). Models that
+    cannot resume each other's checkpoints (`checkpoints.check_checkpoint_config`) never share a folder,
+    so `--ckpt_path last` finds only this model's runs. `config`: the model config (a Namespace or dict)."""
+    config = config.as_dict() if hasattr(config, "as_dict") else dict(config)
+    name = [scheme_label(config["residual"], config.get("p")), config["wiring"], f"k{config['n_blocks']}",
+            f"r{config['n_rounds']}", f"d{config['d_model']}"]
+    named = {"residual", "p", "wiring", "n_blocks", "n_rounds", "d_model", *checkpoints.RUNTIME_FIELDS}
+    order = list(RUN_NAME_FIELDS)
+    for field in sorted(dataclasses.fields(LoopConfig), key=lambda f: order.index(f.name) if f.name in order else len(order)):
+        value = config.get(field.name, field.default)
+        if field.name not in named and value != field.default:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            name.append(RUN_NAME_FIELDS.get(field.name, f"{field.name}-{{}}").format(text))
+    return "_".join(name)
 
 
 def config_files(argv: list[str]) -> list[str]:
@@ -401,6 +423,7 @@ EVALUATION = ("validate", "test", "predict")
 def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> None:
     """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line)."""
     argv = sys.argv[1:] if args is None else list(args)
+    guard_console()  # a pipe whose reader goes away (`| tee`, Ctrl-C) never breaks the run
     try:
         with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
             for path in config_files(argv):

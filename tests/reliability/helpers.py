@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = "deeploop_carry_k2_r2"  # the run folder name of TINY's model
+RUN = "deeploop_carry_k2_r2_d32_h2_ctx32"  # the run folder name of TINY's model (cli.run_name)
 # A seconds-long CPU run: the DeepLoop method config, the CPU overlay, a 2-round model of width 32.
 TINY = [
     "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
@@ -141,13 +141,26 @@ class SignalInValidation(Callback):
     """Send `signum` to this process at the end of validation batch `batch_idx` of the validation at
     global step `step` (`sanity`: of the sanity check before training)."""
 
-    def __init__(self, step: int = 0, batch_idx: int = 0, sanity: bool = False, signum: int = int(signal.SIGTERM)):
-        self.step, self.batch_idx, self.sanity, self.signum = step, batch_idx, sanity, signum
+    def __init__(self, step: int = 0, batch_idx: int = 0, sanity: bool = False, signum: int = int(signal.SIGTERM),
+                 rank: int | None = None):
+        self.step, self.batch_idx, self.sanity, self.signum, self.rank = step, batch_idx, sanity, signum, rank
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if (trainer.sanity_checking == self.sanity and trainer.global_step == self.step
-                and batch_idx == self.batch_idx):
+                and batch_idx == self.batch_idx and self.rank in (None, trainer.global_rank)):
             os.kill(os.getpid(), self.signum)
+
+
+class ValidationBatches(Callback):
+    """Append `<rank> <global step> <batch_idx>` to `path` after every validation batch (not the sanity check's)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            with open(self.path, "a") as f:
+                f.write(f"{trainer.global_rank} {trainer.global_step} {batch_idx}\n")
 
 
 class Progress(Callback):

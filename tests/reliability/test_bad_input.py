@@ -93,8 +93,9 @@ def test_corrupt_last_checkpoint(prior, tmp_path):
 
 
 def test_checkpoint_from_another_config(unchanged):
-    # The same run name (scheme, wiring, K, R), so `last` finds the prior run, but another width.
-    res = loopnet("fit", *SHORT, "--model.config.d_model", "64", "--ckpt_path", "last", cwd=unchanged)
+    # Another width names another run folder (cli.run_name): pinned to the prior run's, `last` finds its checkpoint.
+    res = loopnet("fit", *SHORT, "--model.config.d_model", "64", "--trainer.logger.init_args.name", RUN,
+                  "--ckpt_path", "last", cwd=unchanged)
     check(res, "another model config (d_model: checkpoint 32 vs config 64)", "run with the config saved beside it")
 
 
@@ -160,7 +161,7 @@ def test_evaluation_of_last_takes_the_newest_checkpoint_of_the_run(unchanged):
     assert res.code == 0, res.err[-3000:]
     assert f"loopnet: evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err
     res = loopnet("test", *SHORT, "--model.config.n_rounds", "3", "--ckpt_path", "last", cwd=unchanged)
-    check(res, "--ckpt_path last: no runs/deeploop_carry_k2_r3/version_*/checkpoints/last*.ckpt",
+    check(res, "--ckpt_path last: no runs/deeploop_carry_k2_r3_d32_h2_ctx32/version_*/checkpoints/last*.ckpt",
           "fix: give the .ckpt file with --ckpt_path")
     res = loopnet("test", *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=unchanged)
     assert res.code == 0 and f"evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]

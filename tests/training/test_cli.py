@@ -35,7 +35,7 @@ def loopnet(*args, cwd, check=True):
 def fitted(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("fit")
     loopnet("fit", *TINY, cwd=cwd)
-    (run,) = glob.glob(str(cwd / "runs/deeploop_carry_k2_r3/version_0"))
+    (run,) = glob.glob(str(cwd / "runs/deeploop_carry_k2_r3_d32_h2_ctx32/version_0"))
     return cwd, Path(run)
 
 

@@ -1,0 +1,75 @@
+"""Issue 23, item 4: run folders of different model shapes never share a name (`cpu.yaml`'s d = 128 and
+`study_cpu.yaml`'s d = 64 both logged into runs/deeploop_carry_k2_r6/, so the next `--ckpt_path last` was
+refused as ambiguous)."""
+
+import dataclasses
+import sys
+
+import pytest
+
+from loopnet.checkpoints import RUNTIME_FIELDS
+from loopnet.model import LoopConfig
+from loopnet.training.cli import run_name
+from tests.reliability.helpers import ROOT, SHORT, loopnet
+
+CPU = ["--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml")]
+STUDY = [*CPU, "--config", str(ROOT / "configs/study_cpu.yaml")]
+
+
+def logger_name(tmp_path, monkeypatch, args) -> str:
+    """The run folder name `loopnet fit <args>` logs into (the CLI's own resolution, nothing run)."""
+    monkeypatch.setattr(sys, "argv", ["loopnet"])
+    from loopnet.data import TokenStreamDataModule
+    from loopnet.training.cli import LoopnetCLI, OneLineErrorParser
+    from loopnet.training.defaults import TRAINER_DEFAULTS
+    from loopnet.training.module import LoopedLM
+
+    cli = LoopnetCLI(LoopedLM, TokenStreamDataModule, trainer_defaults=TRAINER_DEFAULTS, auto_configure_optimizers=False,
+                     parser_class=OneLineErrorParser, run=False,
+                     args=[*args, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+    return cli.trainer.logger.name
+
+
+def test_the_cpu_overlays_name_different_folders(tmp_path, monkeypatch):
+    assert logger_name(tmp_path, monkeypatch, CPU) == "deeploop_carry_k2_r6_d128_h4_ctx128"
+    assert logger_name(tmp_path, monkeypatch, STUDY) == "deeploop_carry_k2_r6_d64_h4_ctx64_v19136"
+
+
+OTHER = {"d_model": 780, "n_heads": 4, "init": "normal", "wiring": "lt", "injection": "attention",
+         "inject_into": "every", "positions": "rope", "norm": "layernorm", "loss_rounds": "all"}
+
+
+def _other_value(field: dataclasses.Field, base: LoopConfig):
+    """A valid value of `field` other than `base`'s."""
+    value = getattr(base, field.name)
+    if field.name in OTHER:
+        return OTHER[field.name]
+    return not value if isinstance(value, bool) else value + (1 if isinstance(value, int) else 0.5)
+
+
+@pytest.mark.parametrize("field", [f for f in dataclasses.fields(LoopConfig) if f.name not in ("residual", "p")],
+                         ids=lambda f: f.name)
+def test_every_field_that_a_checkpoint_must_match_is_in_the_name(field):
+    base = LoopConfig()
+    changed = dataclasses.replace(base, **{field.name: _other_value(field, base)})
+    same = run_name(dataclasses.asdict(changed)) == run_name(dataclasses.asdict(base))
+    assert same == (field.name in RUNTIME_FIELDS)  # a runtime field (dropout, ...) resumes in the same folder
+
+
+def test_schemes_name_their_runs():
+    base = dataclasses.asdict(LoopConfig())
+    assert run_name(base) == "deeploop_carry_k2_r6_d768"
+    assert run_name({**base, "residual": "scaled", "p": 0.4}) == "p0.4_carry_k2_r6_d768"
+
+
+def test_resuming_last_after_a_run_of_another_width(tmp_path):
+    """Two shapes fitted in one folder; `--ckpt_path last` of the first resumes it (it was refused as
+    ambiguous: both runs were versions of one run name)."""
+    wide = ["--model.config.d_model", "64", "--model.config.n_heads", "4"]
+    for extra in ([], wide):
+        res = loopnet("fit", *SHORT, *extra, cwd=tmp_path)
+        assert res.code == 0, res.err[-3000:]
+    assert len(list((tmp_path / "runs").iterdir())) == 2
+    res = loopnet("fit", *SHORT, "--trainer.max_steps", "3", "--ckpt_path", "last", cwd=tmp_path)
+    assert res.code == 0, res.err[-3000:]
+    assert "resuming from runs/deeploop_carry_k2_r2_d32_h2_ctx32/version_0/checkpoints/last.ckpt" in res.err
