@@ -6,8 +6,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from .config import LoopConfig
+from .visits import VisitTrace
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -163,6 +165,7 @@ class Sublayer(nn.Module):
         self.norm = make_norm(cfg)
         self.inner_norm = make_norm(cfg) if cfg.sandwich else None
         self.drop = nn.Dropout(cfg.dropout)
+        self.param_names = [name for name, _ in self.named_parameters()]
 
     def forward(self, x, alpha: float, q_src=None, rotary=None):
         norm_in = self.norm if self.pre_norm else self.inner_norm
@@ -177,11 +180,35 @@ class Sublayer(nn.Module):
         stream = alpha * x + branch
         return self.norm(stream), stream, branch
 
+    def observed(self, x, alpha: float, q_src=None, rotary=None) -> VisitTrace:
+        """One visit that reads the weights through its own views (hooking their gradients gives the
+        visit's contribution g_{r,j}), with what an observer sees. The weights are looked up by name:
+        inside an FSDP unit's forward they are plain tensors (the gathered parameters' views), which
+        `named_parameters()` does not list."""
+        def weight(name: str) -> torch.Tensor:
+            owner, _, leaf = name.rpartition(".")
+            return getattr(self.get_submodule(owner), leaf)
+
+        views = {name: (w := weight(name)).view_as(w) for name in self.param_names}
+        new, stream, branch = functional_call(self, views, (x, alpha, q_src, rotary))
+        return VisitTrace(x, alpha, branch, stream, new, views)
+
 
 class Block(nn.Module):
-    """A physical block: attention sublayer then FFN sublayer."""
+    """A physical block: attention sublayer then FFN sublayer. Its forward is one visit of the block
+    (both sublayers), the unit that FSDP gathers and activation checkpointing recomputes."""
 
     def __init__(self, cfg: LoopConfig):
         super().__init__()
         self.attn = Sublayer(cfg, "attn")
         self.ffn = Sublayer(cfg, "ffn")
+
+    def forward(self, x, alpha: float, q_src=None, rotary=None, observe: bool = False):
+        """x after attention (queries from `q_src` when given: injection) then the FFN. With `observe`,
+        (x, [attn's VisitTrace, ffn's VisitTrace]): the model hands them to its observer as visits."""
+        if not observe:
+            x = self.attn(x, alpha, q_src, rotary)[0]
+            return self.ffn(x, alpha, None, rotary)[0]
+        attn = self.attn.observed(x, alpha, q_src, rotary)
+        ffn = self.ffn.observed(attn.state, alpha, None, rotary)
+        return ffn.state, [attn, ffn]

@@ -25,13 +25,12 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .config import LoopConfig
-from .layers import Block, QKVLinear, Rotary, Sublayer, make_norm, unit_rms
+from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
 from .scales import BETA_SCALED
-from .visits import Visit, VisitObserver, VisitTrace
+from .visits import SUBLAYERS, Visit, VisitObserver
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -217,13 +216,15 @@ class LoopedTransformer(nn.Module):
         and activation checkpointing is bypassed so hooks see one forward. None detaches."""
         self.observer = observer
 
-    def _visit(self, visit: Visit, sub: Sublayer, x, q_src):
+    def _block(self, r: int, k: int, block: Block, x, q_src):
+        """Block k's visits of round r: one call of the block (FSDP's unit, checkpointed as one), whose
+        two sublayer visits the observer, when attached, then sees in order."""
         if self.observer is None:
-            return sub(x, self.alpha, q_src, self.rotary)[0]
-        views = {name: p.view_as(p) for name, p in sub.named_parameters()}
-        new, stream, branch = functional_call(sub, views, (x, self.alpha, q_src, self.rotary))
-        self.observer.on_visit(visit, VisitTrace(x, self.alpha, branch, stream, new, views))
-        return new
+            return block(x, self.alpha, q_src, self.rotary)
+        x, traces = block(x, self.alpha, q_src, self.rotary, observe=True)
+        for sublayer, trace in zip(SUBLAYERS, traces):
+            self.observer.on_visit(Visit(r, k, sublayer), trace)
+        return x
 
     # ----------------------------------------------------------------------------- forward
     def _round(self, r: int, x, h):
@@ -239,8 +240,7 @@ class LoopedTransformer(nn.Module):
                     q_src = h
                 elif every:  # FLT_res; LT_i injected at the round's start (`_round_start`)
                     x = unit_rms(x + h)
-            x = self._visit(Visit(r, k, "attn"), block.attn, x, q_src)
-            x = self._visit(Visit(r, k, "ffn"), block.ffn, x, None)
+            x = self._block(r, k, block, x, q_src)
         return x
 
     def _round_start(self, r: int, e, x0, x, h):
