@@ -3,10 +3,11 @@ sublayer that applies one of the residual schemes at each visit."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from .config import LoopConfig
 from .visits import VisitTrace
@@ -182,16 +183,32 @@ class Sublayer(nn.Module):
 
     def observed(self, x, alpha: float, q_src=None, rotary=None) -> VisitTrace:
         """One visit that reads the weights through its own views (hooking their gradients gives the
-        visit's contribution g_{r,j}), with what an observer sees. The weights are looked up by name:
-        inside an FSDP unit's forward they are plain tensors (the gathered parameters' views), which
-        `named_parameters()` does not list."""
-        def weight(name: str) -> torch.Tensor:
-            owner, _, leaf = name.rpartition(".")
-            return getattr(self.get_submodule(owner), leaf)
-
-        views = {name: (w := weight(name)).view_as(w) for name in self.param_names}
-        new, stream, branch = functional_call(self, views, (x, alpha, q_src, rotary))
+        visit's contribution g_{r,j}), with what an observer sees."""
+        with own_views(self, self.param_names) as views:
+            new, stream, branch = self(x, alpha, q_src, rotary)
         return VisitTrace(x, alpha, branch, stream, new, views)
+
+
+@contextmanager
+def own_views(module: nn.Module, names: list[str]):
+    """`module`'s weights `names` (dotted) replaced by views of themselves while inside, the views
+    yielded by name. Inside an FSDP unit's forward (use_orig_params) a weight is a plain tensor
+    attribute, the gathered parameter's view, that shadows the registered Parameter; that attribute
+    is the one the forward reads and the one replaced here (torch.func.functional_call would replace
+    the shadowed Parameter, and the visit's gradient would not pass through its views)."""
+    swapped, views = [], {}
+    try:
+        for name in names:
+            owner_name, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(owner_name)
+            table = owner.__dict__ if leaf in owner.__dict__ else owner._parameters
+            weight = table[leaf]
+            swapped.append((table, leaf, weight))
+            table[leaf] = views[name] = weight.view_as(weight)
+        yield views
+    finally:
+        for table, leaf, weight in reversed(swapped):
+            table[leaf] = weight
 
 
 class Block(nn.Module):
