@@ -1,6 +1,6 @@
 """Lightning's FSDPStrategy on CPU: 2 gloo processes started by torchrun, the strategy as configs/fsdp.yaml
-configures it. Run as ``torchrun --nproc_per_node 2 -m tests.reliability.fsdp_cpu OUT MODE``; each rank
-writes what it saw to OUT/<mode>_rank<r>.pt for tests/reliability/test_fsdp.py to compare with the
+configures it. Run as ``torchrun --standalone --nproc_per_node 2 -m tests.reliability.fsdp_cpu OUT grads,gathers,resume,guard``;
+each rank writes what it saw to OUT/<mode>_rank<r>.pt for tests/reliability/test_fsdp.py to compare with the
 unsharded model.
 
 Lightning refuses the class FSDPStrategy itself on a CPU accelerator (its accelerator connector tests
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 from typing import Union
 
@@ -25,7 +24,7 @@ from lightning.pytorch.strategies import FSDPStrategy, Strategy
 ROOT = Path(__file__).resolve().parents[2]
 FSDP_YAML = ROOT / "configs" / "fsdp.yaml"
 MODEL = dict(vocab_size=64, seq_len=16, d_model=32, n_heads=4, n_blocks=2, n_rounds=3, dropout=0.0)
-BATCH, WINDOWS = 2, 16  # per rank; 16 windows: 4 steps of 2 ranks x 2
+BATCH, WINDOWS = 2, 8  # per rank; 8 windows: an epoch is 2 steps of 2 ranks x 2 (a resume at step 2 starts epoch 2)
 CLIP = 0.05  # small enough that clipping is active at step 1 (the gradient norm is ~1 at init)
 
 
@@ -98,7 +97,7 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
                 if p.grad is not None}
 
 
-def main(out: Path, mode: str) -> None:
+def main(out: Path, modes: list[str]) -> None:
     import lightning as L
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
@@ -115,22 +114,24 @@ def main(out: Path, mode: str) -> None:
         """Per step: the rank's batch, loss, gathers, and (mode grads) the whole gradients before and
         after clipping."""
 
-        def __init__(self):
+        def __init__(self, grads: bool = False):
             self.steps: list[dict] = []
+            self.grads = grads
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             counts.clear()
             self.steps.append({"batch": [t.clone() for t in batch]})
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-            if mode == "grads":
+            if self.grads:
                 self.steps[-1]["grads"] = full_grads(trainer)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             step = self.steps[-1]
             step["loss"] = float(outputs["loss"].detach())
             step["gathers"] = dict(counts)
-            if mode == "grads":
+            step["decayed"] = [len(g["params"]) for g in trainer.optimizers[0].param_groups]
+            if self.grads:
                 step["clipped"] = full_grads(trainer)
 
     class NaNOnRank1(Callback):
@@ -143,50 +144,54 @@ def main(out: Path, mode: str) -> None:
                 p.grad.view(-1)[0] = float("nan")
 
     def fit(max_steps: int, callbacks: list, ckpt_path=None, **strategy_args) -> L.Trainer:
+        """A fit of the tiny model on `loader()` (the same initial weights every time)."""
         torch.manual_seed(0)
-        model = LoopedLM(config=LoopConfig(**MODEL), optim=OptimConfig(lr=1e-2, warmup_steps=1))
+        # decay_steps: the schedule of a 4-step run also in its first 2 steps (the run a resume continues)
+        model = LoopedLM(config=LoopConfig(**MODEL), optim=OptimConfig(lr=1e-2, warmup_steps=1, decay_steps=4))
         trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy_from_yaml(**strategy_args),
                             max_steps=max_steps, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, gradient_clip_val=CLIP, limit_val_batches=0,
                             default_root_dir=out / "root", callbacks=callbacks,
                             enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks))
         if trainer.global_rank == 0 and ckpt_path is None:
-            torch.save({k: v.clone() for k, v in model.model.state_dict().items()}, out / f"{mode}_init.pt")
+            torch.save({k: v.clone() for k, v in model.model.state_dict().items()}, out / "init.pt")
         trainer.fit(model, train_dataloaders=loader(), ckpt_path=ckpt_path)
         return trainer
 
-    record: dict = {}
-    if mode == "grads":  # one step: gradients before and after clipping; per-visit diagnostics
+    def grads() -> dict:  # one step: gradients before and after clipping; per-visit diagnostics
         diag = VisitDiagnostics(every_n_steps=1, histograms=False, update_size=False, profile=False)
-        rec = Recorder()
-        import os
-        fit(1, [rec, diag], **({"activation_checkpointing_policy": None} if os.environ.get("NOAC") else {}))
-        record = {"steps": rec.steps, "diagnostics": diag.last_stats}
-    elif mode == "gathers":  # all-gathers per step, SHARD_GRAD_OP (the YAML's) and FULL_SHARD
+        rec = Recorder(grads=True)
+        fit(1, [rec, diag])
+        return {"steps": rec.steps, "diagnostics": diag.last_stats}
+
+    def gathers_per_step() -> dict:  # all-gathers per step, SHARD_GRAD_OP (the YAML's) and FULL_SHARD
+        record = {}
         for sharding in ("SHARD_GRAD_OP", "FULL_SHARD"):
             rec = Recorder()
             fit(2, [rec], sharding_strategy=sharding)
             record[sharding] = [s["gathers"] for s in rec.steps]
-    elif mode == "resume":  # 4 steps straight; 2 steps, a sharded checkpoint, then steps 3-4 resumed from it
-        straight = Recorder()
+        return record
+
+    def resume() -> dict:  # 4 steps straight; 2 steps, a sharded checkpoint, then steps 3-4 resumed from it
+        straight, first, resumed = Recorder(), Recorder(), Recorder()
         fit(4, [straight])
-        ckpt = ModelCheckpoint(dirpath=out / "ckpt", save_last=True, save_top_k=0, every_n_train_steps=2)
-        first = Recorder()
-        fit(2, [first, ckpt])
-        resumed = Recorder()
-        fit(4, [resumed, ModelCheckpoint(dirpath=out / "ckpt2", save_top_k=0)], ckpt_path=str(out / "ckpt" / "last.ckpt"))
-        record = {"straight": [s["loss"] for s in straight.steps], "first": [s["loss"] for s in first.steps],
-                  "resumed": [s["loss"] for s in resumed.steps], "checkpoint": sorted(
-                      p.name for p in (out / "ckpt" / "last.ckpt").iterdir()) if (out / "ckpt" / "last.ckpt").is_dir()
-                  else "not a folder"}
-    elif mode == "guard":  # a nan in rank 1's shard only: both ranks stop at the same step
-        guard = DivergenceGuard(after_step=100)
-        rec = Recorder()
-        trainer = fit(4, [NaNOnRank1(), guard, rec], timeout=timedelta(seconds=60))
-        record = {"diverged_at_step": guard.diverged_at_step, "reason": guard.record.reason,
-                  "global_step": trainer.global_step, "steps": len(rec.steps)}
-    torch.save(record, out / f"{mode}_rank{torch.distributed.get_rank()}.pt")
+        fit(2, [first, ModelCheckpoint(dirpath=out / "ckpt", save_last=True, save_top_k=0, every_n_train_steps=2)])
+        last = out / "ckpt" / "last.ckpt"
+        fit(4, [resumed, ModelCheckpoint(dirpath=out / "ckpt2", save_top_k=0)], ckpt_path=str(last))
+        return {"straight": [s["loss"] for s in straight.steps], "first": [s["loss"] for s in first.steps],
+                "resumed": [s["loss"] for s in resumed.steps],
+                "checkpoint": sorted(p.name for p in last.iterdir()) if last.is_dir() else "not a folder"}
+
+    def guard() -> dict:  # a nan in rank 1's shard only: both ranks stop at the same step
+        guard, rec = DivergenceGuard(after_step=100), Recorder()
+        trainer = fit(4, [NaNOnRank1(), guard, rec])
+        return {"diverged_at_step": guard.diverged_at_step, "reason": guard.record.reason,
+                "global_step": trainer.global_step, "steps": len(rec.steps)}
+
+    run = {"grads": grads, "gathers": gathers_per_step, "resume": resume, "guard": guard}
+    for mode in modes:
+        torch.save(run[mode](), out / f"{mode}_rank{torch.distributed.get_rank()}.pt")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2].split(","))
