@@ -168,8 +168,10 @@ class DivergenceGuard(Callback):
             return
         try:  # never let the summary replace the exception that ended the run
             path = os.path.join(log_dir(trainer), self.summary_name)
-            if not self._stepped and trainer.ckpt_path is not None and os.path.exists(path):
-                # A resume that failed before its first step: the run's record stays as it was.
+            if not self._stepped and os.path.exists(path):
+                # A resume that failed before its first step (also before Lightning sets trainer.ckpt_path, e.g. the
+                # ranks disagreeing on --ckpt_path last): the run's record stays as it was. The summary is written
+                # only when a fit ends, so one that exists now is an earlier fit's.
                 rank_zero_warn(f"loopnet: the resumed run stopped before its first step ({exception!r}); "
                                f"{path} is kept as it was")
                 return
