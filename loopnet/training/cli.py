@@ -253,10 +253,10 @@ class LoopnetCLI(LightningCLI):
                              f"or 'last'")
         if not path or path in ("last", "best", "hpc"):
             return
-        if Path(path).is_dir():
+        if Path(path).is_dir() and not checkpoints.is_sharded_checkpoint(path):
             raise ValueError(f"--ckpt_path {path} is a folder; fix: give a .ckpt file in it, e.g. "
                              f"{Path(path) / 'last.ckpt'}")
-        if not Path(path).is_file():
+        if not Path(path).is_file() and not checkpoints.is_sharded_checkpoint(path):
             raise FileNotFoundError(f"--ckpt_path {path} does not exist; give a .ckpt file (e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
         self._check_checkpoint(path, cfg, sub)
 

@@ -11,12 +11,14 @@ differences are ~1e-8. Losses are compared relatively at 1e-6 (~8 ulps at a loss
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from loopnet import checkpoints
 from loopnet.diagnostics import VisitProbe
 from loopnet.diagnostics.callback import physical_sublayers
 from loopnet.model import LoopConfig, LoopedTransformer
@@ -40,6 +42,7 @@ def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
     records = {m: [torch.load(out / f"{m}_rank{r}.pt", weights_only=False) for r in (0, 1)] for m in MODES}
     records["init"] = torch.load(out / "init.pt")
+    records["out"] = out
     return records
 
 
@@ -115,6 +118,20 @@ def test_resume_from_a_sharded_checkpoint_continues_exactly(ranks):
         assert {".metadata", "meta.pt"} <= set(rank["checkpoint"])  # a folder of shards (state_dict_type: sharded)
         assert rank["first"] == rank["straight"][:2]
         assert rank["resumed"] == rank["straight"][2:]  # exact: max per-step loss difference 0.0
+
+
+def test_loopnet_checks_a_sharded_checkpoint_folder(ranks):
+    """`--ckpt_path` (given, or found by 'last') passes loopnet's checks as a folder of shards: read from its
+    meta.pt with the restricted unpickler, the model config compared; `loopnet eval` asks for one file."""
+    folder = ranks["out"] / "ckpt" / "last.ckpt"
+    assert checkpoints.is_sharded_checkpoint(folder)
+    assert checkpoints.newest_last_checkpoint(folder.parent) == folder
+    config = dataclasses.asdict(LoopConfig(**MODEL))
+    assert checkpoints.check_checkpoint(str(folder), config)["global_step"] == 2
+    with pytest.raises(ValueError, match="another model config"):
+        checkpoints.check_checkpoint(str(folder), config | {"d_model": 64})
+    with pytest.raises(ValueError, match="consolidate_checkpoint"):
+        checkpoints.model_weights(checkpoints.load_checkpoint_meta(str(folder)), folder)
 
 
 def test_divergence_guard_decides_the_same_on_every_rank(ranks):

@@ -1,5 +1,5 @@
-"""Several nodes, simulated: the Trainer entry point under `torchrun --nproc_per_node 2` on CPU (gloo), as
-scripts/torchrun.sh and scripts/slurm.sbatch launch it on each node. The run folder is an absolute path,
+"""Several nodes, simulated: the Trainer entry point under `torchrun --nproc_per_node 2` on CPU (gloo),
+launched by scripts/torchrun.sh (scripts/slurm.sbatch starts the same entry point with srun). The run folder is an absolute path,
 recorded in config.yaml and summary.json; and when a rank cannot see the run folder (a node without the shared
 filesystem, simulated by a working folder per rank), `--ckpt_path last` ends on every rank with one line
 naming the shared-filesystem requirement, the run's files untouched."""
@@ -17,8 +17,7 @@ import yaml
 
 from .helpers import ROOT, RUN, TINY, env
 
-ARGS = ["fit", *TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.accelerator", "cpu",
-        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--data.batch_size", "2"]
+FIT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--data.batch_size", "2"]
 
 
 def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -29,9 +28,11 @@ def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    """A 2-step fit by `python -m loopnet.training.cli` under torchrun, run folder `runs` relative to its cwd."""
+    """A 2-step fit launched by scripts/torchrun.sh as its header says for CPU, in a fresh folder (RUNS: ./runs)."""
     cwd = tmp_path_factory.mktemp("node0")
-    res = torchrun("-m", "loopnet.training.cli", *ARGS, cwd=cwd)
+    res = subprocess.run(["bash", str(ROOT / "scripts/torchrun.sh"), *FIT], cwd=cwd, capture_output=True, text=True,
+                         env=env() | {"NPROC": "2", "ACCELERATOR": "cpu", "STRATEGY": "ddp", "PYTHON": sys.executable,
+                                      "OMP_NUM_THREADS": "1"}, timeout=300)
     assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
     return cwd
 
@@ -51,7 +52,8 @@ def test_resume_where_one_rank_cannot_see_the_run_folder_fails_on_every_rank_in_
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in version.rglob("*") if p.is_file()}
     node1 = tmp_path / "node1"  # rank 1's disk: no run folder
     node1.mkdir()
-    res = torchrun("-m", "tests.reliability.node_local", str(run), str(node1), *ARGS, "--trainer.max_steps", "4",
+    res = torchrun("-m", "tests.reliability.node_local", str(run), str(node1), "fit", *FIT, "--trainer.max_steps", "4",
+                   "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp", "--trainer.devices", "2",
                    "--ckpt_path", "last", cwd=ROOT)
     assert res.returncode != 0
     errors = [line for line in res.stderr.splitlines() if "loopnet: error:" in line]
