@@ -119,6 +119,9 @@ class LoopedTransformer(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.observer: VisitObserver | None = None
         self._compiled_head = None
+        # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
+        self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
+        self._head_numel = self.lm_head.weight.numel()
         self.reset_parameters()
 
     # ----------------------------------------------------------------------------- init
@@ -167,8 +170,7 @@ class LoopedTransformer(nn.Module):
         (`training=False`) is one forward with one head."""
         cfg = self.config
         R, T = rounds or cfg.n_rounds, seq_len or cfg.seq_len
-        block = sum(p.numel() for p in self.blocks[0].parameters())
-        head = self.lm_head.weight.numel()
+        block, head = self._block_numel, self._head_numel
         per_round = cfg.n_blocks * (2.0 * block + 4.0 * cfg.d_model * T)  # forward of one round
         if not training:
             return R * per_round + 2.0 * head

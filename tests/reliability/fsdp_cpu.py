@@ -131,6 +131,7 @@ def main(out: Path, modes: list[str]) -> None:
             step["loss"] = float(outputs["loss"].detach())
             step["gathers"] = dict(counts)
             step["decayed"] = [len(g["params"]) for g in trainer.optimizers[0].param_groups]
+            step["flops_per_batch"] = pl_module.flops_per_batch
             if self.grads:
                 step["clipped"] = full_grads(trainer)
 

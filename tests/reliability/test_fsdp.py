@@ -71,12 +71,16 @@ def test_loss_and_gradients_equal_the_unsharded_model_before_and_after_clipping(
             torch.testing.assert_close(step["clipped"][name], clipped[name], rtol=0, atol=1e-6, msg=name)
 
 
-def test_weight_decay_groups_are_those_of_the_unsharded_model(ranks):
-    """The optimiser is built on FSDP's flat 1-D shards; the matrices must still be the decayed group."""
-    groups = [len(g) for g in LoopedLM(config=LoopConfig(**MODEL))._param_groups()]
+def test_weight_decay_groups_and_model_flops_are_those_of_the_unsharded_model(ranks):
+    """The optimiser is built on FSDP's flat 1-D shards: the matrices must still be the decayed group, and
+    the model FLOPs behind the logged MFU must count whole blocks, not this rank's shard."""
+    lm = LoopedLM(config=LoopConfig(**MODEL))
+    groups = [len(g) for g in lm._param_groups()]
     assert groups[0] > 0 and groups[1] > 0
+    batch = ranks["grads"][0]["steps"][0]["batch"][0]
     for rank in ranks["grads"]:
         assert rank["steps"][0]["decayed"] == groups
+        assert rank["steps"][0]["flops_per_batch"] == lm.model.flops_per_token(seq_len=batch.size(1)) * batch.numel()
 
 
 def test_per_visit_diagnostics_under_fsdp(ranks):
