@@ -251,7 +251,7 @@ class VisitDiagnostics(Callback):
             total_norm(t).square().to(device) for j, params in physical.items() for t in (
                 [p.detach() - b for p, b in zip(params.values(), self._weights_before[j])], self._weights_before[j])
         ]), device).view(-1, 2)
-        for (j, params), (delta_sq, weight_sq) in zip(physical.items(), squares):
+        for j, (delta_sq, weight_sq) in zip(physical, squares):
             named[sublayer_tag("kappa", j)] = kappa[j]
             named[sublayer_tag("grad_norm", j)] = num[j].sqrt()
             named[sublayer_tag("update_ratio", j)] = delta_sq.sqrt() / weight_sq.sqrt().clamp_min(1e-30)

@@ -1,9 +1,9 @@
 """DivergenceGuard: stop a diverging run cleanly, keep its last good checkpoint, write its summary.
 
 A run diverges when, at some step S,
-- the global gradient norm (before clipping) is not finite — checked in `on_before_optimizer_step`
-  (under FSDP over every rank's shard), and that step's update is skipped (all gradients set to None), so the weights in memory stay
-  those of step S; or
+- the global gradient norm (before clipping; under FSDP over every rank's shard) is not finite —
+  checked in `on_before_optimizer_step`, and that step's update is skipped (all gradients set to
+  None), so the weights in memory stay those of step S; or
 - the training loss is not finite, or above `max_loss` once S ≥ `after_step` — checked in
   `on_train_batch_end`, after the update.
 

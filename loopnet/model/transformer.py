@@ -215,7 +215,9 @@ class LoopedTransformer(nn.Module):
     def attach_observer(self, observer: VisitObserver | None) -> None:
         """Let `observer.on_visit(visit, trace)` see every visit of the next forward passes.
         While attached, each visit reads its weights through its own views (per-visit gradients)
-        and activation checkpointing is bypassed so hooks see one forward. None detaches."""
+        and `checkpoint_rounds` is bypassed so hooks see one forward. A block checkpointed as a whole
+        (Lightning's activation_checkpointing_policy) runs its forward again in the backward, but the
+        observer sees the first only: the model hands it the traces the block returns. None detaches."""
         self.observer = observer
 
     def _block(self, r: int, k: int, block: Block, x, q_src):
