@@ -21,10 +21,22 @@ RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "
 
 
 # ----------------------------------------------------------------------------------------- reading
+SHARDED_META = "meta.pt"  # in a sharded (FSDP, state_dict_type: sharded) checkpoint folder: all but the tensors
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """A sharded checkpoint: Lightning's FSDP writes `last.ckpt` as a folder of per-rank shards and meta.pt."""
+    return Path(path).is_dir() and (Path(path) / SHARDED_META).is_file()
+
+
 def load_checkpoint_meta(path: str) -> dict:
-    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
+    """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk. For a
+    sharded checkpoint folder, its meta.pt: everything but the weights and optimiser state."""
     import torch
 
+    sharded = is_sharded_checkpoint(path)
+    if sharded:
+        path = str(Path(path) / SHARDED_META)
     try:
         # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -41,7 +53,7 @@ def load_checkpoint_meta(path: str) -> dict:
         why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
         raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
                          f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+    if not isinstance(ckpt, dict) or ("state_dict" not in ckpt and not sharded):
         raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
     return ckpt
 
@@ -79,6 +91,9 @@ def model_weights(ckpt: dict, path) -> tuple[dict, dict]:
     network under `model.`; other entries, such as metrics, are not weights), for use outside
     Lightning (`loopnet eval`). Refused: a checkpoint that is not loopnet's, or one trained on a compact
     vocabulary (its own token ids, not GPT-2's)."""
+    if is_sharded_checkpoint(path):
+        raise ValueError(f"{path} is a sharded (FSDP) checkpoint folder; fix: consolidate it into one file first: "
+                         f"python -m lightning.pytorch.utilities.consolidate_checkpoint {path}")
     try:
         config, state = ckpt["hyper_parameters"]["config"], ckpt["state_dict"]
     except (KeyError, TypeError):

@@ -69,6 +69,27 @@ def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
 
 
+def sharded(trainer) -> bool:
+    """Whether each rank holds only a shard of the parameters and gradients (FSDP on several ranks):
+    a norm over them is then the root of the ranks' summed squares."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return trainer.world_size > 1 and isinstance(trainer.strategy, FSDPStrategy)
+
+
+def sum_over_shards(trainer, squares: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`squares` (sums of squares over this rank's shards) summed over the ranks under FSDP, in one
+    all-reduce; as they are otherwise."""
+    if not sharded(trainer):
+        return squares
+    return trainer.strategy.reduce(squares.to(device=device, dtype=torch.float32), reduce_op="sum")
+
+
+def global_norm(trainer, tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """L2 norm of `tensors` over every rank's shard (the whole model's under FSDP), 0-d."""
+    return sum_over_shards(trainer, total_norm(tensors).square(), device).sqrt()
+
+
 def write_scalars(writer, scalars: dict[str, float], step: int) -> None:
     """All `scalars` as one TensorBoard event (one Summary with many values) rather than one event
     each: a logging step then queues one record, not a hundred, on the writer's small queue."""
@@ -204,7 +225,7 @@ class VisitDiagnostics(Callback):
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
         physical = physical_sublayers(self._looped(pl_module))
         num, den = self._probe.alignment_terms(physical)
-        self._grad_side = {"global_norm": total_norm(grads), "num": num, "den": den}
+        self._grad_side = {"global_norm": global_norm(trainer, grads, pl_module.device), "num": num, "den": den}
         self._weights_before = {j: [p.detach().clone() for p in ps.values()] for j, ps in physical.items()}
 
     @torch.no_grad()
@@ -230,12 +251,15 @@ class VisitDiagnostics(Callback):
         for q, value in probe.output_quantities().items():
             named[output_tag(q)] = value
         num, kappa = side["num"], kappas(side["num"], side["den"])
-        for j, params in physical.items():
-            before = self._weights_before[j]
-            delta = total_norm([p.detach() - b for p, b in zip(params.values(), before)])
+        # ‖ΔW‖² and ‖W‖² per sublayer; under FSDP each rank holds a shard of W: summed over the ranks.
+        squares = sum_over_shards(trainer, torch.stack([
+            total_norm(t).square().to(device) for j, params in physical.items() for t in (
+                [p.detach() - b for p, b in zip(params.values(), self._weights_before[j])], self._weights_before[j])
+        ]), device).view(-1, 2)
+        for j, (delta_sq, weight_sq) in zip(physical, squares):
             named[sublayer_tag("kappa", j)] = kappa[j]
             named[sublayer_tag("grad_norm", j)] = num[j].sqrt()
-            named[sublayer_tag("update_ratio", j)] = delta / total_norm(before).clamp_min(1e-30)
+            named[sublayer_tag("update_ratio", j)] = delta_sq.sqrt() / weight_sq.sqrt().clamp_min(1e-30)
         named["grad/global_norm"] = side["global_norm"]
         named["grad/kappa_model"] = kappa["model"]
         if self._outputs_before is not None:

@@ -1,9 +1,9 @@
 """DivergenceGuard: stop a diverging run cleanly, keep its last good checkpoint, write its summary.
 
 A run diverges when, at some step S,
-- the global gradient norm (before clipping) is not finite — checked in `on_before_optimizer_step`,
-  and that step's update is skipped (all gradients set to None), so the weights in memory stay
-  those of step S; or
+- the global gradient norm (before clipping; under FSDP over every rank's shard) is not finite —
+  checked in `on_before_optimizer_step`, and that step's update is skipped (all gradients set to
+  None), so the weights in memory stay those of step S; or
 - the training loss is not finite, or above `max_loss` once S ≥ `after_step` — checked in
   `on_train_batch_end`, after the update.
 
@@ -31,7 +31,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
-from .callback import total_norm
+from .callback import global_norm
 from .summary import SUMMARY_NAME, RunSummary, log_dir
 
 
@@ -110,8 +110,10 @@ class DivergenceGuard(Callback):
         if not self.check_grads or self.diverged or getattr(trainer.precision_plugin, "scaler", None) is not None:
             return
         params = [p for p in pl_module.parameters() if p.grad is not None]
-        norm = total_norm([p.grad for p in params])
-        if not bool(torch.isfinite(norm)):  # one host sync per step; gradients are all-reduced, so ranks agree
+        # Under DDP every rank holds the all-reduced gradients and the ranks agree; under FSDP each holds a
+        # shard, so the norm is reduced over the ranks (one all-reduce), and every rank decides the same.
+        norm = global_norm(trainer, [p.grad for p in params], pl_module.device)
+        if not bool(torch.isfinite(norm)):  # one host sync per step
             self._diverge(trainer, f"non-finite gradient norm ({float(norm)})")
             for p in params:  # skip this update: the optimiser ignores parameters without a gradient
                 p.grad = None
@@ -166,8 +168,10 @@ class DivergenceGuard(Callback):
             return
         try:  # never let the summary replace the exception that ended the run
             path = os.path.join(log_dir(trainer), self.summary_name)
-            if not self._stepped and trainer.ckpt_path is not None and os.path.exists(path):
-                # A resume that failed before its first step: the run's record stays as it was.
+            if not self._stepped and os.path.exists(path):
+                # A resume that failed before its first step (also before Lightning sets trainer.ckpt_path, e.g. the
+                # ranks disagreeing on --ckpt_path last): the run's record stays as it was. The summary is written
+                # only when a fit ends, so one that exists now is an earlier fit's.
                 rank_zero_warn(f"loopnet: the resumed run stopped before its first step ({exception!r}); "
                                f"{path} is kept as it was")
                 return

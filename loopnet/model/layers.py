@@ -3,11 +3,14 @@ sublayer that applies one of the residual schemes at each visit."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import LoopConfig
+from .visits import VisitTrace
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -117,7 +120,7 @@ class Attention(nn.Module):
         self.qkv_proj = QKVLinear(d, b)
         self.o_proj = nn.Linear(d, d, bias=b)
         self.dropout = cfg.dropout
-        # Called with (q, k) when set: on diagnostics steps only (`LoopedTransformer._visit`), since
+        # Called with (q, k) when set: on diagnostics steps only (`Sublayer.observed`), since
         # scaled_dot_product_attention does not expose the logits q·k/√d_h that the probe measures.
         self.qk_hook = None
         self.register_load_state_dict_pre_hook(
@@ -168,6 +171,7 @@ class Sublayer(nn.Module):
         self.norm = make_norm(cfg)
         self.inner_norm = make_norm(cfg) if cfg.sandwich else None
         self.drop = nn.Dropout(cfg.dropout)
+        self.param_names = [name for name, _ in self.named_parameters()]
 
     def forward(self, x, alpha: float, q_src=None, rotary=None):
         norm_in = self.norm if self.pre_norm else self.inner_norm
@@ -182,11 +186,58 @@ class Sublayer(nn.Module):
         stream = alpha * x + branch
         return self.norm(stream), stream, branch
 
+    def observed(self, x, alpha: float, q_src=None, rotary=None) -> VisitTrace:
+        """One visit that reads the weights through its own views (hooking their gradients gives the
+        visit's contribution g_{r,j}), with what an observer sees."""
+        qk = []  # an attention visit's queries and keys, for its logits (SDPA does not return them)
+        if isinstance(self.f, Attention):
+            self.f.qk_hook = lambda q, k: qk.append((q, k))
+        try:
+            with own_views(self, self.param_names) as views:
+                new, stream, branch = self(x, alpha, q_src, rotary)
+        finally:
+            if isinstance(self.f, Attention):
+                self.f.qk_hook = None
+        return VisitTrace(x, alpha, branch, stream, new, views, qk[0] if qk else None)
+
+
+@contextmanager
+def own_views(module: nn.Module, names: list[str]):
+    """`module`'s weights `names` (dotted) replaced by views of themselves while inside, the views
+    yielded by name. Inside an FSDP unit's forward (use_orig_params) a weight is a plain tensor
+    attribute, the gathered parameter's view, that shadows the registered Parameter; that attribute
+    is the one the forward reads and the one replaced here (torch.func.functional_call would replace
+    the shadowed Parameter, and the visit's gradient would not pass through its views)."""
+    swapped, views = [], {}
+    try:
+        for name in names:
+            owner_name, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(owner_name)
+            table = owner.__dict__ if leaf in owner.__dict__ else owner._parameters
+            weight = table[leaf]
+            swapped.append((table, leaf, weight))
+            table[leaf] = views[name] = weight.view_as(weight)
+        yield views
+    finally:
+        for table, leaf, weight in reversed(swapped):
+            table[leaf] = weight
+
 
 class Block(nn.Module):
-    """A physical block: attention sublayer then FFN sublayer."""
+    """A physical block: attention sublayer then FFN sublayer. Its forward is one visit of the block
+    (both sublayers), the unit that FSDP gathers and activation checkpointing recomputes."""
 
     def __init__(self, cfg: LoopConfig):
         super().__init__()
         self.attn = Sublayer(cfg, "attn")
         self.ffn = Sublayer(cfg, "ffn")
+
+    def forward(self, x, alpha: float, q_src=None, rotary=None, observe: bool = False):
+        """x after attention (queries from `q_src` when given: injection) then the FFN. With `observe`,
+        (x, [attn's VisitTrace, ffn's VisitTrace]): the model hands them to its observer as visits."""
+        if not observe:
+            x = self.attn(x, alpha, q_src, rotary)[0]
+            return self.ffn(x, alpha, None, rotary)[0]
+        attn = self.attn.observed(x, alpha, q_src, rotary)
+        ffn = self.ffn.observed(attn.state, alpha, None, rotary)
+        return ffn.state, [attn, ffn]

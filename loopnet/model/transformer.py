@@ -25,13 +25,12 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .config import LoopConfig
-from .layers import Attention, Block, QKVLinear, Rotary, Sublayer, make_norm, unit_rms
+from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
 from .scales import BETA_SCALED
-from .visits import Visit, VisitObserver, VisitTrace
+from .visits import SUBLAYERS, Visit, VisitObserver
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -120,6 +119,9 @@ class LoopedTransformer(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.observer: VisitObserver | None = None
         self._compiled_head = None
+        # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
+        self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
+        self._head_numel = self.lm_head.weight.numel()
         self.reset_parameters()
 
     # ----------------------------------------------------------------------------- init
@@ -168,8 +170,7 @@ class LoopedTransformer(nn.Module):
         (`training=False`) is one forward with one head."""
         cfg = self.config
         R, T = rounds or cfg.n_rounds, seq_len or cfg.seq_len
-        block = sum(p.numel() for p in self.blocks[0].parameters())
-        head = self.lm_head.weight.numel()
+        block, head = self._block_numel, self._head_numel
         per_round = cfg.n_blocks * (2.0 * block + 4.0 * cfg.d_model * T)  # forward of one round
         if not training:
             return R * per_round + 2.0 * head
@@ -214,25 +215,22 @@ class LoopedTransformer(nn.Module):
     def attach_observer(self, observer: VisitObserver | None) -> None:
         """Let `observer.on_visit(visit, trace)` see every visit of the next forward passes.
         While attached, each visit reads its weights through its own views (per-visit gradients)
-        and activation checkpointing is bypassed so hooks see one forward; an attention visit's trace
-        carries its queries and keys (`VisitTrace.qk`). An observer with an ``on_logits(round, logits)``
-        method also sees the logits of every head evaluation. None detaches."""
+        and `checkpoint_rounds` is bypassed so hooks see one forward. A block checkpointed as a whole
+        (Lightning's activation_checkpointing_policy) runs its forward again in the backward, but the
+        observer sees the first only: the model hands it the traces the block returns. An attention
+        visit's trace carries its queries and keys (`VisitTrace.qk`). An observer with an
+        ``on_logits(round, logits)`` method also sees the logits of every head evaluation. None detaches."""
         self.observer = observer
 
-    def _visit(self, visit: Visit, sub: Sublayer, x, q_src):
+    def _block(self, r: int, k: int, block: Block, x, q_src):
+        """Block k's visits of round r: one call of the block (FSDP's unit, checkpointed as one), whose
+        two sublayer visits the observer, when attached, then sees in order."""
         if self.observer is None:
-            return sub(x, self.alpha, q_src, self.rotary)[0]
-        views = {name: p.view_as(p) for name, p in sub.named_parameters()}
-        qk = []  # an attention visit's queries and keys, for its logits (SDPA does not return them)
-        if isinstance(sub.f, Attention):
-            sub.f.qk_hook = lambda q, k: qk.append((q, k))
-        try:
-            new, stream, branch = functional_call(sub, views, (x, self.alpha, q_src, self.rotary))
-        finally:
-            if isinstance(sub.f, Attention):
-                sub.f.qk_hook = None
-        self.observer.on_visit(visit, VisitTrace(x, self.alpha, branch, stream, new, views, qk[0] if qk else None))
-        return new
+            return block(x, self.alpha, q_src, self.rotary)
+        x, traces = block(x, self.alpha, q_src, self.rotary, observe=True)
+        for sublayer, trace in zip(SUBLAYERS, traces):
+            self.observer.on_visit(Visit(r, k, sublayer), trace)
+        return x
 
     # ----------------------------------------------------------------------------- forward
     def _round(self, r: int, x, h):
@@ -248,8 +246,7 @@ class LoopedTransformer(nn.Module):
                     q_src = h
                 elif every:  # FLT_res; LT_i injected at the round's start (`_round_start`)
                     x = unit_rms(x + h)
-            x = self._visit(Visit(r, k, "attn"), block.attn, x, q_src)
-            x = self._visit(Visit(r, k, "ffn"), block.ffn, x, None)
+            x = self._block(r, k, block, x, q_src)
         return x
 
     def _round_start(self, r: int, e, x0, x, h):

@@ -39,6 +39,7 @@ from loopnet.training.callbacks import AtomicCheckpointIO
 from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.module import LoopedLM
+from loopnet.training.shared_folder import ResumeOnEveryRank, absolute
 
 
 class _NoAdvert(logging.Filter):
@@ -275,10 +276,10 @@ class LoopnetCLI(LightningCLI):
                              f"or 'last'")
         if not path or path in ("last", "best", "hpc"):
             return
-        if Path(path).is_dir():
+        if Path(path).is_dir() and not checkpoints.is_sharded_checkpoint(path):
             raise ValueError(f"--ckpt_path {path} is a folder; fix: give a .ckpt file in it, e.g. "
                              f"{Path(path) / 'last.ckpt'}")
-        if not Path(path).is_file():
+        if not Path(path).is_file() and not checkpoints.is_sharded_checkpoint(path):
             raise FileNotFoundError(f"--ckpt_path {path} does not exist; give a .ckpt file (e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
         self._check_checkpoint(path, cfg, sub)
 
@@ -302,6 +303,8 @@ class LoopnetCLI(LightningCLI):
         from loopnet.training.failed_start import existing_log_folders, remove_failed_start
 
         existed = existing_log_folders(self.trainer)
+        if getattr(self, "_resume_last", None) is not None:  # --ckpt_path last: every rank resumes, or none
+            self.trainer.callbacks.insert(0, ResumeOnEveryRank(*self._resume_last))  # its setup first
         try:
             self.trainer.fit(**kwargs)
         except Exception as err:
@@ -371,14 +374,23 @@ class LoopnetCLI(LightningCLI):
                 logger.init_args.name = run_name(cfg.model.config)
         if isinstance(logger, Namespace) and logger.init_args.get("save_dir") is not None:
             check_writable(logger.init_args.save_dir, "--trainer.logger.init_args.save_dir")
+            # Absolute: the same run folder on every node (shared filesystem), and so recorded in config.yaml.
+            logger.init_args.save_dir = absolute(logger.init_args.save_dir)
         elif logger is not False and cfg.trainer.get("default_root_dir"):
             check_writable(cfg.trainer.default_root_dir, "--trainer.default_root_dir")
         if self.subcommand == "fit" and cfg.get("checkpoint") and cfg.checkpoint.get("dirpath"):
             check_writable(cfg.checkpoint.dirpath, "--checkpoint.dirpath")
+            cfg.checkpoint.dirpath = absolute(cfg.checkpoint.dirpath)
         if self.subcommand == "fit" and cfg.ckpt_path == "last":
             if isinstance(logger, Namespace):
                 checkpoints.resume_in_last_version(logger.init_args)
             self._check_last_checkpoint(cfg)
+            # What this rank found; the ranks compare once the process group is up (shared_folder.py).
+            folder = checkpoints.pinned_checkpoint_folder(cfg)
+            where = str(folder) if folder is not None else (
+                f"{logger.init_args.save_dir}/{logger.init_args.get('name') or ''}" if isinstance(logger, Namespace)
+                else "the checkpoint folder")
+            self._resume_last = (None if cfg.ckpt_path == "last" else cfg.ckpt_path, where)
         if self.subcommand in EVALUATION and cfg.ckpt_path == "last":
             cfg.ckpt_path = self._newest_run_checkpoint(cfg)
         if self.subcommand in EVALUATION:

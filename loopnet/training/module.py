@@ -321,9 +321,12 @@ class LoopedLM(L.LightningModule):
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def _param_groups(self) -> list[list[tuple[str, torch.nn.Parameter]]]:
-        """AdamW's groups, (name, parameter) in order: ≥ 2-D weights (decayed), then norms and biases."""
+        """AdamW's groups, (name, parameter) in order: the weight matrices (of linear layers and embeddings:
+        decayed), then norms and biases. Told apart by the module that holds them, not by `p.dim()`: under
+        FSDP the optimiser is built on the sharded parameters, each a 1-D slice."""
+        matrices = {id(m.weight) for m in self.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
-        return [[(n, p) for n, p in named if p.dim() >= 2], [(n, p) for n, p in named if p.dim() < 2]]
+        return [[(n, p) for n, p in named if id(p) in matrices], [(n, p) for n, p in named if id(p) not in matrices]]
 
     def configure_optimizers(self):
         o = self.optim

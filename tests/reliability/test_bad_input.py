@@ -159,12 +159,12 @@ def test_evaluation_needs_a_checkpoint(tmp_path, sub):
 def test_evaluation_of_last_takes_the_newest_checkpoint_of_the_run(unchanged):
     res = loopnet("test", *SHORT, "--ckpt_path", "last", cwd=unchanged)
     assert res.code == 0, res.err[-3000:]
-    assert f"loopnet: evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err
+    assert f"loopnet: evaluating {unchanged}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err  # save_dir made absolute
     res = loopnet("test", *SHORT, "--model.config.n_rounds", "3", "--ckpt_path", "last", cwd=unchanged)
-    check(res, "--ckpt_path last: no runs/deeploop_carry_k2_r3_d32_h2_ctx32/version_*/checkpoints/last*.ckpt",
+    check(res, f"--ckpt_path last: no {unchanged}/runs/deeploop_carry_k2_r3_d32_h2_ctx32/version_*/checkpoints/last*.ckpt",
           "fix: give the .ckpt file with --ckpt_path")
     res = loopnet("test", *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=unchanged)
-    assert res.code == 0 and f"evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
+    assert res.code == 0 and f"evaluating {unchanged}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
     res = loopnet("test", *SHORT, "--ckpt_path", "best", cwd=unchanged)
     check(res, "--ckpt_path best names a checkpoint of a fit in this process", "fix: give the .ckpt file")
 
@@ -238,13 +238,13 @@ def test_last_is_refused_when_several_versions_hold_checkpoints(prior, tmp_path,
     shutil.copytree(run / "version_0", run / "version_9")  # a later fit of the same run name
     before = snapshot(tmp_path)
     res = loopnet(sub, *SHORT, "--ckpt_path", "last", cwd=tmp_path)
-    check(res, f"--ckpt_path last is ambiguous: 2 versions of runs/{RUN} hold a last*.ckpt: "
+    check(res, f"--ckpt_path last is ambiguous: 2 versions of {tmp_path}/runs/{RUN} hold a last*.ckpt: "
           "version_0 (completed at step 2), version_9 (completed at step 2)",
           "fix: pick one with --trainer.logger.init_args.version N (e.g. 9), or give the .ckpt file")
     assert snapshot(tmp_path) == before
     if sub == "test":
         res = loopnet(sub, *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=tmp_path)
-        assert res.code == 0 and f"evaluating runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
+        assert res.code == 0 and f"evaluating {tmp_path}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
 
 
 def test_option_prefix_is_not_taken_for_the_option(tmp_path):

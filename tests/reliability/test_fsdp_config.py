@@ -1,6 +1,6 @@
-"""The FSDP configuration documented in the README (multi-GPU, multi-node) parses with the real CLI
-and builds the documented strategy: FULL_SHARD, one FSDP unit and one activation checkpoint per
-Block. It cannot run here (FSDP needs GPUs)."""
+"""The FSDP configuration: configs/fsdp.yaml, which the README shows verbatim and tests/reliability/test_fsdp.py
+runs (on CPU), parses with the real CLI and builds the documented strategy: SHARD_GRAD_OP, one FSDP unit and
+one activation checkpoint per Block, sharded checkpoints."""
 
 import re
 from typing import Union
@@ -13,19 +13,19 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from loopnet.model.layers import Block
 
+from .fsdp_cpu import FSDP_YAML
 from .helpers import ROOT, loopnet
 
 
-def readme_fsdp_yaml() -> str:
+def test_the_readme_shows_configs_fsdp_yaml():
     readme = (ROOT / "README.md").read_text()
     (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "FSDPStrategy" in b]
-    return block
+    assert block == FSDP_YAML.read_text()
 
 
-def test_readme_fsdp_config_parses_and_builds_the_strategy(tmp_path):
-    (tmp_path / "fsdp.yaml").write_text(readme_fsdp_yaml())
-    res = loopnet("fit", "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", "fsdp.yaml", "--print_config",
-                  cwd=tmp_path)
+def test_fsdp_config_parses_and_builds_the_strategy(tmp_path):
+    res = loopnet("fit", "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(FSDP_YAML),
+                  "--print_config", cwd=tmp_path)
     assert res.code == 0, res.err[-3000:]
     trainer = yaml.safe_load(res.out)["trainer"]
     assert trainer["devices"] == 8 and trainer["num_nodes"] == 2
@@ -34,6 +34,7 @@ def test_readme_fsdp_config_parses_and_builds_the_strategy(tmp_path):
     parser.add_argument("--strategy", type=Union[str, Strategy])
     strategy = parser.instantiate(parser.parse_object({"strategy": trainer["strategy"]})).strategy
     assert isinstance(strategy, FSDPStrategy)
-    assert strategy.sharding_strategy == ShardingStrategy.FULL_SHARD
+    assert strategy.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
+    assert strategy._state_dict_type == "sharded"
     for policy in (strategy.kwargs["auto_wrap_policy"], strategy._activation_checkpointing_kwargs["auto_wrap_policy"]):
         assert isinstance(policy, ModuleWrapPolicy) and policy._module_classes == {Block}

@@ -40,8 +40,8 @@ def finished(tmp_path_factory):
 def test_a_fit_says_where_its_run_went(finished):
     """Issue 16, item 7: fits never printed where the run folder, checkpoints and summary went."""
     lines = (finished / "fit.err").read_text().splitlines()
-    folder = f"runs/{RUN}/version_0"
-    assert f"loopnet: run folder: {folder} (curves: tensorboard --logdir runs)" in lines
+    folder = f"{finished}/runs/{RUN}/version_0"  # save_dir is made absolute: the same path on every node
+    assert f"loopnet: run folder: {folder} (curves: tensorboard --logdir {finished}/runs)" in lines
     assert f"loopnet: checkpoints: last {folder}/checkpoints/last.ckpt, best {folder}/checkpoints/best-step000002.ckpt" \
         in lines
     assert f"loopnet: summary: {folder}/summary.json" in lines
@@ -72,7 +72,7 @@ def test_a_fit_pinned_to_a_finished_run_is_refused(run):
     before = snapshot(run)
     res = loopnet("fit", *SHORT, "--trainer.logger.init_args.version", "0", cwd=run)
     assert res.code == 2, res.err[-3000:]
-    assert res.last_err_line.startswith(f"loopnet: error: runs/{RUN}/version_0 already holds a run "
+    assert res.last_err_line.startswith(f"loopnet: error: {run}/runs/{RUN}/version_0 already holds a run "
                                         "(config.yaml, summary.json, checkpoints)"), res.err[-3000:]
     assert "fix: resume it with --ckpt_path last" in res.last_err_line
     assert snapshot(run) == before
@@ -98,7 +98,7 @@ def test_predict_prints_and_saves_the_text(run):
     saved = run / "runs" / RUN / "version_0" / "predict" / "predictions.txt"
     text = saved.read_text().rstrip("\n")
     assert text.startswith("To be") and res.out.splitlines()[-1] == text.splitlines()[-1]
-    assert f"loopnet: saved the generated text to runs/{RUN}/version_0/predict/predictions.txt" in res.err
+    assert f"loopnet: saved the generated text to {run}/runs/{RUN}/version_0/predict/predictions.txt" in res.err
 
 
 def test_a_fit_failing_in_its_first_step_leaves_no_empty_run_folder(run):
