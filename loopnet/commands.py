@@ -64,9 +64,9 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def main(args: list[str] | None = None, trainer=None) -> None:
-    """`trainer`: the Trainer subcommands' entry point, when the caller already holds it
-    (`python -m loopnet.training.cli`)."""
+def main(args: list[str] | None = None) -> None:
+    """Dispatch: a tool by name, else the Trainer subcommands (`loopnet.training.cli`, imported only
+    then; it never imports this module back)."""
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in TOOLS:
         return TOOLS[argv[0]][0](argv[1:])
@@ -79,6 +79,6 @@ def main(args: list[str] | None = None, trainer=None) -> None:
         print(usage(), file=sys.stderr)
         fail("loopnet", "no command given; fix: give one of the commands above, e.g. "
              "`loopnet fit --config configs/deeploop_r6.yaml`")
-    if trainer is None:
-        from loopnet.training.cli import main as trainer
+    from loopnet.training.cli import main as trainer
+
     trainer(args)  # None: LightningCLI reads sys.argv itself

@@ -160,9 +160,9 @@ def summarise(rows: list[dict], schemes: list[str], rounds: list[int], n_blocks:
 
 
 def plot(summary: dict, rounds: list[int], quantity: str, path: Path) -> None:
-    from loopnet.study.report import _pyplot, _save
+    from .plotting import pyplot, save
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(summary), figsize=(3.6 * len(summary), 3.6), sharey=True, squeeze=False)
     for ax, (s, res) in zip(axes[0], summary.items()):
         rs = sorted(res["per_r"])
@@ -186,7 +186,7 @@ def plot(summary: dict, rounds: list[int], quantity: str, path: Path) -> None:
         ax.set_title(s)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel(f"{quantity.replace('_', ' ')} after one step")
-    _save(plt, fig, path)
+    save(plt, fig, path)
 
 
 def markdown(summary: dict, rounds: list[int], meta: dict) -> str:
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from loopnet.study.report import git_commit
+    from .provenance import git_commit
 
     base, optim, data, clip = resolve(config_args)
     data.setup("fit")
