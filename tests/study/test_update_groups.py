@@ -53,6 +53,17 @@ def test_norm_affine_false_has_no_norm_gains_and_default_is_unchanged():
     assert got["norm"] == 0.0 and got["VOfc"] > 0
 
 
+def test_checkpoints_from_before_norm_affine_still_load():
+    from dataclasses import asdict
+
+    from loopnet.checkpoints import check_checkpoint_config
+
+    old = {k: v for k, v in asdict(LoopConfig()).items() if k != "norm_affine"}  # written before the field existed
+    check_checkpoint_config(old, asdict(LoopConfig()))
+    with pytest.raises(ValueError, match="norm_affine: checkpoint True vs config False"):
+        check_checkpoint_config(old, asdict(LoopConfig(norm_affine=False)))
+
+
 def _ratio(kind, rounds, lr):
     changes = {}
     for scheme in ("deepnorm", "deeploop"):
