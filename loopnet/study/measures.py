@@ -143,3 +143,39 @@ def first_round_gradient_ratio(visit_stats: list[dict], rounds: int) -> float | 
             if v.round == 1 and last and last["param_grad_norm"]:
                 ratios.append(q["param_grad_norm"] / last["param_grad_norm"])
     return geomean(ratios) if ratios else None
+
+
+# ---------------------------------------------------------------------------------------- exponent
+def logistic_fit(xs: list[float], ys: list[bool], iterations: int = 50) -> dict | None:
+    """Maximum-likelihood logistic regression P(y) = 1 / (1 + exp(−(a + b·x))) by Newton's method:
+    {a, b, se_b (Wald: √ of the inverse Fisher information's b entry), x50 = −a/b (P = ½)}. None when
+    the fit has no finite maximum: every y equal, or the x's separate the y's completely (then the
+    slope's sign is all the data says)."""
+    n = len(xs)
+    if n < 2 or len(set(ys)) < 2 or len(set(xs)) < 2:
+        return None
+    lo1 = max((x for x, y in zip(xs, ys) if y), default=None)
+    hi0 = min((x for x, y in zip(xs, ys) if not y), default=None)
+    lo0, hi1 = max(x for x, y in zip(xs, ys) if not y), min(x for x, y in zip(xs, ys) if y)
+    if lo1 <= hi0 or lo0 <= hi1:  # every success at or below every failure (or the reverse): separated
+        return None
+    a = b = 0.0
+    for _ in range(iterations):
+        ps = [1 / (1 + math.exp(-(a + b * x))) for x in xs]
+        ga = sum(y - p for y, p in zip(ys, ps))
+        gb = sum((y - p) * x for x, y, p in zip(xs, ys, ps))
+        w = [p * (1 - p) for p in ps]
+        haa, hab, hbb = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
+        det = haa * hbb - hab * hab
+        if det <= 0:
+            return None
+        da, db = (hbb * ga - hab * gb) / det, (haa * gb - hab * ga) / det
+        a, b = a + da, b + db
+        if abs(da) < 1e-12 and abs(db) < 1e-12:
+            break
+    ps = [1 / (1 + math.exp(-(a + b * x))) for x in xs]
+    w = [p * (1 - p) for p in ps]
+    haa, hab, hbb = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
+    det = haa * hbb - hab * hab
+    return {"a": a, "b": b, "se_b": math.sqrt(haa / det) if det > 0 else math.inf,
+            "x50": -a / b if b else math.nan}

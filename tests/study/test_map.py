@@ -152,3 +152,80 @@ def test_map_decisive_readings_and_plots(map_report):
     for name in ("map_loss_vs_lr.png", "map_heatmap.png", "map_best_lr_vs_R.png"):
         assert (map_report / name).stat().st_size > 5000 and f"]({name})" in md
     assert "LR sensitivity** = mean over the grid" in md  # the definitions are written out
+
+
+def test_logistic_fit_solves_the_score_equations_and_refuses_separated_data():
+    xs = [0.25, 0.25, 0.35, 0.35, 0.45, 0.45, 0.55, 0.55]
+    ys = [False, False, True, False, False, True, True, True]
+    fit = measures.logistic_fit(xs, ys)
+    ps = [1 / (1 + math.exp(-(fit["a"] + fit["b"] * x))) for x in xs]
+    assert sum(y - p for y, p in zip(ys, ps)) == pytest.approx(0, abs=1e-9)  # the MLE's score equations
+    assert sum((y - p) * x for x, y, p in zip(xs, ys, ps)) == pytest.approx(0, abs=1e-9)
+    assert fit["b"] > 0 and fit["x50"] == pytest.approx(-fit["a"] / fit["b"])
+    # Wald SE from the Fisher information at the fit
+    w = [p * (1 - p) for p in ps]
+    i_aa, i_ab, i_bb = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
+    assert fit["se_b"] == pytest.approx(math.sqrt(i_aa / (i_aa * i_bb - i_ab ** 2)))
+    assert measures.logistic_fit([0.25, 0.35, 0.45], [False, True, True]) is None  # separated
+    assert measures.logistic_fit([0.25, 0.35, 0.35], [False, False, True]) is None  # quasi-separated
+    assert measures.logistic_fit([0.25, 0.35], [True, True]) is None
+
+
+def test_followup_sweeps_follow_their_rules(map_report, tmp_path):
+    from loopnet.study import followup
+    from loopnet.study.grid import expand, load_sweep
+
+    sweep = map_report.parent / "sw"
+    followup.main(["boundary", str(sweep), "--plateau", str(PLATEAU), "--out", str(tmp_path / "boundary.yaml")])
+    cells = expand(load_sweep(tmp_path / "boundary.yaml"))
+    rates = {s: sorted({c.params["model.optim.lr"] for c in cells if c.params["model.config.residual"] == s})
+             for s in ("deepnorm", "deeploop")}
+    # R = 6 (the largest): DeepNorm trains on every seed up to 1e-3, DeepLoop up to 4e-3
+    assert rates["deepnorm"] == [7.07e-4, 1e-3, 1.41e-3, 2e-3] and rates["deeploop"] == [2.83e-3, 4e-3, 5.66e-3, 8e-3]
+    assert len(cells) == 24 and {c.params["model.config.n_rounds"] for c in cells} == {6}
+    assert "deepnorm at R = 6: seeds that train per rate 0.001: 2/2, 0.002: 1/2, 0.004: 0/2, 0.008: 0/2" in (
+        tmp_path / "boundary.yaml").read_text()
+    followup.main(["exponent", str(sweep), "--plateau", str(PLATEAU), "--out", str(tmp_path / "exponent.yaml")])
+    cells = expand(load_sweep(tmp_path / "exponent.yaml"))
+    assert len(cells) == 40  # 4 p x 2 rates x 5 seeds
+    assert sorted({c.params["model.optim.lr"] for c in cells}) == [2e-3, 4e-3]  # DeepNorm 1/2 trains at 2e-3
+
+
+def test_a_subset_run_keeps_every_cell_in_the_manifest(tmp_path, monkeypatch):
+    import yaml
+
+    import loopnet.study.sweep as sweep_mod
+    from tests.study.test_sweep_report import FakeFit
+
+    monkeypatch.setattr(sweep_mod, "spawn", FakeFit)
+    (tmp_path / "b.yaml").write_text("{}\n")
+    spec = {"base": [str(tmp_path / "b.yaml")], "grid": {"model.config.residual": ["deepnorm", "preln"]},
+            "out": str(tmp_path / "sw")}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.setattr("loopnet.study.sweep.check_cells", lambda sweep, cells: None)
+    assert sweep_mod.run([str(tmp_path / "s.yaml"), "--only", "deep*"], echo=lambda _: None) == 0
+    manifest = json.loads((tmp_path / "sw" / MANIFEST).read_text())
+    assert [c["id"] for c in manifest["cells"]] == ["deepnorm", "preln"]
+    assert (tmp_path / "sw" / "deepnorm" / "summary.json").is_file() and not (tmp_path / "sw" / "preln").exists()
+
+
+def test_exponent_table_counts_training_seeds_and_fits_p(tmp_path):
+    from loopnet.diagnostics import write_summary
+
+    sweep, cells = tmp_path / "sw", []
+    outcome = {0.25: [5.0, 5.6, 5.6, 5.6], 0.35: [5.0, 5.0, 5.6, 5.6], 0.45: [5.0, 5.0, 5.0, 5.6], 0.55: [5.0] * 4}
+    for p, losses in outcome.items():
+        for seed, loss in enumerate(losses, start=1):
+            summary = _summary("scaled", 6, 2e-3, loss)
+            summary["config"]["p"] = p
+            cid = f"p{p}-s{seed}"
+            write_summary(sweep / cid / "summary.json", summary)
+            cells.append({"id": cid, "params": {"model.config.p": p, "seed_everything": seed, "model.optim.lr": 2e-3}})
+    (sweep / MANIFEST).write_text(json.dumps({"cells": cells, "out": str(sweep)}))
+    report_mod.main([str(sweep), "--out", str(tmp_path / "rep"), "--plateau", str(PLATEAU)])
+    md = (tmp_path / "rep" / "report.md").read_text()
+    row = next(line for line in md.split("## Exponent sweep: training vs p", 1)[1].splitlines() if line.startswith("| 6 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:6] == ["6", "0.002", "1/4", "2/4", "3/4", "4/4"]
+    fit = measures.logistic_fit([p for p in outcome for _ in range(4)], [l < PLATEAU - 0.1 for ls in outcome.values() for l in ls])
+    assert cells[6] == f"{fit['b']:.1f} ± {fit['se_b']:.1f}" and cells[7] == f"{fit['x50']:.2f}"

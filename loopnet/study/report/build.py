@@ -18,7 +18,7 @@ from ..sweep import MANIFEST
 from .curves import plot_kappa_curves, plot_loss_curves, plot_window
 from .depth import plot_kappa_vs_r, plot_per_visit, plot_val_vs_r
 from . import map as stability_map
-from .exponent import plot_exponent
+from .exponent import exponent_table, plot_exponent
 from .runs import CURVES, final_state_tag, load_runs, read_curves, sweep_plateau
 from .tables import Group, group_runs, runs_table, wide_table, write_csv
 
@@ -137,6 +137,9 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
         "dominates rather than orthogonal visits.", "",
         wide_table(methods, rounds, groups, lambda g: "—" if g.first_last_grad() is None else f"{g.first_last_grad():.1e}"), "",
     ]
+    exponent = exponent_table(runs, plateau)
+    if exponent:
+        md += ["## Exponent sweep: training vs p", "", exponent, ""]
     if stability_map.is_map(runs):
         md += stability_map.section(runs, plateau, out)[0]
     md += ["## Plots", ""]

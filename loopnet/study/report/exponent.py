@@ -37,3 +37,34 @@ def plot_exponent(runs: list[Run], path) -> bool:
     return True
 
 
+
+
+def exponent_table(runs: list[Run], plateau: float | None) -> str | None:
+    """For sweeps of p: per (R, lr), the seeds that train (`measures.trains`: completed, final val loss
+    below plateau − 0.1 nat) at each p, and the logistic fit of training on p (slope b ± its Wald
+    standard error, p at which half train). None without scaled runs or a plateau."""
+    from ..measures import TRAIN_MARGIN, logistic_fit, trains
+
+    scaled = [r for r in runs if r.scheme == "scaled" and r.p is not None and r.finished]
+    if not scaled or plateau is None:
+        return None
+    ps = sorted({r.p for r in scaled})
+    cells = sorted({(r.rounds, r.lr) for r in scaled}, key=lambda c: (c[0], c[1] or 0))
+    lines = [f"Seeds that train (completed, final validation loss below the plateau − {TRAIN_MARGIN} nat) out of the "
+             "finished seeds, per exponent p; logistic fit of P(train) = σ(a + b·p) by maximum likelihood (b ± its "
+             "Wald standard error; p½ = −a/b). \"separated\": every seed that trains is on one side of every seed "
+             "that does not, so the fit has no finite maximum and only the sign of the trend is known.", "",
+             "| R | lr | " + " | ".join(f"p = {p:g}" for p in ps) + " | slope b | p½ |",
+             "|---:|---:|" + "---:|" * len(ps) + "---:|---:|"]
+    for rounds, lr in cells:
+        sel = [r for r in scaled if r.rounds == rounds and r.lr == lr]
+        ok = {r.id: trains(r.status, r.value("final_val_loss"), plateau) for r in sel}
+        counts = [f"{sum(ok[r.id] for r in sel if r.p == p)}/{sum(r.p == p for r in sel)}" for p in ps]
+        fit = logistic_fit([r.p for r in sel], [ok[r.id] for r in sel])
+        if fit is None:
+            slope = "separated" if len(set(ok.values())) > 1 else "—"
+            p50 = "—"
+        else:
+            slope, p50 = f"{fit['b']:.1f} ± {fit['se_b']:.1f}", f"{fit['x50']:.2f}"
+        lines.append(f"| {rounds} | {'—' if lr is None else f'{lr:.3g}'} | " + " | ".join(counts) + f" | {slope} | {p50} |")
+    return "\n".join(lines)
