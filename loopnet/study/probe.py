@@ -329,6 +329,8 @@ def run_groups(args, argv, out: Path, notes, base, optim, batch, clip) -> None:
     """`--groups`: every starting point (fresh models, checkpoints) x optimiser, split by group."""
     import torch
 
+    from loopnet.model.scales import scheme_label
+
     from . import update_groups as ug
     from .provenance import git_commit
 
@@ -338,19 +340,20 @@ def run_groups(args, argv, out: Path, notes, base, optim, batch, clip) -> None:
     if args.checkpoints:
         configs = {}
         for path in args.checkpoints:
-            lm, state, step, scheme = ug.from_checkpoint(path)
-            starts.append((f"{scheme}@step{step}", lm.config.n_rounds, path, lambda lm=lm: lm, state))
-            configs[(scheme, lm.config.n_rounds)] = lm.config
+            lm, state, step, name = ug.from_checkpoint(path)
+            starts.append((f"{name}@step{step}", lm.config.n_rounds, path, lambda lm=lm: lm, state))
+            configs[(name, lm.config.n_rounds)] = lm.config
         if args.with_init:
-            for (scheme, rounds), cfg in configs.items():
+            for (name, rounds), cfg in configs.items():
+                scheme = scheme_label(cfg.residual, cfg.p)
                 for seed in args.seeds:
-                    starts.append((f"{scheme}@step0", rounds, seed,
+                    starts.append((f"{name}@step0", rounds, seed,
                                    lambda c=cfg, sc=scheme, r=rounds, sd=seed: ug.fresh_model(c, optim, sc, r, sd), None))
     else:
         for scheme in args.schemes:
             for rounds in sorted(set(args.rounds)):
                 for seed in args.seeds:
-                    starts.append((scheme, rounds, seed,
+                    starts.append((ug.label(scheme, base), rounds, seed,
                                    lambda sc=scheme, r=rounds, sd=seed: ug.fresh_model(base, optim, sc, r, sd), None))
     start, rows = time.perf_counter(), []
     for label, rounds, seed, make, state in starts:

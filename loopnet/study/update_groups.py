@@ -157,8 +157,13 @@ def fresh_model(base, optim, scheme: str, rounds: int, seed: int):
     return LoopedLM(config=cfg, optim=replace(optim, warmup_steps=0, decay_steps=10**9))
 
 
+def label(scheme: str, config) -> str:
+    """A starting point's name in the tables: the scheme, marked when its Norms have no gains."""
+    return scheme + ("" if config.norm_affine else "-nogain")
+
+
 def from_checkpoint(path: str):
-    """(LoopedLM with a checkpoint's weights, its AdamW state or None, its step, its scheme name)."""
+    """(LoopedLM with a checkpoint's weights, its AdamW state or None, its step, its label)."""
     import torch
 
     from loopnet.model import LoopConfig
@@ -176,7 +181,7 @@ def from_checkpoint(path: str):
     lm = LoopedLM(config=config, optim=replace(optim, warmup_steps=0, decay_steps=10**9))
     lm.load_state_dict(ckpt["state_dict"])
     states = ckpt.get("optimizer_states") or [None]
-    return lm, states[0], int(ckpt.get("global_step", 0)), scheme_label(config.residual, config.p)
+    return lm, states[0], int(ckpt.get("global_step", 0)), label(scheme_label(config.residual, config.p), config)
 
 
 # ---------------------------------------------------------------------------------------- summary
