@@ -229,3 +229,20 @@ def test_exponent_table_counts_training_seeds_and_fits_p(tmp_path):
     assert cells[:6] == ["6", "0.002", "1/4", "2/4", "3/4", "4/4"]
     fit = measures.logistic_fit([p for p in outcome for _ in range(4)], [l < PLATEAU - 0.1 for ls in outcome.values() for l in ls])
     assert cells[6] == f"{fit['b']:.1f} ± {fit['se_b']:.1f}" and cells[7] == f"{fit['x50']:.2f}"
+
+
+def test_auto_plateau_is_computed_from_a_cells_config_in_its_own_ids(tmp_path):
+    """`--plateau auto` (the default) reads the first cell's config.yaml: here the byte-level proxy's data."""
+    import yaml
+
+    from loopnet.study.report.runs import Run, sweep_plateau
+    from loopnet.study.unigram import run_plateau
+
+    config = {"data": {"source": "shakespeare", "vocab": "bytes", "batch_size": 4},
+              "model": {"config": {"seq_len": 64}}, "trainer": {"limit_val_batches": 2}}
+    (tmp_path / "c1").mkdir()
+    (tmp_path / "c1" / "config.yaml").write_text(yaml.safe_dump(config))
+    value, how = sweep_plateau([Run("c1", {}, None)], tmp_path, tmp_path / "rep")
+    assert value == run_plateau(config)[0] and "validation target tokens" in how
+    assert 2.5 < value < math.log(257)  # nats per byte, not per GPT-2 token
+    assert json.loads((tmp_path / "rep" / "plateau.json").read_text())["plateau"] == value  # cached

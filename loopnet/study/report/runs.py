@@ -130,7 +130,7 @@ def read_curves(run_dir: Path, tags=CURVES) -> dict[str, list[tuple[int, float]]
 def sweep_plateau(runs: list[Run], sweep_dir: Path, cache_dir: Path) -> tuple[float, str]:
     """The unigram plateau of the sweep's validation loss (`loopnet.study.unigram.run_plateau`),
     from the first cell's resolved config; computed once and cached in `cache_dir`."""
-    from .unigram import run_plateau
+    from ..unigram import run_plateau
 
     config = None
     for run in runs:
