@@ -18,7 +18,11 @@ checkpoint. Writes into `--out` (default ``<sweep>/report``):
     kappa_curves.png        κ̂ at every diagnostics step, one panel per R > 1
     window.png              (runs with diagnostics at >= 8 steps) the FLT paper's window: end-of-loop
                             state norm, first FFN's gradient and update size over the steps
-    exponent.png            (sweeps of the exponent p) escape fraction and loss vs p
+    exponent.png            (sweeps of the exponent p) escape fraction and loss vs p; report.md adds
+                            the seeds that train per p and a logistic fit of training on p
+    map_loss_vs_lr.png      (`model.optim.lr` a grid axis: the stability map) loss vs lr per method,
+    map_heatmap.png         one curve per R; the largest trainable lr and LR sensitivity, method x R;
+    map_best_lr_vs_R.png    best and largest trainable lr vs R; report.md adds their tables
 
 A *method* is the residual scheme and the wiring (``deeploop-carry``, ``preln-flt``, ``p0.4-carry`` for
 `scaled` with p = 0.4), plus any other grid key the sweep varies except R and the seed. A run
