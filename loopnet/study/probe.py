@@ -387,7 +387,7 @@ def run_groups(args, argv, out: Path, notes, base, optim, batch, clip) -> None:
                                                                    "![output change per group](groups.png)\n\n"
                                                                    "## How this was produced", 1))
     for r in ug.ratio_rows(ug.summarise(rows)):
-        print(f"DeepNorm/DeepLoop {r['optimizer']:>5} {r['suffix'].lstrip('@') or 'init':>7} R={r['rounds']:<3} "
+        print(f"DeepNorm/DeepLoop {r['optimizer']:>5} {ug.where(r['suffix']):>14} R={r['rounds']:<3} "
               f"theory {r['theory']:.1f} ({'4N' if r['optimizer'] == 'sgd' else '2√N'}): "
               + ", ".join(f"{g} {r[g]:.3g}" for g in (*ug.GROUPS, "all")), flush=True)
     print(f"loopnet probe: {len(rows)} measurements in {seconds:.0f} s -> {out}/report.md")

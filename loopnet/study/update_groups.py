@@ -223,6 +223,12 @@ def ratio_rows(summary: dict) -> list[dict]:
     return sorted(out, key=lambda r: (r["optimizer"], r["suffix"], r["rounds"]))
 
 
+def where(suffix: str) -> str:
+    """A ratio row's starting point from its label suffix: ``init``, ``step100``, ``nogain init``."""
+    variant, _, step = suffix.partition("@")
+    return " ".join(p for p in (variant.lstrip("-"), step or "init") if p)
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     summary = summarise(rows)
     lines = [f"# {meta['title']}", ""]
@@ -259,7 +265,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
                   "|---|---|---:|---:|---:|" + "---:|" * (len(GROUPS) + 1)]
         for r in ratios:
             theory = f"{r['theory']:.1f} ({'4N' if r['optimizer'] == 'sgd' else '2√N'})"
-            lines.append(f"| {r['optimizer']} | {r['suffix'].lstrip('@') or 'init'} | {r['rounds']} | {r['N']} | "
+            lines.append(f"| {r['optimizer']} | {where(r['suffix'])} | {r['rounds']} | {r['N']} | "
                          f"{theory} | " + " | ".join(f"{r[g]:.3g}" for g in (*GROUPS, "all")) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"

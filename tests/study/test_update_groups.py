@@ -53,6 +53,15 @@ def test_norm_affine_false_has_no_norm_gains_and_default_is_unchanged():
     assert got["norm"] == 0.0 and got["VOfc"] > 0
 
 
+def test_ratio_rows_pair_the_schemes_at_the_same_starting_point():
+    row = {**{g: (1.0, 0.0, 1) for g in (*ug.GROUPS, "all")}, "n_blocks": 2}
+    summary = {("deepnorm-nogain@step100", 6, "sgd"): {**row, "VOfc": (48.0, 0.0, 1)},
+               ("deeploop-nogain@step100", 6, "sgd"): row, ("deeploop", 6, "sgd"): row}
+    (r,) = ug.ratio_rows(summary)
+    assert (r["N"], r["theory"], r["VOfc"], ug.where(r["suffix"])) == (12, 48, 48.0, "nogain step100")
+    assert ug.where("") == "init" and ug.where("@step0") == "step0"
+
+
 def test_checkpoints_from_before_norm_affine_still_load():
     from dataclasses import asdict
 
