@@ -9,7 +9,7 @@ CONFIG ?= configs/deeploop_r6.yaml
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup fit test tensorboard clean device-wheels study
+.PHONY: setup fit test tensorboard clean device-wheels study map map-controls map-smoke
 
 setup: $(STAMP)
 
@@ -43,6 +43,39 @@ study: $(STAMP)
 	$(VENV)/bin/loopnet report runs/sweeps/order_schemes --out $(ORDER)/schemes --title "Order study 2/4: schemes x R" --notes $(ORDER)/schemes/notes.md
 	$(VENV)/bin/loopnet report runs/sweeps/order_exponent --out $(ORDER)/exponent --title "Order study 3/4: exponent sweep" --notes $(ORDER)/exponent/notes.md
 	$(VENV)/bin/loopnet report runs/sweeps/order_flt --out $(ORDER)/flt --title "Order study 4/4: LT vs FLT at 12 loops" --notes $(ORDER)/flt/notes.md
+
+# The stability map (issue 22; docs/results/map/README.md): the grid (DeepNorm, DeepLoop x R x lr x 2 seeds),
+# the boundary refinement and the exponent sweep (their cells chosen from the grid by loopnet.study.followup),
+# the per-group update probe (at init over R, and at steps 0/100/200 of four runs), and the reports.
+# ~2 h on an idle 2-core machine (estimate in the README). Rerunning skips the finished cells.
+MAP := docs/results/map
+MAP_CONFIG := --config configs/deeploop_r6.yaml --config configs/cpu.yaml --config configs/study_map.yaml
+LN := $(VENV)/bin/loopnet
+map: $(STAMP)
+	$(LN) sweep configs/sweeps/map/grid.yaml --jobs 2 --only 'deep*'
+	$(PY) -m loopnet.study.followup boundary runs/sweeps/map_grid --out configs/sweeps/map/boundary.yaml
+	$(LN) sweep configs/sweeps/map/boundary.yaml --jobs 2
+	$(PY) -m loopnet.study.followup exponent runs/sweeps/map_grid runs/sweeps/map_boundary --out configs/sweeps/map/exponent.yaml
+	$(LN) sweep configs/sweeps/map/exponent.yaml --jobs 2
+	$(LN) sweep configs/sweeps/map/probe_runs.yaml --jobs 2
+	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --groups --rounds 2 6 12 --schemes deepnorm deeploop --seeds 1 2 3 --out $(MAP)/probe_init
+	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --model.config.norm_affine false --groups --rounds 2 6 12 --schemes deepnorm deeploop --seeds 1 2 3 --out $(MAP)/probe_init_nogain
+	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --model.optim.lr 2e-3 --groups --checkpoints runs/sweeps/map_probe_runs/*/checkpoints/step*.ckpt --with_init --seeds 1 --out $(MAP)/probe_training
+	$(LN) report runs/sweeps/map_grid --out $(MAP)/grid --title "Stability map 1/3: loss vs learning rate, DeepNorm and DeepLoop x R"
+	$(LN) report runs/sweeps/map_boundary --out $(MAP)/boundary --title "Stability map 2/3: the boundary at the largest R"
+	$(LN) report runs/sweeps/map_exponent --out $(MAP)/exponent --title "Stability map 3/3: training vs the exponent p"
+
+# The map's controls, Post-LN and Pre-LN on the grid (as long again as the grid): then `make map` redraws the report.
+map-controls: $(STAMP)
+	$(LN) sweep configs/sweeps/map/grid.yaml --jobs 2 --only 'postln*' --only 'preln*'
+
+# The map's pipeline end to end on 20-step fits (a few minutes): sweep -> report -> map tables and plots ->
+# follow-up sweep files, all under runs/sweeps/map_smoke (not results).
+map-smoke: $(STAMP)
+	$(LN) sweep configs/sweeps/map/smoke.yaml --jobs 2
+	$(LN) report runs/sweeps/map_smoke --title "Map smoke (20 steps: not results)"
+	$(PY) -m loopnet.study.followup boundary runs/sweeps/map_smoke --out runs/sweeps/map_smoke/boundary.yaml
+	$(PY) -m loopnet.study.followup exponent runs/sweeps/map_smoke --out runs/sweeps/map_smoke/exponent.yaml
 
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006

@@ -63,10 +63,14 @@ def check_checkpoint_config(saved: Any, current: dict) -> None:
     """Raise a clear error when a checkpoint's model config (a dict or a LoopConfig) differs from the current one."""
     if saved is None:
         return
+    from loopnet.model.config import LoopConfig
+
     if dataclasses.is_dataclass(saved):
         saved = dataclasses.asdict(saved)
-    diff = [f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
-            for k, v in current.items() if k not in RUNTIME_FIELDS and saved.get(k) != v]
+    # A field the checkpoint lacks was added after it was written: it trained with that field's default.
+    defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)}
+    diff = [f"{k}: checkpoint {saved.get(k, defaults.get(k))!r} vs config {v!r}"
+            for k, v in current.items() if k not in RUNTIME_FIELDS and saved.get(k, defaults.get(k)) != v]
     if diff:
         raise ValueError(
             "the checkpoint was trained with another model config (" + "; ".join(diff) + "); "

@@ -71,9 +71,9 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def main(args: list[str] | None = None, trainer=None) -> None:
-    """`trainer`: the Trainer subcommands' entry point, when the caller already holds it
-    (`python -m loopnet.training.cli`)."""
+def main(args: list[str] | None = None) -> None:
+    """Dispatch: a tool by name, else the Trainer subcommands (`loopnet.training.cli`, imported only
+    then; it never imports this module back)."""
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in TOOLS:
         return TOOLS[argv[0]][0](argv[1:])
@@ -86,13 +86,13 @@ def main(args: list[str] | None = None, trainer=None) -> None:
         print(usage(), file=sys.stderr)
         fail("loopnet", "no command given; fix: give one of the commands above, e.g. "
              "`loopnet fit --config configs/deeploop_r6.yaml`")
-    if trainer is None:
-        if argv[0] in ("fit", "validate", "test"):  # an unreachable hub said in seconds, not after Lightning's import
-            from loopnet.data.errors import DataConfigError
-            from loopnet.data.preflight import check_hub
-            from loopnet.env import one_line_errors
+    if argv[0] in ("fit", "validate", "test"):  # an unreachable hub said in seconds, not after Lightning's import
+        from loopnet.data.errors import DataConfigError
+        from loopnet.data.preflight import check_hub
+        from loopnet.env import one_line_errors
 
-            with one_line_errors("loopnet", (DataConfigError,)):
-                check_hub(argv)
-        from loopnet.training.cli import main as trainer
+        with one_line_errors("loopnet", (DataConfigError,)):
+            check_hub(argv)
+    from loopnet.training.cli import main as trainer
+
     trainer(args)  # None: LightningCLI reads sys.argv itself

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
+from loopnet.data.bytelevel import N_BYTE_VOCAB, ByteVocab
 from loopnet.data.errors import DataConfigError
 from loopnet.data.parquet import ParquetCorpus
 from loopnet.data.sources import (
@@ -95,7 +96,8 @@ class TokenStreamDataModule(L.LightningDataModule):
             size) and the LM head shrinks with it: the 38 plays use 19,083 of GPT-2's ids, so a
             tiny model's 50k-way head, most of its compute on CPU, becomes 2.6x smaller. Local
             corpora only (`shakespeare`, `files`); the model's vocab_size must be at least
-            `vocab_size` (`loopnet fit` checks before training).
+            `vocab_size` (`loopnet fit` checks before training). `bytes`: UTF-8 bytes, 257 ids
+            (`loopnet.data.bytelevel`; losses in nats per byte), any source.
     """
 
     def __init__(
@@ -114,7 +116,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         val_fraction: float | None = None,
         val_max_tokens: int | None = None,
         shuffle_buffer: int = 1024,
-        vocab: Literal["gpt2", "compact"] = "gpt2",
+        vocab: Literal["gpt2", "compact", "bytes"] = "gpt2",
         cache_dir: str | None = None,
     ):
         super().__init__()
@@ -137,8 +139,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         if source == "files":
             builder_for(resolve_files(path if path is not None else []))  # fail now on a bad path or type
         check_revision(source, path, revision)
-        if vocab not in ("gpt2", "compact"):
-            raise DataConfigError(f"data.vocab={vocab!r} is not known; choose gpt2 or compact")
+        if vocab not in ("gpt2", "compact", "bytes"):
+            raise DataConfigError(f"data.vocab={vocab!r} is not known; choose gpt2, compact or bytes")
         if vocab == "compact" and source == "hub":
             raise DataConfigError("data.vocab: compact reads the whole corpus to find its tokens, so it needs a "
                                   "local corpus; fix: use source shakespeare or files, or vocab: gpt2")
@@ -181,6 +183,8 @@ class TokenStreamDataModule(L.LightningDataModule):
                 print(f"loopnet: warning: {self.partial_note()}", file=sys.stderr)
             if self.vocab == "compact":
                 self._build_compact_vocab()
+            elif self.vocab == "bytes":
+                self._table = ByteVocab()
 
     def _build_compact_vocab(self) -> None:
         """The corpus's own GPT-2 ids (all documents, so held-out tokens have a row too)."""
@@ -202,12 +206,16 @@ class TokenStreamDataModule(L.LightningDataModule):
         """Token ids the batches use: GPT-2's 50257, or the corpus's own count with `vocab: compact`."""
         if self.vocab == "gpt2":
             return N_VOCAB
+        if self.vocab == "bytes":
+            return N_BYTE_VOCAB
         self.setup("fit")
         return len(self.vocab_ids)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` as this module's batches hold them (a token outside a compact
         vocabulary becomes end-of-text)."""
+        if self.vocab == "bytes":
+            return ByteVocab.encode(text)
         ids = gpt2_encoding().encode_ordinary(text)
         if self.vocab == "gpt2":
             return ids
@@ -217,6 +225,8 @@ class TokenStreamDataModule(L.LightningDataModule):
 
     def decode(self, ids: list[int]) -> str:
         """Text of token ids as this module's batches hold them."""
+        if self.vocab == "bytes":
+            return ByteVocab.decode(ids)
         if self.vocab == "compact":
             self.setup("fit")
             ids = self.vocab_ids[np.asarray(ids, dtype=np.int64)].tolist()

@@ -29,6 +29,7 @@ from loopnet.data.errors import DataConfigError
 from loopnet.data.packing import Packer, block_permutation
 from loopnet.data.parquet import ParquetCorpus
 from loopnet.data.sources import ValSelector
+from loopnet.data.bytelevel import ByteVocab
 from loopnet.data.tokenizer import gpt2_encoding
 from loopnet.data.vocab import EOT_ID
 
@@ -47,6 +48,8 @@ def split_strategy(docs: datasets.IterableDataset, parts: int) -> str:
 def encode(text: str, table: np.ndarray | None = None) -> np.ndarray:
     """GPT-2 tokens of one document followed by end-of-text; with `table` (GPT-2 id -> compact id,
     see `TokenStreamDataModule`'s `vocab: compact`) the compact ids."""
+    if isinstance(table, ByteVocab):  # `vocab: bytes`: the document's bytes, no BPE
+        return table.document(text)
     ids = gpt2_encoding().encode_ordinary(text)
     ids.append(EOT_ID)
     ids = np.asarray(ids, dtype=np.int32)

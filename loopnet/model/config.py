@@ -54,6 +54,9 @@ class LoopConfig:
             the stream, so the head and the input pull the shared matrix apart.
         positions: "learned" absolute positions or "rope" rotary embeddings.
         norm: "rmsnorm" (DeepLoop's choice) or "layernorm".
+        norm_affine: The Norms' learned gains (and LayerNorm's bias). False: parameter-free Norms, so
+            that an update changes the output through the matrices and embeddings only (the gains'
+            term of an update, ≈ lr per visit, is the same under every residual scheme: issue 22).
         residual: Residual scheme: "preln", "postln", "deepnorm" (p = 1/4), "deeploop" (p = 1/2),
             or "scaled" with exponent `p`.
         p: Exponent for residual="scaled": α = (2N)^p, β = (8N)^-p.
@@ -92,6 +95,7 @@ class LoopConfig:
     input_norm: bool = False
     positions: Positions = "learned"
     norm: Norm = "rmsnorm"
+    norm_affine: bool = True
     residual: Residual = "deeploop"
     p: Optional[float] = None
     sandwich: bool = False

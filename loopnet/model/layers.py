@@ -59,8 +59,8 @@ class RMSNorm(nn.RMSNorm):
 
 def make_norm(cfg: LoopConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, eps=1e-6)
-    return nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        return RMSNorm(cfg.d_model, eps=1e-6, elementwise_affine=cfg.norm_affine)
+    return nn.LayerNorm(cfg.d_model, bias=cfg.bias, elementwise_affine=cfg.norm_affine)
 
 
 def unit_rms(x: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,9 @@ Keys are the dotted `loopnet fit` options without the leading ``--``. A scalar c
 one-element list. Relative paths (`base`, `out`) are resolved against the current working
 directory, exactly as `loopnet fit --config` resolves them: run sweeps from the repository root.
 
+A cell's `seed_everything` (grid or overrides) also sets `data.seed`, the data order, unless the
+sweep sets `data.seed` itself: seeds then vary the initialisation *and* the batches.
+
 Each cell is one fit, named by its grid values (e.g. ``deeploop-r3-s1``), logging into
 ``<out>/<cell_id>/`` (TensorBoard events, config.yaml, checkpoints/, summary.json).
 """
@@ -160,7 +163,10 @@ def fit_command(sweep: Sweep, cid: str, params: dict[str, Any]) -> list[str]:
     cmd = [*CLI, "fit"]
     for file in sweep.base:
         cmd += ["--config", str(file)]
-    for key, value in {**sweep.overrides, **params}.items():
+    options = {**sweep.overrides, **params}
+    if "seed_everything" in options and "data.seed" not in options:
+        options["data.seed"] = options["seed_everything"]  # a seed varies the data order too, not only the init
+    for key, value in options.items():
         cmd += [f"--{key}", cli_value(value)]
     cmd += [
         "--trainer.logger.init_args.save_dir", str(sweep.out),

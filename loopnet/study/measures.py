@@ -1,5 +1,6 @@
 """The study's definitions, each once: how a method is named, when a run escaped the unigram plateau
-and after how many steps, how much of the gradient reaches the first round. The grid names its cells
+and after how many steps, when it trains and how the stability map summarises a loss-vs-rate curve
+(LR sensitivity, the trainable band), how much of the gradient reaches the first round. The grid names its cells
 with `param_label`, the report its methods and columns with the rest; the scheme's own name
 (`scheme_label`, also `loopnet fit`'s run folders) lives with the schemes in `loopnet.model.scales`.
 Light to import (no plotting)."""
@@ -24,6 +25,7 @@ SHORT = {
     "seed_everything": "s",
     "model.optim.lr": "lr",
 }
+LR_KEY = "model.optim.lr"  # the stability map's axis
 # Grid keys a method label leaves out: the scheme and wiring it starts with, and R and the seed it groups over.
 STANDARD_KEYS = {"model.config.residual", "model.config.wiring", "model.config.p", "model.config.n_rounds",
                  "seed_everything"}
@@ -61,15 +63,64 @@ def escaped(status: str, loss: float | None, plateau: float) -> bool:
     return status == "completed" and loss is not None and loss < plateau
 
 
-def escape_step(train_loss: list[tuple[int, float]], plateau: float) -> int | None:
-    """Steps to escape: the first step at which the training loss, smoothed (EMA 0.9), is below the
-    plateau; None when it never is."""
-    ema = None
-    for step, value in train_loss:
-        ema = value if ema is None else 0.9 * ema + 0.1 * value
-        if ema < plateau:
-            return step
+def escape_step(val_history: list[tuple[int, float]], plateau: float) -> int | None:
+    """Steps to escape: the first step at which the *validation* loss (the summary's `val_history`,
+    measured every `val_check_interval` steps) is below the plateau it is judged against; None when it
+    never is. No smoothing, so no lag: its resolution is the validation interval. (The earlier
+    definition, an EMA 0.9 of the training loss against the validation plateau, mixed two references
+    (training text scores below the held-out play's plateau from the start) and lagged by ~10 logged
+    steps.)"""
+    for step, value in val_history:
+        if value is not None and math.isfinite(value) and value < plateau:
+            return int(step)
     return None
+
+
+# ---------------------------------------------------------------------------------------- the map
+# Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training instabilities"
+# (arXiv 2309.14322): the loss-vs-learning-rate curve, its LR sensitivity and the trainable band.
+TRAIN_MARGIN = 0.1  # nats below the plateau a run must end to count as trained
+
+
+def trains(status: str, loss: float | None, plateau: float, margin: float = TRAIN_MARGIN) -> bool:
+    """A run *trains* when it completed (did not diverge) with its final validation loss, at the
+    sweep's fixed last step, below plateau − margin: a margin, so that a run ending on the plateau
+    (within noise of it) does not count."""
+    return status == "completed" and loss is not None and math.isfinite(loss) and loss < plateau - margin
+
+
+def capped_loss(status: str, loss: float | None, init_loss: float) -> float:
+    """A run's loss as LR sensitivity counts it: min(final validation loss, ℓ₀), and ℓ₀ for a run that
+    diverged (or has no finite loss): a failed run costs what no training at all costs."""
+    if status != "completed" or loss is None or not math.isfinite(loss):
+        return init_loss
+    return min(loss, init_loss)
+
+
+def lr_sensitivity(losses: dict[float, float]) -> float | None:
+    """Wortsman et al.'s LR sensitivity over a log-spaced grid of rates η: the mean over the grid of
+    ℓ(η) − ℓ*, where ℓ(η) is the (capped, `capped_loss`) loss at η and ℓ* = min_η ℓ(η). 0: every rate
+    reaches the best loss; ℓ₀ − ℓ*: only one rate trains at all."""
+    if not losses:
+        return None
+    best = min(losses.values())
+    return statistics.fmean(v - best for v in losses.values())
+
+
+def trainable_band(trained: dict[float, bool]) -> dict:
+    """The rates that train (every seed, `trains`) on the grid `trained` (rate -> all seeds trained):
+    the largest and the smallest, the band's width log10(largest / smallest) in decades, whether each
+    edge is the grid's own (censored: the true edge lies beyond it) and whether the trainable rates are
+    contiguous on the grid. Empty band: largest = smallest = width = None."""
+    rates = sorted(trained)
+    ok = [lr for lr in rates if trained[lr]]
+    if not ok:
+        return {"largest": None, "smallest": None, "width": None, "censored_high": False, "censored_low": False,
+                "contiguous": True}
+    lo, hi = ok[0], ok[-1]
+    inside = rates[rates.index(lo):rates.index(hi) + 1]
+    return {"largest": hi, "smallest": lo, "width": math.log10(hi / lo), "censored_high": hi == rates[-1],
+            "censored_low": lo == rates[0], "contiguous": all(trained[lr] for lr in inside)}
 
 
 # ---------------------------------------------------------------------------------------- gradients
@@ -92,3 +143,39 @@ def first_round_gradient_ratio(visit_stats: list[dict], rounds: int) -> float | 
             if v.round == 1 and last and last["param_grad_norm"]:
                 ratios.append(q["param_grad_norm"] / last["param_grad_norm"])
     return geomean(ratios) if ratios else None
+
+
+# ---------------------------------------------------------------------------------------- exponent
+def logistic_fit(xs: list[float], ys: list[bool], iterations: int = 50) -> dict | None:
+    """Maximum-likelihood logistic regression P(y) = 1 / (1 + exp(−(a + b·x))) by Newton's method:
+    {a, b, se_b (Wald: √ of the inverse Fisher information's b entry), x50 = −a/b (P = ½)}. None when
+    the fit has no finite maximum: every y equal, or the x's separate the y's completely (then the
+    slope's sign is all the data says)."""
+    n = len(xs)
+    if n < 2 or len(set(ys)) < 2 or len(set(xs)) < 2:
+        return None
+    lo1 = max((x for x, y in zip(xs, ys) if y), default=None)
+    hi0 = min((x for x, y in zip(xs, ys) if not y), default=None)
+    lo0, hi1 = max(x for x, y in zip(xs, ys) if not y), min(x for x, y in zip(xs, ys) if y)
+    if lo1 <= hi0 or lo0 <= hi1:  # every success at or below every failure (or the reverse): separated
+        return None
+    a = b = 0.0
+    for _ in range(iterations):
+        ps = [1 / (1 + math.exp(-(a + b * x))) for x in xs]
+        ga = sum(y - p for y, p in zip(ys, ps))
+        gb = sum((y - p) * x for x, y, p in zip(xs, ys, ps))
+        w = [p * (1 - p) for p in ps]
+        haa, hab, hbb = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
+        det = haa * hbb - hab * hab
+        if det <= 0:
+            return None
+        da, db = (hbb * ga - hab * gb) / det, (haa * gb - hab * ga) / det
+        a, b = a + da, b + db
+        if abs(da) < 1e-12 and abs(db) < 1e-12:
+            break
+    ps = [1 / (1 + math.exp(-(a + b * x))) for x in xs]
+    w = [p * (1 - p) for p in ps]
+    haa, hab, hbb = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
+    det = haa * hbb - hab * hab
+    return {"a": a, "b": b, "se_b": math.sqrt(haa / det) if det > 0 else math.inf,
+            "x50": -a / b if b else math.nan}

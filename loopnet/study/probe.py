@@ -21,6 +21,15 @@ state and of the logits that the step caused (`loopnet.diagnostics.update_size`)
 
 Writes into `--out`: probe.json (settings, machine, every measurement), probe.csv, update_size.png
 (output change vs R, log-log, one panel per scheme, with the theory's slopes) and report.md.
+
+`--groups` splits the first step's output change by parameter group (embeddings + head, norm gains,
+the β-scaled V/O/fc1/fc2, Q/K), under AdamW and SGD (`--optimizers`), from the initialisation and/or
+from checkpoints of real runs (`--checkpoints`; `--with_init` adds fresh models of the checkpoints'
+configs), with the DeepNorm/DeepLoop ratio against 4N (SGD) and 2√N (sign update): see
+`loopnet.study.update_groups`. It writes groups.json, groups.csv, groups.png and report.md.
+
+    loopnet probe --config configs/deeploop_r6.yaml --config configs/cpu.yaml --config configs/study_cpu.yaml \
+        --groups --rounds 1 8 32 --schemes deepnorm deeploop --seeds 1 2 3 --out docs/results/map/probe
 """
 
 from __future__ import annotations
@@ -160,9 +169,9 @@ def summarise(rows: list[dict], schemes: list[str], rounds: list[int], n_blocks:
 
 
 def plot(summary: dict, rounds: list[int], quantity: str, path: Path) -> None:
-    from loopnet.study.report import _pyplot, _save
+    from .plotting import pyplot, save
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(summary), figsize=(3.6 * len(summary), 3.6), sharey=True, squeeze=False)
     for ax, (s, res) in zip(axes[0], summary.items()):
         rs = sorted(res["per_r"])
@@ -186,7 +195,7 @@ def plot(summary: dict, rounds: list[int], quantity: str, path: Path) -> None:
         ax.set_title(s)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel(f"{quantity.replace('_', ' ')} after one step")
-    _save(plt, fig, path)
+    save(plt, fig, path)
 
 
 def markdown(summary: dict, rounds: list[int], meta: dict) -> str:
@@ -231,6 +240,16 @@ def parser() -> argparse.ArgumentParser:
                    help="postln, deepnorm, deeploop, p<exponent> (residual scaled)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=3, help="AdamW steps from the initialisation (1-5)")
+    p.add_argument("--groups", action="store_true",
+                   help="split the first step's output change by parameter group (loopnet.study.update_groups)")
+    p.add_argument("--optimizers", nargs="+", default=["adamw", "sgd"], choices=["adamw", "sgd"],
+                   help="with --groups: the optimisers whose step is split (default both)")
+    p.add_argument("--sgd_lr", type=float, help="with --groups: SGD's learning rate (default: the config's lr)")
+    p.add_argument("--checkpoints", nargs="+", metavar="CKPT",
+                   help="with --groups: probe from these checkpoints of real runs (their config and AdamW state) "
+                        "instead of fresh models; --schemes and --rounds are then the checkpoints'")
+    p.add_argument("--with_init", action="store_true",
+                   help="with --checkpoints: also probe fresh models (--seeds) of each checkpoint's config (step 0)")
     p.add_argument("--out", required=True, help="folder for probe.json, probe.csv, update_size.png, report.md")
     p.add_argument("--title", default="Update size vs R at initialisation")
     p.add_argument("--notes", help="markdown file inserted as the report's reading")
@@ -250,18 +269,27 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--rounds must all be >= 1, got {args.rounds}")
         if args.notes and not Path(args.notes).is_file():
             raise FileNotFoundError(f"--notes {args.notes}: no such file")
+        if (args.checkpoints or args.with_init) and not args.groups:
+            raise ValueError("--checkpoints and --with_init belong to --groups; fix: add --groups")
+        for path in args.checkpoints or []:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"--checkpoints {path}: no such file; fix: give checkpoints that loopnet fit "
+                                        "wrote (e.g. with --checkpoint.every_n_train_steps 100 "
+                                        "--checkpoint.save_top_k -1 --checkpoint.monitor null)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     notes = Path(args.notes).read_text() if args.notes else None  # read before anything in out is written
 
     import torch
 
-    from loopnet.study.report import git_commit
+    from .provenance import git_commit
 
     base, optim, data, clip = resolve(config_args)
     data.setup("fit")
     loader = iter(data.train_dataloader())
     batches = [tuple(t.long() if hasattr(t, "long") else t for t in next(loader)) for _ in range(args.steps)]
+    if args.groups:
+        return run_groups(args, argv, out, notes, base, optim, batches[0], clip)
     start, rows = time.perf_counter(), []
     rounds = sorted(set(args.rounds))
     for s in schemes:
@@ -295,3 +323,96 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def run_groups(args, argv, out: Path, notes, base, optim, batch, clip) -> None:
+    """`--groups`: every starting point (fresh models, checkpoints) x optimiser, split by group."""
+    import torch
+
+    from loopnet.model.scales import scheme_label
+
+    from . import update_groups as ug
+    from .provenance import git_commit
+
+    sgd_lr = args.sgd_lr if args.sgd_lr is not None else optim.lr
+    lrs = {"adamw": optim.lr, "sgd": sgd_lr}
+    starts = []  # (label, rounds, seed, lm, AdamW state or None)
+    if args.checkpoints:
+        configs = {}
+        for path in args.checkpoints:
+            lm, state, step, name = ug.from_checkpoint(path)
+            starts.append((f"{name}@step{step}", lm.config.n_rounds, path, lambda lm=lm: lm, state))
+            configs[(name, lm.config.n_rounds)] = lm.config
+        if args.with_init:
+            for (name, rounds), cfg in configs.items():
+                scheme = scheme_label(cfg.residual, cfg.p)
+                for seed in args.seeds:
+                    starts.append((f"{name}@step0", rounds, seed,
+                                   lambda c=cfg, sc=scheme, r=rounds, sd=seed: ug.fresh_model(c, optim, sc, r, sd), None))
+    else:
+        for scheme in args.schemes:
+            for rounds in sorted(set(args.rounds)):
+                for seed in args.seeds:
+                    starts.append((ug.label(scheme, base), rounds, seed,
+                                   lambda sc=scheme, r=rounds, sd=seed: ug.fresh_model(base, optim, sc, r, sd), None))
+    start, rows = time.perf_counter(), []
+    for label, rounds, seed, make, state in starts:
+        lm = make()
+        for kind in args.optimizers:
+            got = ug.measure_groups(lm, batch, kind, lrs[kind], clip, state)
+            rows.append({"label": label, "rounds": rounds, "seed": str(seed), "optimizer": kind,
+                         "n_blocks": lm.config.n_blocks, "lr": lrs[kind], **got})
+            print(f"{label:>16} R={rounds:<3} {seed} {kind:>5}: " + ", ".join(
+                f"{g} {got[g]:.3g}" for g in (*ug.GROUPS, "all")), flush=True)
+    seconds = time.perf_counter() - start
+    info = machine()
+    what = (f"{len(args.checkpoints)} checkpoint(s)" + (f" and fresh models of their configs, seeds {args.seeds}"
+            if args.with_init else "") if args.checkpoints else
+            f"fresh models: schemes {args.schemes} x R {sorted(set(args.rounds))} x seeds {args.seeds}")
+    meta = {"title": args.title if args.title != parser().get_default("title") else "Update size per parameter group",
+            "notes": notes, "command": "loopnet probe " + " ".join(shlex.quote(a) for a in argv), "what": what,
+            "lr": optim.lr, "sgd_lr": sgd_lr, "clip": clip, "seconds": seconds, "commit": git_commit() or "?",
+            "machine": f"{info['cpus']} CPU(s), {info['platform']}, torch {info['torch']}, "
+                       f"{torch.get_num_threads()} thread(s)"}
+    (out / "groups.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    with open(out / "groups.csv", "w", newline="") as f:
+        keys = ["label", "rounds", "seed", "optimizer", "lr", *ug.GROUPS, "all", "all_logits", "additivity", "kappa",
+                "loss"]
+        w = csv.writer(f)
+        w.writerow(keys)
+        for row in rows:
+            w.writerow([row[k] for k in keys])
+    plot_groups(rows, out / "groups.png")
+    (out / "report.md").write_text(ug.markdown(rows, meta).replace("## How this was produced",
+                                                                   "![output change per group](groups.png)\n\n"
+                                                                   "## How this was produced", 1))
+    for r in ug.ratio_rows(ug.summarise(rows)):
+        print(f"DeepNorm/DeepLoop {r['optimizer']:>5} {ug.where(r['suffix']):>14} R={r['rounds']:<3} "
+              f"theory {r['theory']:.1f} ({'4N' if r['optimizer'] == 'sgd' else '2√N'}): "
+              + ", ".join(f"{g} {r[g]:.3g}" for g in (*ug.GROUPS, "all")), flush=True)
+    print(f"loopnet probe: {len(rows)} measurements in {seconds:.0f} s -> {out}/report.md")
+
+
+def plot_groups(rows: list[dict], path: Path) -> None:
+    """Output change per group vs R, log-log: one panel per optimiser, one colour per group, one line
+    style per scheme (mean over seeds)."""
+    from . import update_groups as ug
+    from .plotting import legend, pyplot, save
+
+    plt = pyplot()
+    summary = ug.summarise(rows)
+    kinds = list(dict.fromkeys(r["optimizer"] for r in rows))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    styles = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for i, g in enumerate((*ug.GROUPS, "all")):
+            for j, label in enumerate(labels):
+                pts = sorted((r, s[g][0]) for (lb, r, k), s in summary.items() if lb == label and k == kind and s[g][0] > 0)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ls=styles[j % len(styles)], color=f"C{i}",
+                            label=f"{ug.GROUP_TEXT.get(g, g)}, {label}")
+        ax.set(xscale="log", yscale="log", xlabel="rounds R", title=kind,
+               ylabel="relative change of the final state")
+        legend(ax, fontsize=6)
+    save(plt, fig, path)

@@ -92,7 +92,9 @@ class SweepRunner:
         with open(self.out / LOG, "a") as f:
             f.write(json.dumps({"time": now(), "event": event, "cell": cell.id, **extra}) + "\n")
 
-    def write_manifest(self, argv: list[str]) -> None:
+    def write_manifest(self, argv: list[str], every_cell: list[Cell] | None = None) -> None:
+        """sweep.json: the sweep file, how it was invoked, and *every* cell of the file (`every_cell`,
+        default the cells run), so that a run of a subset (--only) leaves the others listed for the report."""
         invocation = shlex.join(["loopnet", "sweep", *argv])
         try:  # keep the history of invocations (a sweep is often continued several times)
             invocations = json.loads((self.out / MANIFEST).read_text()).get("invocations", [])
@@ -112,7 +114,8 @@ class SweepRunner:
             "machine": machine(),
             "jobs": self.jobs,
             "threads_per_cell": self.threads,
-            "cells": [{"id": c.id, "params": c.params, "command": shell_command(c.command)} for c in self.cells],
+            "cells": [{"id": c.id, "params": c.params, "command": shell_command(c.command)}
+                      for c in (every_cell or self.cells)],
         }
         (self.out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         if self.sweep.path is not None:
@@ -276,7 +279,7 @@ def run(argv: list[str], echo=None) -> int:
     echo = echo or (lambda line: print(line, flush=True))  # flushed: sweeps run for hours under nohup
     args = parser().parse_args(argv)
     sweep = load_sweep(args.sweep_file, out=args.out)
-    cells = expand(sweep)
+    cells = every_cell = expand(sweep)
     if args.only:
         cells = [c for c in cells if any(fnmatch.fnmatch(c.id, g) for g in args.only)]
     if args.dry_run:
@@ -289,7 +292,7 @@ def run(argv: list[str], echo=None) -> int:
     sweep.out.mkdir(parents=True, exist_ok=True)
     runner = SweepRunner(sweep, cells, jobs=args.jobs, threads=args.threads, max_cells=args.max_cells,
                          resume=args.resume, echo=echo)
-    runner.write_manifest(argv)
+    runner.write_manifest(argv, every_cell)
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         results = runner.run()

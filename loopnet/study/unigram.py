@@ -67,11 +67,12 @@ def run_plateau(config: dict) -> tuple[float, str]:
 
     seq_len = config["model"]["config"]["seq_len"]
     batch = data.pop("batch_size", 1)
-    keys = ("source", "path", "name", "split", "text_column", "sample_by", "val_fraction")
+    keys = ("source", "path", "name", "split", "text_column", "sample_by", "val_fraction", "vocab")
     dm = TokenStreamDataModule(seq_len=seq_len, batch_size=batch, **{k: data[k] for k in keys if k in data})
     dm.setup("fit")
-    train = (encode(d[dm.text_column]) for d in dm.docs if d.get(dm.text_column) and not dm.val(d[dm.text_column]))
-    counts = unigram_counts(train)
+    table = dm._table  # the run's own ids: GPT-2's, compact (the same plateau, renumbered) or bytes
+    train = (encode(d[dm.text_column], table) for d in dm.docs if d.get(dm.text_column) and not dm.val(d[dm.text_column]))
+    counts = unigram_counts(train, dm.vocab_size)
     windows = dm.val_windows()
     n = val_limit((config.get("trainer") or {}).get("limit_val_batches"), -(-len(windows) // batch)) * batch
     targets = windows[:n, 1:].numpy()

@@ -4,7 +4,8 @@
     loopnet test --config ... --ckpt_path runs/<run>/version_0/checkpoints/last.ckpt
     loopnet predict --config ... --ckpt_path ... --model.generate.prompt "To be"
 
-The Trainer subcommands only; `loopnet` itself (and its other tools) is `loopnet.commands`.
+The Trainer subcommands only; `loopnet` itself (and its other tools) is `loopnet.commands`, which
+imports this module when a Trainer subcommand is called; this module never imports it back.
 """
 
 from __future__ import annotations
@@ -464,7 +465,5 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
         sys.exit(130)
 
 
-if __name__ == "__main__":  # `python -m loopnet.training.cli` is `loopnet` (sweep cells run it): the tools too
-    from loopnet.commands import main as loopnet
-
-    loopnet(trainer=main)
+if __name__ == "__main__":  # `python -m loopnet.training.cli fit ...`: the Trainer subcommands (sweep cells run it)
+    main()

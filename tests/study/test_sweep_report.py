@@ -52,7 +52,7 @@ def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     sweep_file = write_sweep(root, {"model.config.n_rounds": [2], "seed_everything": [1, 2]})
     out = root / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", "sweep", str(sweep_file)],
+    proc = subprocess.Popen([sys.executable, "-m", "loopnet", "sweep", str(sweep_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not (out / LOG).is_file() or ["r2-s1", "r2-s2"] != [e["cell"] for e in log_events(out) if e["event"] == "started"]:
@@ -294,17 +294,3 @@ def test_max_cells_stops_after_that_many(tmp_path, monkeypatch):
     assert run([str(sweep_file), "--max_cells", "1"], echo=lambda _: None) == 0
     names = [c[c.index("--trainer.logger.init_args.name") + 1] for c, _ in FakeFit.calls]
     assert names == ["s1", "s2"]
-
-
-def test_steps_to_escape_is_the_first_smoothed_crossing_of_the_plateau():
-    run = report_mod.Run("c", {}, {"status": "completed"})
-    run.plateau, run.escaped = 6.0, True
-    losses = [7.0, 6.5, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0]  # EMA 0.9: 7, 6.95, 6.755, 6.58, ... crosses at step 8
-    run.curves = {"train/loss": list(enumerate(losses))}
-    ema, first = None, None
-    for step, value in run.curves["train/loss"]:
-        ema = value if ema is None else 0.9 * ema + 0.1 * value
-        first = step if first is None and ema < 6.0 else first
-    assert run.escape_step == first == 8
-    run.escaped = False
-    assert run.escape_step is None

@@ -1,0 +1,135 @@
+"""The map's steps 2 and 3 are chosen from what step 1 found, by rules fixed before running:
+
+    python -m loopnet.study.followup boundary runs/sweeps/map_grid --out configs/sweeps/map/boundary.yaml
+    python -m loopnet.study.followup exponent runs/sweeps/map_grid runs/sweeps/map_boundary \\
+        --out configs/sweeps/map/exponent.yaml
+
+boundary   at the grid's largest R, for DeepNorm and DeepLoop each: η_b = the largest rate at which every
+           seed trains (`measures.trains`; the grid's smallest rate when none does), and the rates
+           η_b·{1/√2, 1, √2, 2} (×√2 steps across the boundary between η_b, which trains, and 2·η_b,
+           which does not), 3 seeds each: 24 fits.
+exponent   the residual `scaled` (α = (2N)^p, β = (8N)^-p) at p ∈ {0.25, 0.35, 0.45, 0.55}, 5 seeds, at
+           the grid's largest R and two rates: η½, the rate at which DeepNorm (p = 0.25) trains for the
+           fraction of seeds closest to one half over every run given (grid and boundary; ties: the
+           larger rate), and 2·η½: 40 fits. The report fits P(train) logistically on p at each rate.
+
+Each writes a sweep file (the rule, the numbers it was read from, the cells) for `loopnet sweep`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import yaml
+
+from loopnet.env import one_line_errors
+
+from .measures import LR_KEY, TRAIN_MARGIN, trains
+
+BASE = ["configs/deeploop_r6.yaml", "configs/cpu.yaml", "configs/study_map.yaml"]
+SCHEMES = ("deepnorm", "deeploop")
+EXPONENTS = [0.25, 0.35, 0.45, 0.55]
+
+
+def _rate(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def load(folders: list[Path], plateau: str):
+    """Every finished run of the folders, and the plateau (the first folder's, or the number given)."""
+    from .report.runs import load_runs, sweep_plateau
+
+    runs = []
+    for folder in folders:
+        if not folder.is_dir():
+            raise ValueError(f"{folder} is not a sweep folder; fix: run its sweep first (make map runs them in order)")
+        runs += [r for r in load_runs(folder)[0] if r.finished]
+    if not runs:
+        raise ValueError(f"no finished run in {', '.join(map(str, folders))}; fix: run the grid sweep first")
+    value = float(plateau) if plateau != "auto" else sweep_plateau(runs, folders[0], folders[0] / "report")[0]
+    return runs, value
+
+
+def trained_fraction(runs, scheme: str, rounds: int, plateau: float) -> dict[float, tuple[int, int]]:
+    """lr -> (seeds that train, seeds finished) for one scheme at R."""
+    out: dict[float, list[int]] = {}
+    for r in runs:
+        if r.scheme == scheme and r.rounds == rounds and r.lr is not None:
+            c = out.setdefault(float(r.lr), [0, 0])
+            c[0] += trains(r.status, r.value("final_val_loss"), plateau)
+            c[1] += 1
+    return {lr: tuple(c) for lr, c in sorted(out.items())}
+
+
+def boundary(runs, plateau: float) -> tuple[dict, list[str]]:
+    rounds = max(r.rounds for r in runs if r.scheme in SCHEMES)
+    include, notes = [], []
+    for scheme in SCHEMES:
+        frac = trained_fraction(runs, scheme, rounds, plateau)
+        if not frac:
+            raise ValueError(f"no finished {scheme} run at R = {rounds}; fix: finish the grid sweep first")
+        ok = [lr for lr, (k, n) in frac.items() if k == n]
+        eta = max(ok) if ok else min(frac)
+        rates = [_rate(eta * 2 ** (i / 2)) for i in (-1, 0, 1, 2)]
+        include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds], LR_KEY: rates,
+                        "seed_everything": [1, 2, 3]})
+        notes.append(f"{scheme} at R = {rounds}: seeds that train per rate {_show(frac)}; "
+                     f"largest rate where every seed trains: {eta:g}{'' if ok else ' (none trains: the smallest rate)'}")
+    spec = {"description": "The map's boundary refinement at the largest R (loopnet.study.followup boundary).",
+            "base": BASE, "include": include, "out": "runs/sweeps/map_boundary"}
+    return spec, notes
+
+
+def exponent(runs, plateau: float) -> tuple[dict, list[str]]:
+    rounds = max(r.rounds for r in runs if r.scheme in SCHEMES)
+    frac = trained_fraction(runs, "deepnorm", rounds, plateau)
+    if not frac:
+        raise ValueError(f"no finished deepnorm run at R = {rounds}; fix: finish the grid and boundary sweeps first")
+    half = min(frac, key=lambda lr: (abs(frac[lr][0] / frac[lr][1] - 0.5), -lr))
+    rates = [_rate(half), _rate(2 * half)]
+    spec = {"description": "The map's exponent sweep (loopnet.study.followup exponent).", "base": BASE,
+            "grid": {"model.config.residual": ["scaled"], "model.config.p": EXPONENTS,
+                     "model.config.n_rounds": [rounds], LR_KEY: rates, "seed_everything": [1, 2, 3, 4, 5]},
+            "out": "runs/sweeps/map_exponent"}
+    notes = [f"deepnorm (p = 0.25) at R = {rounds}: seeds that train per rate {_show(frac)}; closest to one half: "
+             f"{half:g}; rates {rates[0]:g} and {rates[1]:g}"]
+    return spec, notes
+
+
+def _show(frac: dict) -> str:
+    return ", ".join(f"{lr:g}: {k}/{n}" for lr, (k, n) in frac.items())
+
+
+def write(spec: dict, notes: list[str], plateau: float, out: Path, argv: list[str]) -> None:
+    """The sweep file, headed by how it was chosen: the command, the plateau, the numbers read."""
+    header = [f"# Written by `python -m loopnet.study.followup {' '.join(argv)}`: the rule is in",
+              f"# loopnet/study/followup.py; a seed trains when its final validation loss is below the plateau",
+              f"# {plateau:.4f} nats by {TRAIN_MARGIN} nat. Read from the runs:"]
+    header += [f"# - {n}" for n in notes]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(header) + "\n" + yaml.safe_dump(spec, sort_keys=False))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = argparse.ArgumentParser(prog="python -m loopnet.study.followup", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["boundary", "exponent"])
+    p.add_argument("sweep_dirs", nargs="+", help="the sweep folders to read (grid, then boundary for exponent)")
+    p.add_argument("--out", required=True, help="the sweep file to write")
+    p.add_argument("--plateau", default="auto", help="the unigram plateau in nats, or auto (default)")
+    args = p.parse_args(argv)
+    with one_line_errors("loopnet followup", (ValueError,)):
+        runs, plateau = load([Path(d) for d in args.sweep_dirs], args.plateau)
+        spec, notes = (boundary if args.step == "boundary" else exponent)(runs, plateau)
+    write(spec, notes, plateau, Path(args.out), argv)
+    cells = math.prod(len(v) for v in (spec.get("grid") or {}).values()) if spec.get("grid") else sum(
+        math.prod(len(v) for v in e.values()) for e in spec["include"])
+    print(f"loopnet followup: wrote {args.out} ({cells} cells)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Issue 22, item 5: the byte-level proxy (data.vocab: bytes) and the measurement of where a step goes."""
+
+import numpy as np
+import pytest
+
+from loopnet.data.bytelevel import BYTE_EOT_ID, N_BYTE_VOCAB, ByteVocab
+
+
+def test_byte_vocab_round_trips_utf8_and_ends_documents():
+    text = "Thou art — naïve?"
+    ids = ByteVocab.document(text)
+    assert ids.dtype == np.int32 and ids[-1] == BYTE_EOT_ID and len(ids) == len(text.encode("utf-8")) + 1
+    assert ByteVocab.decode(ids) == text and ByteVocab.decode(ByteVocab.encode(text)) == text
+
+
+def test_datamodule_bytes_batches_and_plateau():
+    from loopnet.data import TokenStreamDataModule
+    from loopnet.study.unigram import cross_entropy, run_plateau, val_limit
+
+    dm = TokenStreamDataModule(seq_len=32, batch_size=2, vocab="bytes")
+    assert dm.vocab_size == N_BYTE_VOCAB == 257
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.max() < 257 and (x[:, 1:] == y[:, :-1]).all()
+    assert dm.decode(dm.encode("ROMEO: hi")) == "ROMEO: hi"
+    windows = dm.val_windows()
+    assert windows.max() <= BYTE_EOT_ID
+    # The plateau in the run's own ids (bytes), computed here from the raw text independently of the stream
+    plateau, how = run_plateau({"data": {"source": "shakespeare", "vocab": "bytes", "batch_size": 2},
+                                "model": {"config": {"seq_len": 32}}, "trainer": {"limit_val_batches": 4}})
+    counts = np.zeros(257, dtype=np.int64)
+    for d in dm.docs:
+        if d["text"] and not dm.val(d["text"]):
+            counts += np.bincount(np.frombuffer(d["text"].encode(), dtype=np.uint8), minlength=257)
+            counts[BYTE_EOT_ID] += 1
+    n = val_limit(4, -(-len(windows) // 2)) * 2
+    assert plateau == pytest.approx(cross_entropy(windows[:n, 1:].numpy(), counts))
+    assert 2.5 < plateau < np.log(257)
+
+
+def test_proxy_counts_parameters_and_attributes_the_step():
+    import torch
+
+    from loopnet.model import LoopConfig
+    from loopnet.study import proxy
+    from loopnet.training.module import LoopedLM, OptimConfig
+
+    d, k, v, t = 64, 2, 320, 32
+    lm = LoopedLM(config=LoopConfig(vocab_size=v, seq_len=t, d_model=d, n_heads=4, n_blocks=k, n_rounds=2),
+                  optim=OptimConfig())
+    split = proxy.param_split(lm.model)
+    assert split["blocks"] == k * (12 * d * d + 2 * d)  # QKV 3d², O d², fc1 and fc2 4d² each, two RMSNorm gains
+    assert split["embed+head"] == v * d + t * d and split["final norm"] == d  # tied head: the token table
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-3)
+    batch = (torch.randint(0, v, (4, t)), torch.randint(0, v, (4, t)))
+    proxy.scoped_step(lm, opt, batch)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        proxy.scoped_step(lm, opt, batch)
+    places = proxy.attribute(prof.events())
+    total = sum(places.values())
+    # Every op of forward and backward has a place (the rest is bookkeeping); the blocks hold ~10x the head's FLOPs
+    assert places["other"] / total < 0.1 and places["blocks"] > places["head"] > 0
+    assert not hasattr(lm.model, "__dict__") or "head" not in lm.model.__dict__  # the wrapper is gone
