@@ -294,3 +294,15 @@ def test_max_cells_stops_after_that_many(tmp_path, monkeypatch):
     assert run([str(sweep_file), "--max_cells", "1"], echo=lambda _: None) == 0
     names = [c[c.index("--trainer.logger.init_args.name") + 1] for c, _ in FakeFit.calls]
     assert names == ["s1", "s2"]
+
+
+def test_window_reads_the_end_of_loop_state_logged_as_its_deviation_from_one():
+    """Runs log the state RMS as `state_norm_dev` (RMS − 1); the report's window adds the 1 back, and
+    still reads runs that logged `state_norm` itself."""
+    from loopnet.study.report.runs import final_state_curve, final_state_tags
+
+    dev, old = final_state_tags(n_blocks=2, n_rounds=3)
+    assert dev == "visits/state_norm_dev/r03_k2_ffn" and old == "visits/state_norm/r03_k2_ffn"
+    assert final_state_curve({dev: [(10, -0.25), (20, 0.5)]}, 2, 3) == [(10, 0.75), (20, 1.5)]
+    assert final_state_curve({old: [(10, 0.9)]}, 2, 3) == [(10, 0.9)]
+    assert final_state_curve({}, 2, 3) is None

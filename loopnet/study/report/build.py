@@ -19,7 +19,7 @@ from .curves import plot_kappa_curves, plot_loss_curves, plot_window
 from .depth import plot_kappa_vs_r, plot_per_visit, plot_val_vs_r
 from . import map as stability_map
 from .exponent import exponent_table, plot_exponent
-from .runs import CURVES, final_state_tag, load_runs, read_curves, sweep_plateau
+from .runs import CURVES, final_state_tags, load_runs, read_curves, sweep_plateau
 from .tables import Group, group_runs, runs_table, wide_table, write_csv
 
 
@@ -55,7 +55,7 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
             run.escaped = escaped(run.status, run.end_loss, plateau)
         run.plateau = plateau
         config = (run.summary or {}).get("config") or {}
-        extra = (final_state_tag(config["n_blocks"], config["n_rounds"]),) if "n_blocks" in config else ()
+        extra = final_state_tags(config["n_blocks"], config["n_rounds"]) if "n_blocks" in config else ()
         run.curves = read_curves(sweep_dir / run.id, CURVES + extra)
 
     methods, rounds, groups = group_runs(runs)

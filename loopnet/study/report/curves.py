@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from ..plotting import colors as method_colors, legend, pyplot, save, smooth
-from .runs import FIRST_FFN_GRAD, final_state_tag
+from .runs import FIRST_FFN_GRAD, final_state_curve
 
 
 def plot_loss_curves(methods, rounds, runs, plateau, path):
@@ -69,8 +69,9 @@ def plot_window(methods, runs, path) -> bool:
     for run in runs:
         cfg = (run.summary or {}).get("config") or {}
         curves = dict(run.curves)
-        if "n_blocks" in cfg and final_state_tag(cfg["n_blocks"], cfg["n_rounds"]) in curves:
-            curves["state"] = curves[final_state_tag(cfg["n_blocks"], cfg["n_rounds"])]
+        state = final_state_curve(curves, cfg["n_blocks"], cfg["n_rounds"]) if "n_blocks" in cfg else None
+        if state is not None:
+            curves["state"] = state
         for key, _ in keys:
             for step, value in curves.get(key, []):
                 series.setdefault((run.method, run.rounds), {}).setdefault(key, {}).setdefault(step, []).append(value)

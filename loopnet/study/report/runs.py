@@ -110,9 +110,19 @@ def describe(run: Run, sweep_dir: Path, default_config: dict) -> None:
 CURVES = ("train/loss", "val/loss", "grad/kappa_model", "update/output_change", FIRST_FFN_GRAD)
 
 
-def final_state_tag(n_blocks: int, n_rounds: int) -> str:
-    """The state at the end of the last round: the last visit's output (Pre-LN: the stream)."""
-    return visit_tag("state_norm", Visit(n_rounds, n_blocks, SUBLAYERS[-1]))
+def final_state_tags(n_blocks: int, n_rounds: int) -> tuple[str, str]:
+    """The state RMS at the end of the last round (the last visit's output; Pre-LN: the stream): logged as
+    its deviation from 1 (`state_norm_dev`), by runs before that as `state_norm`."""
+    last = Visit(n_rounds, n_blocks, SUBLAYERS[-1])
+    return visit_tag("state_norm_dev", last), visit_tag("state_norm", last)
+
+
+def final_state_curve(curves: dict, n_blocks: int, n_rounds: int) -> list[tuple[int, float]] | None:
+    """The end-of-loop state RMS over the steps, from whichever of `final_state_tags` the run logged."""
+    dev, old = final_state_tags(n_blocks, n_rounds)
+    if dev in curves:
+        return [(step, 1.0 + value) for step, value in curves[dev]]
+    return curves.get(old)
 
 
 def read_curves(run_dir: Path, tags=CURVES) -> dict[str, list[tuple[int, float]]]:
