@@ -21,10 +21,30 @@ RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "
 
 
 # ----------------------------------------------------------------------------------------- reading
+def check_checkpoint_file(path: str, option: str = "--ckpt_path") -> None:
+    """`path` names a checkpoint file that holds bytes: a folder, a missing or an empty (0-byte) file is
+    refused in one line that says what to pass instead (without reading it: no torch)."""
+    where = Path(path)
+    if where.is_dir():
+        found = [p for pattern in ("last*.ckpt", "checkpoints/last*.ckpt", "version_*/checkpoints/last*.ckpt")
+                 for p in where.glob(pattern)]  # a checkpoints/, version or run folder: its newest last*.ckpt
+        found = sorted(found, key=lambda p: p.stat().st_mtime)[-1:] or [where / "last.ckpt"]
+        raise ValueError(f"{option} {path} is a folder, not a checkpoint file; fix: give a .ckpt file in it, "
+                         f"e.g. {found[0]}")
+    if not where.is_file():
+        raise FileNotFoundError(f"{option} {path} does not exist; fix: give a .ckpt file "
+                                f"(e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
+    if where.stat().st_size == 0:
+        raise ValueError(f"{path} is empty (0 bytes), not a checkpoint: its write never completed; fix: pass another "
+                         f"one with {option}, e.g. best-*.ckpt or an earlier copy of last.ckpt")
+
+
 def load_checkpoint_meta(path: str) -> dict:
     """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk."""
     import torch
 
+    if Path(path).is_file() and Path(path).stat().st_size == 0:  # torch would say "cannot mmap an empty file"
+        check_checkpoint_file(path)
     try:
         # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -80,5 +80,10 @@ def main(args: list[str] | None = None, trainer=None) -> None:
         fail("loopnet", "no command given; fix: give one of the commands above, e.g. "
              "`loopnet fit --config configs/deeploop_r6.yaml`")
     if trainer is None:
+        from loopnet.env import one_line_errors
+        from loopnet.training.precheck import normalize_argv, precheck
+
+        with one_line_errors("loopnet", (ValueError, FileNotFoundError)):
+            precheck(normalize_argv(argv))  # a typo reported in a second, not after Lightning's import
         from loopnet.training.cli import main as trainer
     trainer(args)  # None: LightningCLI reads sys.argv itself

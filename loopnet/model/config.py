@@ -115,7 +115,7 @@ class LoopConfig:
                 )
         sizes = {"vocab_size": "the token ids, e.g. 50304", "seq_len": "the context length in tokens, e.g. 256",
                  "d_model": "the width, e.g. 128", "n_heads": "e.g. 4", "n_blocks": "K, e.g. 2",
-                 "n_rounds": "R, e.g. 6 (R < 1 means no round is run)"}
+                 "n_rounds": "R, e.g. 6; R < 1 runs no round"}
         for name, example in sizes.items():
             if getattr(self, name) < 1:
                 raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}; "

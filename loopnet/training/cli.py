@@ -18,7 +18,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -35,6 +34,7 @@ from loopnet.model import LoopConfig
 from loopnet.model.scales import scheme_label
 from loopnet.training.callbacks import AtomicCheckpointIO
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
+from loopnet.training.precheck import max_steps_problem, normalize_argv, precheck
 from loopnet.training.module import LoopedLM
 
 
@@ -60,34 +60,6 @@ def run_name(config: Namespace) -> str:
     return f"{scheme_label(config.residual, config.p)}_{config.wiring}_k{config.n_blocks}_r{config.n_rounds}"
 
 
-def config_files(argv: list[str]) -> list[str]:
-    """The files given with --config / -c on a command line."""
-    out = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            out.append(argv[i + 1])
-        elif arg.startswith("--config="):
-            out.append(arg.split("=", 1)[1])
-    return out
-
-
-def check_yaml(path: str) -> None:
-    """A one-line error, naming the file and the line, for a config file that is not valid YAML."""
-    if not os.path.isfile(path):
-        return  # jsonargparse reports a missing file (or parses an inline YAML string)
-    try:
-        with open(path, encoding="utf-8") as f:
-            yaml.safe_load(f)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"the config file {path} is not valid YAML ({problem}{where}); "
-                         "fix its syntax there (brackets, quotes, indentation with spaces)") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"the config file {path} is not UTF-8 text; fix: give a YAML file") from None
-
-
 def check_vocab_size(model_vocab: int, data_vocab: int, vocab: str) -> None:
     """The data's token ids must fit the model's embedding (else an IndexError in the first step)."""
     if model_vocab < data_vocab:
@@ -99,9 +71,9 @@ def check_vocab_size(model_vocab: int, data_vocab: int, vocab: str) -> None:
 
 def check_run_settings(subcommand: str | None, cfg: Namespace) -> None:
     """Settings that cannot work, refused before anything is built or written."""
-    if subcommand == "fit" and cfg.trainer.get("max_steps") == 0:
-        raise ValueError("--trainer.max_steps 0 trains no step (the run would end at once, with an empty run folder); "
-                         "fix: give max_steps ≥ 1 (the number of optimiser steps to train)")
+    problem = max_steps_problem(subcommand, cfg.trainer.get("max_steps"))
+    if problem:
+        raise ValueError(problem)
     data = cfg.get("data")
     if data is not None and data.get("vocab", "gpt2") == "gpt2":  # a compact vocabulary's size is known later
         check_vocab_size(cfg.model.config.vocab_size, N_VOCAB, "gpt2")
@@ -252,11 +224,7 @@ class LoopnetCLI(LightningCLI):
                              f"or 'last'")
         if not path or path in ("last", "best", "hpc"):
             return
-        if Path(path).is_dir():
-            raise ValueError(f"--ckpt_path {path} is a folder; fix: give a .ckpt file in it, e.g. "
-                             f"{Path(path) / 'last.ckpt'}")
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--ckpt_path {path} does not exist; give a .ckpt file (e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
+        checkpoints.check_checkpoint_file(path)
         self._check_checkpoint(path, cfg, sub)
 
     @staticmethod
@@ -399,11 +367,13 @@ EVALUATION = ("validate", "test", "predict")
 
 def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> None:
     """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line)."""
-    argv = sys.argv[1:] if args is None else list(args)
+    argv = normalize_argv(sys.argv[1:] if args is None else list(args))
+    if args is None:
+        sys.argv[1:] = argv  # LightningCLI reads sys.argv itself
     try:
+        with one_line_errors("loopnet", (ValueError, FileNotFoundError)):
+            precheck(argv)  # what needs no Lightning (loopnet.commands runs it before Lightning's import)
         with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
-            for path in config_files(argv):
-                check_yaml(path)
             cli_class(
                 LoopedLM,
                 TokenStreamDataModule,
