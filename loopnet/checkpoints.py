@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -189,3 +190,50 @@ def resume_in_last_version(logger_args) -> None:
 def _tensorboard_args(logger):
     """A logger given as class_path/init_args (jsonargparse's Namespace): its init_args, else None."""
     return logger.init_args if hasattr(logger, "init_args") else None
+
+
+# ----------------------------------------------------------------------------------------- one writer
+LOCK_NAME = ".loopnet.lock"
+_held: list[tuple[int, Path]] = []  # (file descriptor, path) of the version locks this process holds
+
+
+def lock_version(folder: Path) -> None:
+    """Take the exclusive lock of run folder `folder` (a fit pinned to a version, or resuming one) for
+    this command, so that two fits never write into one folder: the second is refused in one line.
+    An flock on `<folder>/.loopnet.lock`: released when the process ends however it ends (no stale lock
+    after a kill -9); the file is removed by `release_version_locks` at the command's end."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ValueError(f"{folder} is in use by another loopnet fit (pid {holder}) pinned to the same version; "
+                             f"fix: wait for it to end (then resume it with --ckpt_path last), or pin another version "
+                             f"with --trainer.logger.init_args.version") from None
+        try:  # the holder may have removed the file between our open and our lock: take the new one
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _held.append((fd, path))
+
+
+def release_version_locks() -> None:
+    """Remove and release the version locks this process holds (a command's end)."""
+    while _held:
+        fd, path = _held.pop()
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)  # before the unlock: a waiter then finds the file gone and takes a new one
+        except OSError:
+            pass
+        os.close(fd)

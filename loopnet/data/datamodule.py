@@ -160,10 +160,14 @@ class TokenStreamDataModule(L.LightningDataModule):
         """The corpus's own GPT-2 ids (all documents, so held-out tokens have a row too)."""
         seen = np.zeros(N_VOCAB, dtype=bool)
         seen[EOT_ID] = True
-        for doc in self.docs:
-            text = doc.get(self.text_column)
-            if text:
-                seen[encode(text)] = True
+        try:
+            for doc in self.docs:
+                text = doc.get(self.text_column)
+                if text:
+                    seen[encode(text)] = True
+        except UnicodeDecodeError as e:  # named as the GPT-2 path names it (stream.documents)
+            raise DataConfigError(f"A data file of data.path {self.path!r} is not valid UTF-8 ({e}). "
+                                  "Fix: re-encode it as UTF-8 (e.g. with iconv)") from e
         self.vocab_ids = np.flatnonzero(seen).astype(np.int32)
         self._table = np.full(N_VOCAB, -1, dtype=np.int32)
         self._table[self.vocab_ids] = np.arange(len(self.vocab_ids), dtype=np.int32)

@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import re
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -176,6 +177,37 @@ def evaluate_in_run_folder(cfg: Namespace, subcommand: str) -> None:
         args.sub_dir = subcommand
 
 
+# How gloo and NCCL report a peer process that died in the middle of a collective.
+PEER_ERROR = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|NCCL communicator was "
+                        r"aborted|DistNetworkError", re.IGNORECASE)
+
+
+class PeerLost(RuntimeError):
+    """A process of a multi-process run ended, and this one lost its connection to it."""
+
+
+def peer_lost(trainer, err: BaseException) -> str | None:
+    """One line for a collective that failed because a peer process ended (killed, out of memory), naming
+    that rank when this process launched it (Lightning's launcher on rank 0), else the peer's address;
+    None for any other error."""
+    if trainer.world_size < 2 or not isinstance(err, RuntimeError) or not PEER_ERROR.search(str(err)):
+        return None
+    dead = []
+    for local_rank, proc in enumerate(getattr(trainer.strategy.launcher, "procs", None) or [], start=1):
+        code = proc.poll()
+        if code not in (None, 0):
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+                else f"exit status {code}"
+            dead.append(f"rank {local_rank + trainer.node_rank * trainer.num_devices} ({how})")
+    peer = re.search(r"\[([^\]]+)\]:(\d+)", str(err))
+    who = (" and ".join(dead) + " of this DDP run ended") if dead else \
+        (f"a peer process of this DDP run ({peer.group(1)}:{peer.group(2)}) ended" if peer else
+         "a peer process of this DDP run ended")
+    return (f"{who}, and rank {trainer.global_rank} lost its connection at step {trainer.global_step} "
+            f"({type(err).__name__}: {PEER_ERROR.search(str(err)).group(0)}); fix: see that rank's output for why it "
+            f"ended (killed: out of memory? see `dmesg`), then run the same command with --ckpt_path last on every rank")
+
+
 class LoopnetCLI(LightningCLI):
     def __init__(self, *args, **kwargs):
         argv = kwargs.get("args")
@@ -188,6 +220,18 @@ class LoopnetCLI(LightningCLI):
     def subcommands(self) -> dict[str, set[str]]:
         every = LightningCLI.subcommands()
         return {self._only: every[self._only]} if getattr(self, "_only", None) else every
+
+    def instantiate_classes(self) -> None:
+        """Before anything is built: a fit pinned to a version folder (or resuming one) takes its lock,
+        and checks again, now alone, that a fresh fit finds the folder free (`check_fresh_version`)."""
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        logger = cfg.trainer.logger
+        if (self.subcommand == "fit" and rank_zero_only.rank == 0 and isinstance(logger, Namespace)
+                and logger.init_args.get("version") not in (None, "")):
+            checkpoints.lock_version(checkpoints.version_folder(logger.init_args))
+            if not cfg.ckpt_path:
+                check_fresh_version(cfg)
+        super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
@@ -254,6 +298,9 @@ class LoopnetCLI(LightningCLI):
                 remove_failed_start(self.trainer, existed, err)
             except Exception as cleanup:  # the fit's own error is the one to show
                 print(f"loopnet: could not remove the failed start's run folder ({cleanup})", file=sys.stderr)
+            lost = peer_lost(self.trainer, err)
+            if lost:
+                raise PeerLost(lost) from err
             raise
 
     def after_fit(self) -> None:
@@ -303,8 +350,22 @@ class LoopnetCLI(LightningCLI):
             print(f"loopnet: saved the generated text to {path}", file=sys.stderr)
 
     def before_predict(self) -> None:
-        # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus.
-        self.datamodule = None
+        # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus. A model
+        # trained on a compact vocabulary (the corpus's own ids) maps text to ids and back through it.
+        dm, self.datamodule = self.datamodule, None
+        trained = (checkpoints.load_checkpoint_meta(self.config.predict.ckpt_path).get("datamodule_hyper_parameters")
+                   or {})
+        if trained.get("vocab", "gpt2") != "gpt2" or (dm is not None and dm.vocab != "gpt2"):
+            keys = ("vocab", "source", "path", "name", "split", "text_column")
+            saved, given = ({k: hp.get(k) for k in keys} for hp in (trained, dict(dm.hparams) if dm else {}))
+            if saved != given:
+                diff = "; ".join(f"{k}: checkpoint {saved[k]!r} vs config {given[k]!r}" for k in keys if saved[k] != given[k])
+                raise ValueError(f"{self.config.predict.ckpt_path} was trained on a compact vocabulary (the token ids "
+                                 f"of its corpus), which this command's data settings do not rebuild ({diff}); fix: "
+                                 f"give the data settings it was trained with (its config.yaml, e.g. "
+                                 f"--config configs/study_cpu.yaml)")
+            check_vocab_size(self.model.config.vocab_size, dm.vocab_size, dm.vocab)
+            self.model.vocabulary = dm  # LoopedLM._tokens: text <-> the corpus's ids
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
@@ -386,6 +447,11 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
                 parser_class=OneLineErrorParser,
                 args=None if args is None else argv,
             )
+    except PeerLost as err:  # a DDP rank died: one line, not gloo's multi-line traceback
+        if os.environ.get("LOOPNET_DEBUG"):
+            raise
+        print(f"loopnet: error: {err}", file=sys.stderr)
+        sys.exit(1)
     except OSError as err:  # disk full or over quota while writing a checkpoint or the run summary
         if err.errno not in (errno.ENOSPC, errno.EDQUOT) or os.environ.get("LOOPNET_DEBUG"):
             raise
@@ -394,6 +460,8 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
     except KeyboardInterrupt:  # Ctrl-C before training started (during training GracefulInterrupt handles it)
         print("loopnet: interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        checkpoints.release_version_locks()
 
 
 if __name__ == "__main__":  # `python -m loopnet.training.cli` is `loopnet` (sweep cells run it): the tools too

@@ -228,10 +228,10 @@ class LoopedLM(L.LightningModule):
 
     # ----------------------------------------------------------------------------- predict
     def _tokens(self):
-        """The data module that says how text becomes ids (a compact vocabulary renumbers them),
-        or GPT-2's encoding when there is none."""
+        """The data module that says how text becomes ids (a compact vocabulary renumbers them; `loopnet
+        predict` sets `vocabulary`, as it runs without the corpus), or GPT-2's encoding when there is none."""
         dm = self._trainer.datamodule if self._trainer is not None else None
-        return dm if dm is not None and hasattr(dm, "decode") else None
+        return dm if dm is not None and hasattr(dm, "decode") else getattr(self, "vocabulary", None)
 
     def predict_dataloader(self):
         dm = self._tokens()
