@@ -67,5 +67,6 @@ def test_ddp_rank_killed_ends_rank_0_in_one_line(tmp_path):
     assert res.code == 1, res.err[-4000:]
     assert "Traceback" not in res.err, res.err[-4000:]
     line = res.last_err_line
-    assert line.startswith("loopnet: error: rank 1 of this DDP run ended (killed by SIGKILL)"), res.err[-4000:]
+    assert line.startswith("loopnet: error: rank 1 (killed by SIGKILL) of this DDP run ended, and rank 0 lost its "
+                           "connection"), res.err[-4000:]
     assert "fix:" in line and "--ckpt_path last" in line
