@@ -194,7 +194,7 @@ def _tensorboard_args(logger):
 
 # ----------------------------------------------------------------------------------------- one writer
 LOCK_NAME = ".loopnet.lock"
-_held: list[tuple[int, Path]] = []  # (file descriptor, path) of the version locks this process holds
+_held: list[tuple[int, Path, list[Path]]] = []  # the version locks held: (descriptor, path, folders made for it)
 
 
 def lock_version(folder: Path) -> None:
@@ -204,6 +204,7 @@ def lock_version(folder: Path) -> None:
     after a kill -9); the file is removed by `release_version_locks` at the command's end."""
     import fcntl
 
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # removed again if left empty
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     while True:
@@ -224,16 +225,22 @@ def lock_version(folder: Path) -> None:
         os.close(fd)
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
-    _held.append((fd, path))
+    _held.append((fd, path, made))
 
 
 def release_version_locks() -> None:
-    """Remove and release the version locks this process holds (a command's end)."""
+    """Remove and release the version locks this process holds (a command's end), and the folders
+    made for a lock that nothing else was written into (a fit refused by a later check)."""
     while _held:
-        fd, path = _held.pop()
+        fd, path, made = _held.pop()
         try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 os.unlink(path)  # before the unlock: a waiter then finds the file gone and takes a new one
         except OSError:
             pass
         os.close(fd)
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the run's files), or gone
+                break

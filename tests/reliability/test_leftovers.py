@@ -126,3 +126,12 @@ def test_two_fits_pinned_to_one_version_started_together(tmp_path):
     assert len(list(run.glob("events.out.tfevents.*"))) == 1
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
     assert not (run / LOCK_NAME).exists() and not os.listdir(tmp_path / "runs" / RUN) == []
+
+
+def test_a_pinned_fit_refused_by_a_later_check_leaves_no_folder(tmp_path):
+    """The lock's folder is made before the corpus is read; a corpus refused then leaves nothing."""
+    (tmp_path / "empty.txt").write_text("")
+    res = loopnet("fit", *ARGS, "--trainer.logger.init_args.version", "3", "--data.source", "files",
+                  "--data.path", "empty.txt", cwd=tmp_path)
+    assert res.code == 2 and "The corpus is empty" in res.last_err_line, res.err[-3000:]
+    assert not (tmp_path / "runs").exists()
