@@ -42,19 +42,8 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def config_files(argv: list[str]) -> list[str]:
-    """The files given with --config / -c on a command line."""
-    return [value for key, value in _options(argv) if key == "config"]
-
-
-def check_yaml(path: str) -> None:
-    """A one-line error, naming the file and the line, for a config file that is not valid YAML."""
-    if not os.path.isfile(path):
-        return  # jsonargparse reports a missing file (or parses an inline YAML string)
-    _load_yaml(path)
-
-
 def _load_yaml(path: str) -> Any:
+    """A config file's YAML; a file that is not valid YAML gets one line naming it and the line."""
     try:
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f)
