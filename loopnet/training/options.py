@@ -36,7 +36,7 @@ class OptimConfig:
     def __post_init__(self) -> None:
         b1, b2 = self.betas
         for ok, what, fix in (
-            (self.lr > 0, f"model.optim.lr={self.lr} must be > 0", "give a positive peak learning rate, e.g. 6e-4"),
+            (self.lr >= 0, f"model.optim.lr={self.lr} must be >= 0", "give a positive peak learning rate, e.g. 6e-4"),
             (0 <= self.min_lr_ratio <= 1, f"model.optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]",
              "give the final learning rate as a fraction of lr, e.g. 0.1"),
             (self.weight_decay >= 0, f"model.optim.weight_decay={self.weight_decay} must be >= 0",
