@@ -192,7 +192,7 @@ def _read(argv: list[str]) -> tuple[dict, dict]:
         else:
             continue  # an option this check does not read
         _set(config, key, parsed)
-        where[key] = "on the command line"
+        where[key] = f"on the command line: {key} {value}"
     return config, where
 
 
@@ -210,11 +210,13 @@ def _check_group(subcommand: str, config: dict, where: dict, group: str, cls: ty
         if key not in hints:
             close = difflib.get_close_matches(key, list(hints), n=1, cutoff=0.75)
             hint = f"did you mean '{group}.{close[0]}'? " if close else "check the key's spelling and nesting; "
-            raise ValueError(f"--{name} ({where.get(name, 'in a config file')}) is not an option of `loopnet "
-                             f"{subcommand}`; fix: {hint}`loopnet {subcommand} --help` lists every option and its type")
+            source = where.get(name, "in a config file")
+            problem = (f"unrecognized arguments: --{source.split(': ', 1)[1]}" if source.startswith("on the command line")
+                       else f"--{name} ({source}) is not an option of `loopnet {subcommand}`")  # as the parser says it
+            raise ValueError(f"{problem}; fix: {hint}`loopnet {subcommand} --help` lists every option and its type")
         ok, values[key] = _coerce(value, hints[key])
         if not ok:
-            raise ValueError(f"--{name} {value!r} ({where.get(name, 'in a config file')}) is not of the type "
+            raise ValueError(f"--{name} {value!r} ({where.get(name, 'in a config file').split(':')[0]}) is not of the type "
                              f"{_type_name(hints[key])}; fix: give the option a value of the expected type; "
                              f"`loopnet {subcommand} --help` lists every option and its type")
     return cls(**values)  # its __post_init__ checks the values: ValueError with the fix

@@ -164,7 +164,7 @@ class _Payload:
 
 
 @pytest.mark.parametrize("kind, problem", [
-    ("zero_byte", "is not a readable checkpoint, it is corrupt or truncated"),
+    ("zero_byte", "is empty (0 bytes), not a checkpoint"),  # not torch's "cannot mmap an empty file"
     ("truncated", "is not a readable checkpoint, it is corrupt or truncated"),
     ("malicious", "unpickling it would import or run code (posix.system"),
 ])

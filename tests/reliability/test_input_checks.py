@@ -22,7 +22,7 @@ except SystemExit as e:
 """
 
 BAD = {  # id: (arguments after `fit` SHORT, problem, fix)
-    "unknown key": (["--model.config.n_raunds", "3"], "--model.config.n_raunds (on the command line) is not an option",
+    "unknown key": (["--model.config.n_raunds", "3"], "unrecognized arguments: --model.config.n_raunds 3",
                     "did you mean 'model.config.n_rounds'?"),
     "unknown key in a file": (["--config", "typo.yaml"], "--model.optim.warmup_step (in the config file typo.yaml)",
                               "did you mean 'model.optim.warmup_steps'?"),
