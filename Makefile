@@ -1,6 +1,7 @@
 # loopnet: two commands from a fresh clone.
 #   make fit   set up .venv and train DeepLoop K=2 x R=6 on the embedded corpus (CPU, ~3 min)
 #   make test  set up .venv and run the test suite (offline)
+#   make test-quick  the tests not marked slow (no real fits in subprocesses), a few minutes
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -9,7 +10,7 @@ CONFIG ?= configs/deeploop_r6.yaml
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup fit test tensorboard clean device-wheels study map map-controls map-smoke
+.PHONY: setup fit test test-quick tensorboard clean device-wheels study map map-controls map-smoke
 
 setup: $(STAMP)
 
@@ -29,6 +30,9 @@ fit: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
 
 # The CPU study that orders the schemes (issue 14; docs/results/order/README.md): four sweeps, the
 # update-size probe and their reports, ~1-2 h on 2 cores. Rerunning skips the finished cells.

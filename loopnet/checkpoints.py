@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -29,6 +30,26 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
     return Path(path).is_dir() and (Path(path) / SHARDED_META).is_file()
 
 
+def check_checkpoint_file(path: str, option: str = "--ckpt_path") -> None:
+    """`path` names a checkpoint file that holds bytes: a folder, a missing or an empty (0-byte) file is
+    refused in one line that says what to pass instead (without reading it: no torch)."""
+    where = Path(path)
+    if is_sharded_checkpoint(where):  # FSDP's sharded checkpoint: a folder by design
+        return
+    if where.is_dir():
+        found = [p for pattern in ("last*.ckpt", "checkpoints/last*.ckpt", "version_*/checkpoints/last*.ckpt")
+                 for p in where.glob(pattern)]  # a checkpoints/, version or run folder: its newest last*.ckpt
+        found = sorted(found, key=lambda p: p.stat().st_mtime)[-1:] or [where / "last.ckpt"]
+        raise ValueError(f"{option} {path} is a folder, not a checkpoint file; fix: give a .ckpt file in it, "
+                         f"e.g. {found[0]}")
+    if not where.is_file():
+        raise FileNotFoundError(f"{option} {path} does not exist; fix: give a .ckpt file "
+                                f"(e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
+    if where.stat().st_size == 0:
+        raise ValueError(f"{path} is empty (0 bytes), not a checkpoint: its write never completed; fix: pass another "
+                         f"one with {option}, e.g. best-*.ckpt or an earlier copy of last.ckpt")
+
+
 def load_checkpoint_meta(path: str) -> dict:
     """A checkpoint read with torch's restricted (weights_only) unpickler, its tensors left on disk. For a
     sharded checkpoint folder, its meta.pt: everything but the weights and optimiser state."""
@@ -37,6 +58,8 @@ def load_checkpoint_meta(path: str) -> dict:
     sharded = is_sharded_checkpoint(path)
     if sharded:
         path = str(Path(path) / SHARDED_META)
+    if Path(path).is_file() and Path(path).stat().st_size == 0:  # torch would say "cannot mmap an empty file"
+        check_checkpoint_file(path)
     try:
         # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -188,3 +211,57 @@ def resume_in_last_version(logger_args) -> None:
 def _tensorboard_args(logger):
     """A logger given as class_path/init_args (jsonargparse's Namespace): its init_args, else None."""
     return logger.init_args if hasattr(logger, "init_args") else None
+
+
+# ----------------------------------------------------------------------------------------- one writer
+LOCK_NAME = ".loopnet.lock"
+_held: list[tuple[int, Path, list[Path]]] = []  # the version locks held: (descriptor, path, folders made for it)
+
+
+def lock_version(folder: Path) -> None:
+    """Take the exclusive lock of run folder `folder` (a fit pinned to a version, or resuming one) for
+    this command, so that two fits never write into one folder: the second is refused in one line.
+    An flock on `<folder>/.loopnet.lock`: released when the process ends however it ends (no stale lock
+    after a kill -9); the file is removed by `release_version_locks` at the command's end."""
+    import fcntl
+
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # removed again if left empty
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ValueError(f"{folder} is in use by another loopnet fit (pid {holder}) pinned to the same version; "
+                             f"fix: wait for it to end (then resume it with --ckpt_path last), or pin another version "
+                             f"with --trainer.logger.init_args.version") from None
+        try:  # the holder may have removed the file between our open and our lock: take the new one
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _held.append((fd, path, made))
+
+
+def release_version_locks() -> None:
+    """Remove and release the version locks this process holds (a command's end), and the folders
+    made for a lock that nothing else was written into (a fit refused by a later check)."""
+    while _held:
+        fd, path, made = _held.pop()
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)  # before the unlock: a waiter then finds the file gone and takes a new one
+        except OSError:
+            pass
+        os.close(fd)
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the run's files), or gone
+                break

@@ -86,10 +86,14 @@ def main(args: list[str] | None = None) -> None:
         print(usage(), file=sys.stderr)
         fail("loopnet", "no command given; fix: give one of the commands above, e.g. "
              "`loopnet fit --config configs/deeploop_r6.yaml`")
+    from loopnet.env import one_line_errors
+    from loopnet.training.precheck import normalize_argv, precheck
+
+    with one_line_errors("loopnet", (ValueError, FileNotFoundError)):
+        precheck(normalize_argv(argv))  # a typo reported in a second, not after Lightning's import
     if argv[0] in ("fit", "validate", "test"):  # an unreachable hub said in seconds, not after Lightning's import
         from loopnet.data.errors import DataConfigError
         from loopnet.data.preflight import check_hub
-        from loopnet.env import one_line_errors
 
         with one_line_errors("loopnet", (DataConfigError,)):
             check_hub(argv)

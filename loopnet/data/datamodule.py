@@ -194,9 +194,13 @@ class TokenStreamDataModule(L.LightningDataModule):
             texts = self.docs.texts(self.docs.range_pieces(0, self.docs.n_docs))
         else:
             texts = (doc.get(self.text_column) for doc in self.docs)
-        for text in texts:
-            if text:
-                seen[encode(text)] = True
+        try:
+            for text in texts:
+                if text:
+                    seen[encode(text)] = True
+        except UnicodeDecodeError as e:  # named as the GPT-2 path names it (stream.documents)
+            raise DataConfigError(f"A data file of data.path {self.path!r} is not valid UTF-8 ({e}). "
+                                  "Fix: re-encode it as UTF-8 (e.g. with iconv)") from e
         self.vocab_ids = np.flatnonzero(seen).astype(np.int32)
         self._table = np.full(N_VOCAB, -1, dtype=np.int32)
         self._table[self.vocab_ids] = np.arange(len(self.vocab_ids), dtype=np.int32)

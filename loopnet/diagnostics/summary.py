@@ -22,8 +22,10 @@ Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
       "best_val_loss": float | null,     # lowest finite val/loss seen
       "val_history": [[step, val_loss], ...],
       "last_checkpoint": str | null,     # last.ckpt; for a diverged run the last good one, saved
-                                          # before step S (paths as ModelCheckpoint reports them)
+                                          # before step S; for an interrupted one last-interrupted.ckpt
+                                          # (paths as ModelCheckpoint reports them)
       "best_checkpoint": str | null,     # the best checkpoint by the monitored metric
+                                          # (both name only files that exist; else null)
       "config": {...},                   # the model's LoopConfig fields (hparams["config"])
       "hparams": {...},                  # every hyperparameter of the LightningModule
       "last_visit_stats": {visit_tag: {quantity: value}},   # last logging step of VisitDiagnostics
@@ -98,6 +100,14 @@ def read_summary(path: str | os.PathLike) -> dict:
     return summary
 
 
+def existing(path: str | None) -> str | None:
+    """`path` when it names a file that exists (remote paths, s3://..., as given), else None: a summary
+    never names a checkpoint whose write failed (disk full) or that was removed."""
+    if path is None or "://" in str(path) or os.path.isfile(path):
+        return path
+    return None
+
+
 def _float(value: Any) -> float | None:
     if value is None:
         return None
@@ -132,6 +142,7 @@ class RunSummary:
         self.diagnostics: dict[str, Any] | None = None  # the last logging step: {"step", "visits", "kappa"}
         self._earlier_wall_s = 0.0  # wall time of the run's earlier segments (resumed from a checkpoint)
         self._t0 = time.monotonic()
+        self.path: Path | None = None  # where `write` last wrote it
 
     @classmethod
     def of(cls, trainer) -> RunSummary:
@@ -181,6 +192,7 @@ class RunSummary:
         hparams = dict(pl_module.hparams)
         diverged = self.diverged_at_step is not None
         last = self.last_good_checkpoint if diverged else (ckpt.last_model_path or None) if ckpt else None
+        best = (ckpt.best_model_path or None) if ckpt else None
         return {
             "status": status,
             "diverged_at_step": self.diverged_at_step,
@@ -191,8 +203,8 @@ class RunSummary:
             "final_val_loss": _float(self.val_history[-1][1]) if self.val_history else None,
             "best_val_loss": min(finite) if finite else None,
             "val_history": self.val_history,
-            "last_checkpoint": last,
-            "best_checkpoint": (ckpt.best_model_path or None) if ckpt else None,
+            "last_checkpoint": existing(last),
+            "best_checkpoint": existing(best),
             "config": hparams.get("config"),
             "hparams": hparams,
             "last_visit_stats": stats["visits"] if stats else None,
@@ -206,4 +218,15 @@ class RunSummary:
         }
 
     def write(self, path: str | os.PathLike, trainer, pl_module, status: str, error: str | None = None) -> Path:
-        return write_summary(path, self.as_dict(trainer, pl_module, status, error))
+        self.path = write_summary(path, self.as_dict(trainer, pl_module, status, error))
+        return self.path
+
+    def name_last_checkpoint(self, checkpoint: str) -> None:
+        """A checkpoint written after the summary (the interruption checkpoint: Lightning runs checkpoint
+        callbacks last, after the summary was written) becomes its `last_checkpoint`."""
+        path = self.path
+        if path is None or existing(checkpoint) is None or not os.path.isfile(path):
+            return
+        with open(path) as f:
+            summary = json.load(f)
+        write_summary(path, {k: v for k, v in summary.items() if k != "schema"} | {"last_checkpoint": str(checkpoint)})

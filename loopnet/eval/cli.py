@@ -83,8 +83,12 @@ def run_eval(
     per-task results for each R', and under "files" the two paths written.
     """
     ckpt = Path(ckpt_path).expanduser()
-    if not ckpt.is_file():  # before importing the harness, which takes seconds
-        raise FileNotFoundError(f"checkpoint not found: {ckpt}")
+    if not ckpt.exists():  # before importing the harness, which takes seconds
+        raise FileNotFoundError(f"checkpoint not found: {ckpt}; fix: give the .ckpt file with --ckpt_path "
+                                f"(e.g. runs/<run>/version_N/checkpoints/last.ckpt)")
+    from loopnet.checkpoints import check_checkpoint_file
+
+    check_checkpoint_file(str(ckpt))  # a folder or an empty file: what to pass instead
     if batch_size < 1:
         raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
     names = expand_tasks(tasks)

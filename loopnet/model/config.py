@@ -114,29 +114,34 @@ class LoopConfig:
             if getattr(self, name) not in allowed:
                 names = ", ".join("null" if a is None else a for a in allowed)
                 raise ValueError(
-                    f"LoopConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {names}"
+                    f"LoopConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {names} "
+                    f"(fix: set model.config.{name} to one of them)"
                 )
-        for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_blocks", "n_rounds"):
+        sizes = {"vocab_size": "the token ids, e.g. 50304", "seq_len": "the context length in tokens, e.g. 256",
+                 "d_model": "the width, e.g. 128", "n_heads": "e.g. 4", "n_blocks": "K, e.g. 2",
+                 "n_rounds": "R, e.g. 6; R < 1 runs no round"}
+        for name, example in sizes.items():
             if getattr(self, name) < 1:
-                hint = " (R < 1 means no round is run)" if name == "n_rounds" else ""
-                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}{hint}")
+                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}; "
+                                 f"fix: set model.config.{name} to a positive integer ({example})")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"LoopConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                 f"fix: pick n_heads among the divisors of d_model"
             )
         if self.positions == "rope" and self.head_dim % 2:
-            raise ValueError(f"positions='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}")
+            raise ValueError(f"positions='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}; "
+                             f"fix: pick n_heads so that d_model/n_heads is even, or positions: learned")
         if self.init_std <= 0:
-            raise ValueError(f"LoopConfig.init_std must be > 0, got {self.init_std}")
+            raise ValueError(f"LoopConfig.init_std must be > 0, got {self.init_std}; fix: give e.g. 0.02")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoopConfig.dropout must be in [0, 1), got {self.dropout}")
+            raise ValueError(f"LoopConfig.dropout must be in [0, 1), got {self.dropout}; fix: give e.g. 0.0 or 0.1")
         if self.mlp_ratio <= 0:
-            raise ValueError(f"LoopConfig.mlp_ratio must be > 0, got {self.mlp_ratio}")
+            raise ValueError(f"LoopConfig.mlp_ratio must be > 0, got {self.mlp_ratio}; fix: give e.g. 4")
         if not 0 <= self.truncate_rounds < self.n_rounds:
             raise ValueError(
                 f"LoopConfig.truncate_rounds={self.truncate_rounds} must be in [0, n_rounds={self.n_rounds}) "
-                f"so that at least one round trains"
+                f"so that at least one round trains; fix: lower model.config.truncate_rounds"
             )
         if self.residual == "scaled" and (self.p is None or not self.p > 0):
             raise ValueError(f"LoopConfig.residual='scaled' needs p > 0 (e.g. p: 0.4), got p={self.p}")

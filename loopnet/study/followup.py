@@ -106,7 +106,7 @@ def _show(frac: dict) -> str:
 def write(spec: dict, notes: list[str], plateau: float, out: Path, argv: list[str]) -> None:
     """The sweep file, headed by how it was chosen: the command, the plateau, the numbers read."""
     header = [f"# Written by `python -m loopnet.study.followup {' '.join(argv)}`: the rule is in",
-              f"# loopnet/study/followup.py; a seed trains when its final validation loss is below the plateau",
+              "# loopnet/study/followup.py; a seed trains when its final validation loss is below the plateau",
               f"# {plateau:.4f} nats by {TRAIN_MARGIN} nat. Read from the runs:"]
     header += [f"# - {n}" for n in notes]
     out.parent.mkdir(parents=True, exist_ok=True)

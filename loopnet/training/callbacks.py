@@ -275,6 +275,9 @@ class GracefulInterrupt(Checkpoint):
                 self._after_validation, self._abandoned_step = False, None
                 self._restore_sigint()  # (Lightning calls no teardown hook after an exception)
             if trainer.is_global_zero:
+                from loopnet.diagnostics.summary import RunSummary
+
+                RunSummary.of(trainer).name_last_checkpoint(self.ckpt_path)  # written before this checkpoint
                 print(f"loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
                       "resume with the same command and --ckpt_path last", file=sys.stderr)
 

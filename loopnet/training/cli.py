@@ -16,11 +16,11 @@ import errno
 import logging
 import os
 import re
+import signal
 import sys
 import warnings
 from pathlib import Path
 
-import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -39,6 +39,7 @@ from loopnet.model.scales import scheme_label
 from loopnet.training.callbacks import AtomicCheckpointIO
 from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
+from loopnet.training.precheck import max_steps_problem, normalize_argv, precheck
 from loopnet.training.module import LoopedLM
 from loopnet.training.shared_folder import ResumeOnEveryRank, absolute
 
@@ -85,34 +86,6 @@ def run_name(config) -> str:
     return "_".join(name)
 
 
-def config_files(argv: list[str]) -> list[str]:
-    """The files given with --config / -c on a command line."""
-    out = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            out.append(argv[i + 1])
-        elif arg.startswith("--config="):
-            out.append(arg.split("=", 1)[1])
-    return out
-
-
-def check_yaml(path: str) -> None:
-    """A one-line error, naming the file and the line, for a config file that is not valid YAML."""
-    if not os.path.isfile(path):
-        return  # jsonargparse reports a missing file (or parses an inline YAML string)
-    try:
-        with open(path, encoding="utf-8") as f:
-            yaml.safe_load(f)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"the config file {path} is not valid YAML ({problem}{where}); "
-                         "fix its syntax there (brackets, quotes, indentation with spaces)") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"the config file {path} is not UTF-8 text; fix: give a YAML file") from None
-
-
 def check_vocab_size(model_vocab: int, data_vocab: int, vocab: str) -> None:
     """The data's token ids must fit the model's embedding (else an IndexError in the first step)."""
     if model_vocab < data_vocab:
@@ -124,9 +97,9 @@ def check_vocab_size(model_vocab: int, data_vocab: int, vocab: str) -> None:
 
 def check_run_settings(subcommand: str | None, cfg: Namespace) -> None:
     """Settings that cannot work, refused before anything is built or written."""
-    if subcommand == "fit" and cfg.trainer.get("max_steps") == 0:
-        raise ValueError("--trainer.max_steps 0 trains no step (the run would end at once, with an empty run folder); "
-                         "fix: give max_steps ≥ 1 (the number of optimiser steps to train)")
+    problem = max_steps_problem(subcommand, cfg.trainer.get("max_steps"))
+    if problem:
+        raise ValueError(problem)
     data = cfg.get("data")
     if data is not None and data.get("vocab", "gpt2") == "gpt2":  # a compact vocabulary's size is known later
         check_vocab_size(cfg.model.config.vocab_size, N_VOCAB, "gpt2")
@@ -229,6 +202,37 @@ def evaluate_in_run_folder(cfg: Namespace, subcommand: str) -> None:
         args.sub_dir = subcommand
 
 
+# How gloo and NCCL report a peer process that died in the middle of a collective.
+PEER_ERROR = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|NCCL communicator was "
+                        r"aborted|DistNetworkError", re.IGNORECASE)
+
+
+class PeerLost(RuntimeError):
+    """A process of a multi-process run ended, and this one lost its connection to it."""
+
+
+def peer_lost(trainer, err: BaseException) -> str | None:
+    """One line for a collective that failed because a peer process ended (killed, out of memory), naming
+    that rank when this process launched it (Lightning's launcher on rank 0), else the peer's address;
+    None for any other error."""
+    if trainer.world_size < 2 or not isinstance(err, RuntimeError) or not PEER_ERROR.search(str(err)):
+        return None
+    dead = []
+    for local_rank, proc in enumerate(getattr(trainer.strategy.launcher, "procs", None) or [], start=1):
+        code = proc.poll()
+        if code not in (None, 0):
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+                else f"exit status {code}"
+            dead.append(f"rank {local_rank + trainer.node_rank * trainer.num_devices} ({how})")
+    peer = re.search(r"\[([^\]]+)\]:(\d+)", str(err))
+    who = (" and ".join(dead) + " of this DDP run ended") if dead else \
+        (f"a peer process of this DDP run ({peer.group(1)}:{peer.group(2)}) ended" if peer else
+         "a peer process of this DDP run ended")
+    return (f"{who}, and rank {trainer.global_rank} lost its connection at step {trainer.global_step} "
+            f"({type(err).__name__}: {PEER_ERROR.search(str(err)).group(0)}); fix: see that rank's output for why it "
+            f"ended (killed: out of memory? see `dmesg`), then run the same command with --ckpt_path last on every rank")
+
+
 class LoopnetCLI(LightningCLI):
     def __init__(self, *args, **kwargs):
         argv = kwargs.get("args")
@@ -241,6 +245,18 @@ class LoopnetCLI(LightningCLI):
     def subcommands(self) -> dict[str, set[str]]:
         every = LightningCLI.subcommands()
         return {self._only: every[self._only]} if getattr(self, "_only", None) else every
+
+    def instantiate_classes(self) -> None:
+        """Before anything is built: a fit pinned to a version folder (or resuming one) takes its lock,
+        and checks again, now alone, that a fresh fit finds the folder free (`check_fresh_version`)."""
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        logger = cfg.trainer.logger
+        if (self.subcommand == "fit" and rank_zero_only.rank == 0 and isinstance(logger, Namespace)
+                and logger.init_args.get("version") not in (None, "")):
+            checkpoints.lock_version(checkpoints.version_folder(logger.init_args))
+            if not cfg.ckpt_path:
+                check_fresh_version(cfg)
+        super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
@@ -277,11 +293,7 @@ class LoopnetCLI(LightningCLI):
                              f"or 'last'")
         if not path or path in ("last", "best", "hpc"):
             return
-        if Path(path).is_dir() and not checkpoints.is_sharded_checkpoint(path):
-            raise ValueError(f"--ckpt_path {path} is a folder; fix: give a .ckpt file in it, e.g. "
-                             f"{Path(path) / 'last.ckpt'}")
-        if not Path(path).is_file() and not checkpoints.is_sharded_checkpoint(path):
-            raise FileNotFoundError(f"--ckpt_path {path} does not exist; give a .ckpt file (e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
+        checkpoints.check_checkpoint_file(path)
         self._check_checkpoint(path, cfg, sub)
 
     @staticmethod
@@ -313,6 +325,9 @@ class LoopnetCLI(LightningCLI):
                 remove_failed_start(self.trainer, existed, err)
             except Exception as cleanup:  # the fit's own error is the one to show
                 print(f"loopnet: could not remove the failed start's run folder ({cleanup})", file=sys.stderr)
+            lost = peer_lost(self.trainer, err)
+            if lost:
+                raise PeerLost(lost) from err
             raise
 
     def after_fit(self) -> None:
@@ -362,8 +377,22 @@ class LoopnetCLI(LightningCLI):
             print(f"loopnet: saved the generated text to {path}", file=sys.stderr)
 
     def before_predict(self) -> None:
-        # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus.
-        self.datamodule = None
+        # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus. A model
+        # trained on a compact vocabulary (the corpus's own ids) maps text to ids and back through it.
+        dm, self.datamodule = self.datamodule, None
+        trained = (checkpoints.load_checkpoint_meta(self.config.predict.ckpt_path).get("datamodule_hyper_parameters")
+                   or {})
+        if trained.get("vocab", "gpt2") != "gpt2" or (dm is not None and dm.vocab != "gpt2"):
+            keys = ("vocab", "source", "path", "name", "split", "text_column")
+            saved, given = ({k: hp.get(k) for k in keys} for hp in (trained, dict(dm.hparams) if dm else {}))
+            if saved != given:
+                diff = "; ".join(f"{k}: checkpoint {saved[k]!r} vs config {given[k]!r}" for k in keys if saved[k] != given[k])
+                raise ValueError(f"{self.config.predict.ckpt_path} was trained on a compact vocabulary (the token ids "
+                                 f"of its corpus), which this command's data settings do not rebuild ({diff}); fix: "
+                                 f"give the data settings it was trained with (its config.yaml, e.g. "
+                                 f"--config configs/study_cpu.yaml)")
+            check_vocab_size(self.model.config.vocab_size, dm.vocab_size, dm.vocab)
+            self.model.vocabulary = dm  # LoopedLM._tokens: text <-> the corpus's ids
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
@@ -435,12 +464,14 @@ EVALUATION = ("validate", "test", "predict")
 
 def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> None:
     """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line)."""
-    argv = sys.argv[1:] if args is None else list(args)
+    argv = normalize_argv(sys.argv[1:] if args is None else list(args))
+    if args is None:
+        sys.argv[1:] = argv  # LightningCLI reads sys.argv itself
     guard_console()  # a pipe whose reader goes away (`| tee`, Ctrl-C) never breaks the run
     try:
+        with one_line_errors("loopnet", (ValueError, FileNotFoundError)):
+            precheck(argv)  # what needs no Lightning (loopnet.commands runs it before Lightning's import)
         with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
-            for path in config_files(argv):
-                check_yaml(path)
             if cli_class is LoopnetCLI and argv and argv[0] in ("fit", "validate", "test"):  # runs, not checks
                 check_hub(argv)  # `loopnet` itself did before importing Lightning
             cli_class(
@@ -455,6 +486,11 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
                 parser_class=OneLineErrorParser,
                 args=None if args is None else argv,
             )
+    except PeerLost as err:  # a DDP rank died: one line, not gloo's multi-line traceback
+        if os.environ.get("LOOPNET_DEBUG"):
+            raise
+        print(f"loopnet: error: {err}", file=sys.stderr)
+        sys.exit(1)
     except OSError as err:  # disk full or over quota while writing a checkpoint or the run summary
         if err.errno not in (errno.ENOSPC, errno.EDQUOT) or os.environ.get("LOOPNET_DEBUG"):
             raise
@@ -463,6 +499,8 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
     except KeyboardInterrupt:  # Ctrl-C before training started (during training GracefulInterrupt handles it)
         print("loopnet: interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        checkpoints.release_version_locks()
 
 
 if __name__ == "__main__":  # `python -m loopnet.training.cli fit ...`: the Trainer subcommands (sweep cells run it)

@@ -13,6 +13,10 @@ CHECKPOINT_DEFAULTS = {
     "save_top_k": 1,
     "filename": "best-step{step:06d}",
     "auto_insert_metric_name": False,
+    # A resumed run that validates at a step a crashed segment already saved (best-step000004.ckpt from
+    # after its last.ckpt) rewrites that file rather than adding best-step000004-v1.ckpt beside the
+    # orphan: the step is in the name, so no two checkpoints of one run share a name otherwise.
+    "enable_version_counter": False,
 }
 
 TRAINER_DEFAULTS = {

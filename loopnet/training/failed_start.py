@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 # What a fit writes into its run folder before its first step ends.
-START_FILES = re.compile(r"^(config\.yaml|hparams\.yaml|summary\.json|events\.out\.tfevents\..*|checkpoints/\..+\.tmp)$")
+START_FILES = re.compile(r"^(config\.yaml|hparams\.yaml|summary\.json|events\.out\.tfevents\..*|checkpoints/\..+\.tmp"
+                         r"|\.loopnet\.lock)$")  # the lock of a fit pinned to its version (loopnet.checkpoints)
 
 
 def _run_loggers(trainer) -> list:

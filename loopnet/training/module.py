@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Optional
 
 import lightning as L
@@ -21,51 +21,7 @@ from loopnet.checkpoints import check_checkpoint_config
 from loopnet.data import gpt2_encoding
 from loopnet.data.vocab import EOT_ID, N_VOCAB
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss, sample_next
-
-
-@dataclass
-class OptimConfig:
-    """AdamW with linear warm-up then cosine decay.
-
-    Args:
-        lr: Peak learning rate.
-        min_lr_ratio: Final learning rate as a fraction of `lr`.
-        weight_decay: Decoupled weight decay, applied to ≥ 2-D weights only (not norms, biases).
-        betas: AdamW (β1, β2).
-        eps: AdamW ε.
-        warmup_steps: Linear warm-up steps.
-        decay_steps: Steps of the cosine decay; None uses the Trainer's max_steps.
-        fused: fused AdamW kernel; None: on CUDA and CPU unless fp16 (whose GradScaler Lightning must
-            unscale before clipping, which a fused step does internally).
-    """
-
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    warmup_steps: int = 200
-    decay_steps: Optional[int] = None
-    fused: Optional[bool] = None
-
-
-@dataclass
-class GenerateConfig:
-    """Text continuation for `loopnet predict`.
-
-    Args:
-        prompt: Text to continue.
-        max_new_tokens: Tokens to generate.
-        temperature: Softmax temperature; 0 means greedy.
-        top_k: Sample among the k most likely tokens (None: all).
-        rounds: Round count R' used to generate (None: the training R).
-    """
-
-    prompt: str = "ROMEO:"
-    max_new_tokens: int = 64
-    temperature: float = 0.8
-    top_k: Optional[int] = 50
-    rounds: Optional[int] = None
+from loopnet.training.options import GenerateConfig, OptimConfig
 
 
 def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) -> None:
@@ -100,7 +56,9 @@ def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) ->
 # loopnet writes its configs into checkpoints as plain dicts; should a LoopConfig, OptimConfig or
 # GenerateConfig instance be in one (saved by hand, or by other code), torch's restricted
 # weights_only unpickler may still rebuild these plain dataclasses. Nothing else is allowed.
-torch.serialization.add_safe_globals([LoopConfig, OptimConfig, GenerateConfig])
+# (OptimConfig and GenerateConfig lived in this module before loopnet.training.options: both names load.)
+torch.serialization.add_safe_globals([LoopConfig, OptimConfig, GenerateConfig, (OptimConfig, f"{__name__}.OptimConfig"),
+                                     (GenerateConfig, f"{__name__}.GenerateConfig")])
 
 
 def rng_states() -> dict[str, Any]:
@@ -270,10 +228,10 @@ class LoopedLM(L.LightningModule):
 
     # ----------------------------------------------------------------------------- predict
     def _tokens(self):
-        """The data module that says how text becomes ids (a compact vocabulary renumbers them),
-        or GPT-2's encoding when there is none."""
+        """The data module that says how text becomes ids (a compact vocabulary renumbers them; `loopnet
+        predict` sets `vocabulary`, as it runs without the corpus), or GPT-2's encoding when there is none."""
         dm = self._trainer.datamodule if self._trainer is not None else None
-        return dm if dm is not None and hasattr(dm, "decode") else None
+        return dm if dm is not None and hasattr(dm, "decode") else getattr(self, "vocabulary", None)
 
     def predict_dataloader(self):
         dm = self._tokens()

@@ -3,13 +3,12 @@ Its numbers are machine- and load-dependent and are not asserted."""
 
 import json
 import os
-import subprocess
 import sys
 
 import torch
 
 from loopnet.model import LoopedTransformer
-from tests.helpers import tiny_config
+from tests.helpers import run_command, tiny_config
 
 VARIANTS = ["bare", "lightning", "diagnostics@2", "diagnostics@50", "compile", "checkpoint", "R=1", "R=3", "R=12",
             "data", "nanoGPT", "preln R=1"]
@@ -17,9 +16,9 @@ VARIANTS = ["bare", "lightning", "diagnostics@2", "diagnostics@50", "compile", "
 
 def test_smoke_run_prints_and_writes_every_variant(tmp_path):
     md, js = tmp_path / "bench.md", tmp_path / "bench.json"
-    proc = subprocess.run(
+    proc = run_command(
         [sys.executable, "-m", "loopnet.bench.run", "--smoke", "--out", str(md), "--json", str(js)],
-        capture_output=True, text=True, timeout=300, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
+        env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for text in (proc.stdout, md.read_text()):
@@ -38,9 +37,9 @@ def test_vs_nanogpt_runs_the_pair_alone_at_equal_size(tmp_path):
     from loopnet.bench.variants import Bare, NanoGPTStep
 
     js = tmp_path / "bench.json"
-    proc = subprocess.run(
+    proc = run_command(
         [sys.executable, "-m", "loopnet.bench.run", "--smoke", "--vs-nanogpt", "--steps", "3", "--json", str(js)],
-        capture_output=True, text=True, timeout=300, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
+        env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loopnet Pre-LN K=2 R=1 against nanoGPT with 2 layers" in proc.stdout
@@ -85,10 +84,10 @@ def test_bf16_on_cpu_runs_autocast_and_measures_a_bf16_peak(tmp_path):
     """--precision bf16 on CPU: every variant in bf16 autocast (Lightning: bf16-mixed), MFU against
     this CPU's own bf16 matmul rate."""
     js = tmp_path / "bench.json"
-    proc = subprocess.run(
+    proc = run_command(
         [sys.executable, "-m", "loopnet.bench.run", "--smoke", "--precision", "bf16", "--no-memory", "--no-data",
          "--rounds", "6", "--json", str(js)],
-        capture_output=True, text=True, timeout=300, env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
+        env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "T=32, batch 2, vocabulary 256, bf16 autocast" in proc.stdout
@@ -129,8 +128,8 @@ def test_system_malloc_leaves_the_allocator_alone(tmp_path):
             "print('CALLS', len(calls))\n")
     outputs = {}
     for flags in ([], ["--system-malloc"]):
-        proc = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=300,
-                              env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+        proc = run_command([sys.executable, "-c", code, *flags],
+                   env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs[bool(flags)] = proc.stdout
     tuned, system = outputs[False], outputs[True]

@@ -5,7 +5,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -17,6 +16,7 @@ from loopnet.diagnostics.profile import LABELS, VIEWS, depth_profile, view_figur
 from loopnet.diagnostics.tags import ATTN_QUANTITIES, OUTPUT_QUANTITIES, VISIT_QUANTITIES
 from loopnet.model import Visit, visit_order
 from loopnet.training.module import LoopedLM
+from tests.helpers import wait_until
 
 from .helpers import random_tokens, tiny_module, trainer
 
@@ -195,18 +195,19 @@ def test_tensorboard_server_lists_the_tags(fitted):
     )
     base, expected = f"http://127.0.0.1:{port}", set(expected_scalar_tags(K, R))
     try:
-        deadline, seen = time.monotonic() + 90, set()
-        while time.monotonic() < deadline:
+        seen = set()
+
+        def served() -> bool:  # waited on while TensorBoard works (tests.helpers.wait_until), no time guess
             try:
-                runs = _get(f"{base}/data/plugin/scalars/tags")
-                seen = {tag for tags in runs.values() for tag in tags}
-                if expected <= seen:
-                    break
+                seen.update(tag for tags in _get(f"{base}/data/plugin/scalars/tags").values() for tag in tags)
             except OSError:
                 pass
-            assert proc.poll() is None, proc.stderr.read()[-2000:]
-            time.sleep(1)
-        assert expected <= seen, sorted(expected - seen)[:10]
+            return expected <= seen
+
+        try:
+            wait_until(served, proc, "it served the tags", poll=1.0)
+        except AssertionError as err:
+            raise AssertionError(f"{err}; missing {sorted(expected - seen)[:10]}") from None
         hists = {tag for tags in _get(f"{base}/data/plugin/histograms/tags").values() for tag in tags}
         assert "hist/state/r03" in hists
         layout = _get(f"{base}/data/plugin/custom_scalars/layout")

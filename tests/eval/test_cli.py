@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from loopnet.eval.cli import main
 from loopnet.eval.results import write_report
 from loopnet.eval.tasks import DEEPLOOP_TASKS, TaskSetupError, check_datasets, expand_tasks
 from tests.eval.helpers import DATA_DIR, TASK
+from tests.helpers import run_command
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -76,7 +76,7 @@ def test_missing_checkpoint_fails_before_loading_the_harness(tmp_path):
         "except SystemExit as e:\n"
         "    print('lm_eval' in sys.modules, e.code)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = run_command([sys.executable, "-c", code])
     assert proc.stdout.split() == ["False", "2"]
     [line] = proc.stderr.strip().splitlines()
     assert "checkpoint not found" in line and "nope.ckpt" in line
@@ -163,7 +163,7 @@ class _Payload:
 
 
 @pytest.mark.parametrize("kind, problem", [
-    ("zero_byte", "is not a readable checkpoint, it is corrupt or truncated"),
+    ("zero_byte", "is empty (0 bytes), not a checkpoint"),  # not torch's "cannot mmap an empty file"
     ("truncated", "is not a readable checkpoint, it is corrupt or truncated"),
     ("malicious", "unpickling it would import or run code (posix.system"),
 ])

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from tests.helpers import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "deeploop_carry_k2_r2_d32_h2_ctx32"  # the run folder name of TINY's model (cli.run_name)
 # A seconds-long CPU run: the DeepLoop method config, the CPU overlay, a 2-round model of width 32.
@@ -88,21 +90,39 @@ def spawn(*args: str, cwd: Path, new_session: bool = False) -> subprocess.Popen:
     return proc
 
 
-def finish(proc: subprocess.Popen, timeout: float = 300) -> Result:
-    """Wait for a spawned process; its exit status (negative: killed by that signal) and output."""
+def finish(proc: subprocess.Popen) -> Result:
+    """Wait for a spawned process while it works (tests.helpers.Watch: no wall-clock limit, a hung one
+    is killed); its exit status (negative: killed by that signal) and output."""
+    hung = None
     try:
-        proc.wait(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
+        wait_until(lambda: proc.poll() is not None, proc, "it ended", poll=0.1)
+    except AssertionError as err:
         proc.kill()
         proc.wait()
-        timed_out = True
+        hung = err
     for f in proc.logs:
         f.seek(0)
     out, err = (f.read() for f in proc.logs)
-    if timed_out:
-        raise AssertionError(f"loopnet did not finish in {timeout} s:\n{out[-2000:]}\n{err[-4000:]}")
+    if hung is not None:
+        raise AssertionError(f"loopnet: {hung}:\n{out[-2000:]}\n{err[-4000:]}")
     return Result(proc.returncode, out, err)
+
+
+def wait_for(check, proc: subprocess.Popen, what: str) -> None:
+    """Wait until `check()` while the spawned `proc` works towards it (tests.helpers.wait_until); when
+    it ends or hangs first, the error shows its output."""
+    try:
+        wait_until(check, proc, what)
+    except AssertionError as err:
+        if proc.poll() is None:
+            proc.kill()
+        raise AssertionError(f"{err}:\n{finish(proc).err[-4000:]}") from None
+
+
+def stderr_so_far(proc: subprocess.Popen) -> str:
+    """What a spawned process wrote to stderr so far (read without moving the offset it writes at)."""
+    fd = proc.logs[1].fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
 
 def load(path: Path) -> dict:
@@ -220,18 +240,18 @@ class KillDuringSave(Callback):
 
 
 class SlowInterruptSave(Callback):
-    """Make writing the interruption checkpoint (`last-interrupted.ckpt`) take `delay` s longer: torch.save
-    waits before writing its bytes, after creating `marker` (so a test knows the save has begun)."""
+    """Hold the write of the interruption checkpoint (`last-interrupted.ckpt`) until the file `release`
+    exists: torch.save waits before writing its bytes, after creating `marker` (so a test knows the save
+    has begun, and lets it go on when it has done what it meant to do meanwhile)."""
 
-    def __init__(self, marker: str, delay: float = 5.0):
+    def __init__(self, marker: str, release: str):
         real = torch.save
 
         def save(obj, f, *args, **kwargs):
             name = os.readlink(f"/proc/self/fd/{f.fileno()}") if hasattr(f, "fileno") else str(f)
             if "last-interrupted" in name:
                 Path(marker).write_text(name)
-                end = time.monotonic() + delay
-                while time.monotonic() < end:  # sleeps again after a signal handler returns
+                while not Path(release).exists():  # sleeps again after a signal handler returns
                     time.sleep(0.05)
             return real(obj, f, *args, **kwargs)
 

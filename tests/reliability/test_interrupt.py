@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from loopnet.training.callbacks import AtomicCheckpointIO
+from tests.helpers import Watch
+
 from .helpers import (RUN, TINY, KillDuringSave, Progress, SlowInterruptSave, callbacks, env, event_files, finish, load,
-                      loopnet, scalars, spawn)
+                      loopnet, scalars, spawn, stderr_so_far, wait_for)
 
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
@@ -38,10 +40,10 @@ def runs(tmp_path_factory):
         else:
             extra = callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2}))
             procs[name] = spawn("fit", *STOP_ARGS, *extra, cwd=cwd)
-    waiting, t0 = set(SIGNALS), time.monotonic()
+    waiting = set(SIGNALS)
+    watches = {name: Watch(procs[name], "step 4") for name in waiting}  # waited on while they work
     try:
         while waiting:
-            assert time.monotonic() - t0 < 240, f"{sorted(waiting)}: fit did not reach step 4 in 240 s"
             for name in list(waiting):
                 proc, progress = procs[name], folders[name] / "progress"
                 if proc.poll() is not None:
@@ -50,8 +52,10 @@ def runs(tmp_path_factory):
                 if progress.exists() and int(progress.read_text() or 0) >= 4:
                     proc.send_signal(SIGNALS[name])
                     waiting.discard(name)
+                else:
+                    watches[name].check()
             time.sleep(0.1)
-        return {name: (folders[name], finish(proc, timeout=240)) for name, proc in procs.items()}
+        return {name: (folders[name], finish(proc)) for name, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -83,24 +87,14 @@ def _take_terminal() -> None:  # in the child: the pty on stdin becomes its cont
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-def _wait_for(check, proc, what: str, timeout: float = 240) -> None:
-    t0 = time.monotonic()
-    while not check():
-        if proc.poll() is not None:
-            res = finish(proc)
-            raise AssertionError(f"fit ended (code {res.code}) before {what}:\n{res.err[-4000:]}")
-        assert time.monotonic() - t0 < timeout, f"fit did not reach {what} in {timeout} s"
-        time.sleep(0.05)
-
-
 def test_second_ctrl_c_while_saving_completes_the_checkpoint(tmp_path):
     """Ctrl-C typed twice on a real terminal (the pty's line discipline signals the foreground process
     group), the second while the interruption checkpoint is written: one line says it is saving, the
     checkpoint is completed, no traceback, status 0."""
     master, slave = os.openpty()
-    progress, saving = tmp_path / "progress", tmp_path / "saving"
+    progress, saving, release = tmp_path / "progress", tmp_path / "saving", tmp_path / "release"
     extra = callbacks((Progress, {"path": str(progress), "delay": 0.2}),
-                      (SlowInterruptSave, {"marker": str(saving), "delay": 3.0}))
+                      (SlowInterruptSave, {"marker": str(saving), "release": str(release)}))
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", "fit", *STOP_ARGS, *extra], cwd=tmp_path,
                             env=env(), stdin=slave, stdout=logs[0], stderr=logs[1], text=True,
@@ -108,12 +102,13 @@ def test_second_ctrl_c_while_saving_completes_the_checkpoint(tmp_path):
     proc.logs = logs
     os.close(slave)
     try:
-        _wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, proc, "step 2")
+        wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, proc, "step 2")
         os.write(master, b"\x03")  # Ctrl-C
-        _wait_for(saving.exists, proc, "the interruption checkpoint's save")
-        time.sleep(0.3)
-        os.write(master, b"\x03")  # Ctrl-C again, in the middle of the save
-        res = finish(proc, timeout=120)
+        wait_for(saving.exists, proc, "the interruption checkpoint's save")
+        os.write(master, b"\x03")  # Ctrl-C again, in the middle of the save (held until `release`)
+        wait_for(lambda: "saving the interrupted checkpoint" in stderr_so_far(proc), proc, "the second Ctrl-C's line")
+        release.touch()
+        res = finish(proc)
     finally:
         if proc.poll() is None:
             proc.kill()

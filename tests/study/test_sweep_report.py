@@ -12,7 +12,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from loopnet.diagnostics import read_summary
 from loopnet.study import report as report_mod
 from loopnet.study.sweep import LOG, MANIFEST, is_finished, run
 from loopnet.study.unigram import cross_entropy, entropy, unigram_counts, val_limit
+from tests.helpers import communicate, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {
@@ -54,12 +54,14 @@ def swept(tmp_path_factory):
     out = root / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "loopnet", "sweep", str(sweep_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
-    while not (out / LOG).is_file() or ["r2-s1", "r2-s2"] != [e["cell"] for e in log_events(out) if e["event"] == "started"]:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.2)
+    try:
+        wait_until(lambda: (out / LOG).is_file() and ["r2-s1", "r2-s2"] == [
+            e["cell"] for e in log_events(out) if e["event"] == "started"], proc, "the second cell started")
+    except AssertionError as err:
+        proc.kill()
+        raise AssertionError(f"{err}\n{proc.communicate()[0][-3000:]}") from None
     proc.send_signal(signal.SIGTERM)  # the sweep stops its running fit and exits
-    assert proc.wait(timeout=120) != 0
+    assert communicate(proc)[0] is not None and proc.returncode != 0
     first = out / "r2-s1"
     assert is_finished(first) and not is_finished(out / "r2-s2")
     mtime = (first / "summary.json").stat().st_mtime_ns

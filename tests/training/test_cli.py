@@ -2,13 +2,14 @@
 
 import glob
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.helpers import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("cpu.yaml", "study_cpu.yaml")  # composed on top of a method config, not run alone
@@ -24,8 +25,7 @@ TINY = [
 
 def loopnet(*args, cwd, check=True):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = run_command([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"loopnet {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc

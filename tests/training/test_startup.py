@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.helpers import run_command
 from tests.reliability.helpers import ROOT, env
 
 
@@ -27,7 +28,7 @@ print(sorted({'lightning', 'torch', 'datasets', 'matplotlib'} & set(sys.modules)
 
 
 def _light(*args: str) -> tuple[str, list[str]]:
-    proc = subprocess.run([sys.executable, "-c", LIGHT, *args], env=env(), capture_output=True, text=True, timeout=120)
+    proc = run_command([sys.executable, "-c", LIGHT, *args], env=env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, eval(proc.stderr.strip().splitlines()[-1])
 
@@ -55,8 +56,7 @@ def test_the_console_script_and_python_m_name_the_command_loopnet():
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["loopnet"] == "loopnet.commands:main"
-    proc = subprocess.run([sys.executable, "-m", "loopnet", "test", "--help"], env=env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = run_command([sys.executable, "-m", "loopnet", "test", "--help"], env=env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("usage: loopnet [options] test")
     assert "--ckpt_path" in proc.stdout

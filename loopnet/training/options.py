@@ -1,0 +1,86 @@
+"""The optimiser's and `loopnet predict`'s settings (typed dataclasses, checked when built); light to
+import (no Lightning, no torch), so that `loopnet` checks them before Lightning's import
+(`loopnet.training.precheck`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay.
+
+    Args:
+        lr: Peak learning rate.
+        min_lr_ratio: Final learning rate as a fraction of `lr`.
+        weight_decay: Decoupled weight decay, applied to ≥ 2-D weights only (not norms, biases).
+        betas: AdamW (β1, β2).
+        eps: AdamW ε.
+        warmup_steps: Linear warm-up steps.
+        decay_steps: Steps of the cosine decay; None uses the Trainer's max_steps.
+        fused: fused AdamW kernel; None: on CUDA and CPU unless fp16 (whose GradScaler Lightning must
+            unscale before clipping, which a fused step does internally).
+    """
+
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    warmup_steps: int = 200
+    decay_steps: Optional[int] = None
+    fused: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        b1, b2 = self.betas
+        for ok, what, fix in (
+            (self.lr >= 0, f"model.optim.lr={self.lr} must be >= 0", "give a positive peak learning rate, e.g. 6e-4"),
+            (0 <= self.min_lr_ratio <= 1, f"model.optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]",
+             "give the final learning rate as a fraction of lr, e.g. 0.1"),
+            (self.weight_decay >= 0, f"model.optim.weight_decay={self.weight_decay} must be >= 0",
+             "give 0 (none) or a positive value, e.g. 0.1"),
+            (0 <= b1 < 1 and 0 <= b2 < 1, f"model.optim.betas={list(self.betas)} must each be in [0, 1)",
+             "give e.g. [0.9, 0.95]"),
+            (self.eps > 0, f"model.optim.eps={self.eps} must be > 0", "give e.g. 1e-8"),
+            (self.warmup_steps >= 0, f"model.optim.warmup_steps={self.warmup_steps} must be >= 0",
+             "give the number of linear warm-up steps, 0 for none"),
+            (self.decay_steps is None or self.decay_steps >= 1,
+             f"model.optim.decay_steps={self.decay_steps} must be >= 1", "give a step count, or null for max_steps"),
+        ):
+            if not ok:
+                raise ValueError(f"{what}; fix: {fix}")
+
+
+@dataclass
+class GenerateConfig:
+    """Text continuation for `loopnet predict`.
+
+    Args:
+        prompt: Text to continue.
+        max_new_tokens: Tokens to generate.
+        temperature: Softmax temperature; 0 means greedy.
+        top_k: Sample among the k most likely tokens (None: all).
+        rounds: Round count R' used to generate (None: the training R).
+    """
+
+    prompt: str = "ROMEO:"
+    max_new_tokens: int = 64
+    temperature: float = 0.8
+    top_k: Optional[int] = 50
+    rounds: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for ok, what, fix in (
+            (self.max_new_tokens >= 1, f"model.generate.max_new_tokens={self.max_new_tokens} must be >= 1",
+             "give the number of tokens to generate, e.g. 64"),
+            (self.temperature >= 0, f"model.generate.temperature={self.temperature} must be >= 0",
+             "give 0 (greedy) or a positive temperature, e.g. 0.8"),
+            (self.top_k is None or self.top_k >= 1, f"model.generate.top_k={self.top_k} must be >= 1",
+             "give a positive k, or null for all tokens"),
+            (self.rounds is None or self.rounds >= 1, f"model.generate.rounds={self.rounds} must be >= 1",
+             "give a round count R' >= 1, or null for the training R"),
+        ):
+            if not ok:
+                raise ValueError(f"{what}; fix: {fix}")
