@@ -3,7 +3,6 @@
 
 import json
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ from loopnet.data import DataConfigError, TokenStreamDataModule
 from loopnet.data.hub import CONVERSION, parquet_layout
 from loopnet.data.parquet import ParquetCorpus
 from loopnet.diagnostics.summary import _data_summary
+from tests.helpers import run_command
 
 OWT = "Skylion007/openwebtext"
 BASE = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "../../configs/base.yaml")))["data"]
@@ -120,8 +120,7 @@ def test_unreachable_hub_fails_fast_before_lightning_naming_the_overlay():
     code = ("import sys\nfrom loopnet.commands import main\n"
             "try:\n    main(['fit', '--config', 'configs/deeploop_r6.yaml'])\nfinally:\n"
             "    print('LIGHTNING' if 'lightning' in sys.modules else 'NO-LIGHTNING', file=sys.stderr)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
-                         timeout=120)
+    res = run_command([sys.executable, "-c", code], env=env, cwd=root)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and lines[-1] == "NO-LIGHTNING", res.stderr
     assert lines[0].startswith("loopnet: error: ") and len(lines) == 2

@@ -2,7 +2,6 @@
 README's picture): skipped where no Chromium is installed (apt-get install chromium)."""
 
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ from loopnet.diagnostics.profile import profile_pngs, write_png
 from loopnet.diagnostics.tags import visit_quantities, visit_tag
 from loopnet.model import visit_order
 from tests.reliability.helpers import ROOT, env
+from tests.helpers import run_command
 
 pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("chromium", "chromium-headless-shell")),
                                 reason="no Chromium (apt-get install chromium)")
@@ -26,9 +26,8 @@ def test_screenshot_of_a_logdir(tmp_path):
         write_png(writer, tag, png, 0)
     writer.close()
     out = tmp_path / "shot.png"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/tensorboard_screenshot.py"), "--logdir",
-                           str(tmp_path / "runs"), "--out", str(out), "--size", "1024", "800"],
-                          env=env(), capture_output=True, text=True, timeout=400)
+    proc = run_command([sys.executable, str(ROOT / "scripts/tensorboard_screenshot.py"), "--logdir",
+                        str(tmp_path / "runs"), "--out", str(out), "--size", "1024", "800"], env=env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     image = Image.open(out)
     assert image.size == (1024, 800)

@@ -3,10 +3,10 @@ the fit's outcome, and keeps the fit's exit status."""
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from tests.helpers import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,8 +20,7 @@ def test_make_fit_says_how_to_put_loopnet_on_path(tmp_path, status):
     (venv / "bin" / "loopnet").chmod(0o755)
     (venv / ".installed").touch()
     os.utime(venv / ".installed", (4e9, 4e9))  # newer than pyproject.toml: no set-up
-    res = subprocess.run(["make", "-s", "-C", str(ROOT), "fit", f"VENV={venv}"], capture_output=True, text=True,
-                         timeout=60)
+    res = run_command(["make", "-s", "-C", str(ROOT), "fit", f"VENV={venv}"])
     assert (tmp_path / "called").read_text().startswith("loopnet fit --config configs/deeploop_r6.yaml")
     assert (res.returncode == 0) == (status == 0), res.stderr
     assert f"run '. {venv}/bin/activate' (or 'export PATH={venv}/bin:$PATH')" in res.stdout

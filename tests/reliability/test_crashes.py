@@ -22,7 +22,7 @@ def test_predict_with_a_compact_vocabulary(tmp_path):
     assert res.code == 0, res.err[-3000:]
     [text] = res.out.strip().splitlines()
     assert text.startswith("ROMEO: What say you") and len(text) > len("ROMEO: What say you")  # ids mapped both ways
-    assert (tmp_path / "runs" / RUN / "version_0" / "predict" / "predictions.txt").read_text().strip() == text
+    assert (tmp_path / "runs" / f"{RUN}_v19136" / "version_0" / "predict" / "predictions.txt").read_text().strip() == text
 
     # Another corpus would rebuild other ids: refused, naming what differs and what to give.
     (tmp_path / "other.txt").write_text("To be or not to be, that is the question.\n\n" * 200)

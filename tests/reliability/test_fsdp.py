@@ -12,7 +12,6 @@ differences are ~1e-8. Losses are compared relatively at 1e-6 (~8 ulps at a loss
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 
 import pytest
@@ -23,6 +22,7 @@ from loopnet.diagnostics import VisitProbe
 from loopnet.diagnostics.callback import physical_sublayers
 from loopnet.model import LoopConfig, LoopedTransformer
 from loopnet.training.module import LoopedLM
+from tests.helpers import run_command
 
 from .fsdp_cpu import CLIP, MODEL
 from .helpers import ROOT, env
@@ -37,8 +37,7 @@ def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     out = tmp_path_factory.mktemp("fsdp")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "tests.reliability.fsdp_cpu", str(out), ",".join(MODES)]
-    res = subprocess.run(cmd, cwd=ROOT, env=env() | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                         timeout=600)
+    res = run_command(cmd, cwd=ROOT, env=env() | {"OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
     records = {m: [torch.load(out / f"{m}_rank{r}.pt", weights_only=False) for r in (0, 1)] for m in MODES}
     records["init"] = torch.load(out / "init.pt")

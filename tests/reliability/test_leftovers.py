@@ -69,7 +69,7 @@ def test_interrupted_summary_names_the_interruption_checkpoint(tmp_path):
     run = tmp_path / "runs" / RUN / "version_0"
     summary = summary_files_exist(run)
     assert summary["status"] == "interrupted"
-    assert summary["last_checkpoint"] == str(Path("runs") / RUN / "version_0" / "checkpoints" / "last-interrupted.ckpt")
+    assert summary["last_checkpoint"] == str(run / "checkpoints" / "last-interrupted.ckpt")  # save_dir made absolute
 
 
 def test_no_orphan_best_checkpoint_after_a_crash_and_resume(tmp_path):
@@ -97,7 +97,7 @@ def test_a_fit_pinned_to_a_version_in_use_is_refused(tmp_path):
         held.flush()
         res = loopnet("fit", *ARGS, "--trainer.max_steps", "2", "--trainer.logger.init_args.version", "3", cwd=tmp_path)
     assert res.code == 2, res.err[-3000:]
-    assert res.last_err_line.startswith(f"loopnet: error: runs/{RUN}/version_3 is in use by another loopnet fit "
+    assert res.last_err_line.startswith(f"loopnet: error: {folder} is in use by another loopnet fit "
                                         f"(pid 12345) pinned to the same version; fix: wait for it to end")
     assert [p.name for p in folder.iterdir()] == [LOCK_NAME]  # nothing written beside it
     # Once free, the same command runs, and leaves no lock file behind.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.helpers import run_command
 
 from .helpers import ROOT, RUN, TINY, env
 
@@ -22,17 +23,16 @@ FIT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "
 
 def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env() | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    return run_command(cmd, cwd=cwd, env=env() | {"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A 2-step fit launched by scripts/torchrun.sh as its header says for CPU, in a fresh folder (RUNS: ./runs)."""
     cwd = tmp_path_factory.mktemp("node0")
-    res = subprocess.run(["bash", str(ROOT / "scripts/torchrun.sh"), *FIT], cwd=cwd, capture_output=True, text=True,
-                         env=env() | {"NPROC": "2", "ACCELERATOR": "cpu", "STRATEGY": "ddp", "PYTHON": sys.executable,
-                                      "OMP_NUM_THREADS": "1"}, timeout=300)
+    res = run_command(["bash", str(ROOT / "scripts/torchrun.sh"), *FIT], cwd=cwd,
+                      env=env() | {"NPROC": "2", "ACCELERATOR": "cpu", "STRATEGY": "ddp", "PYTHON": sys.executable,
+                                   "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
     return cwd
 

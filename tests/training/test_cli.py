@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.helpers import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
-OVERLAYS = ("cpu.yaml", "study_cpu.yaml")  # composed on top of a method config, not run alone
+OVERLAYS = ("cpu.yaml", "study_cpu.yaml", "study_map.yaml", "fsdp.yaml")  # composed on top of a method config, not run alone
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name not in OVERLAYS)
 TINY = [
     "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),

@@ -72,4 +72,4 @@ def test_resuming_last_after_a_run_of_another_width(tmp_path):
     assert len(list((tmp_path / "runs").iterdir())) == 2
     res = loopnet("fit", *SHORT, "--trainer.max_steps", "3", "--ckpt_path", "last", cwd=tmp_path)
     assert res.code == 0, res.err[-3000:]
-    assert "resuming from runs/deeploop_carry_k2_r2_d32_h2_ctx32/version_0/checkpoints/last.ckpt" in res.err
+    assert f"resuming from {tmp_path}/runs/deeploop_carry_k2_r2_d32_h2_ctx32/version_0/checkpoints/last.ckpt" in res.err
