@@ -16,6 +16,8 @@ SLOW_MODULES = {
     "reliability/test_interrupt_validation.py", "reliability/test_leftovers.py", "reliability/test_output.py",
     "reliability/test_resume.py", "reliability/test_run_folders.py", "reliability/test_safe_loading.py",
     "reliability/test_fsdp_config.py", "training/test_cli.py", "training/test_startup.py",
+    "reliability/test_signals.py", "reliability/test_torchrun.py", "reliability/test_fsdp.py",
+    "reliability/test_crashes.py", "training/test_run_name.py", "diagnostics/test_screenshot.py",
 }
 
 

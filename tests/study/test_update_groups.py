@@ -118,6 +118,7 @@ def test_measuring_leaves_the_weights_unchanged():
     assert all(torch.equal(before[n], p) for n, p in lm.model.named_parameters())
 
 
+@pytest.mark.slow
 def test_probe_groups_from_checkpoints_of_a_real_run(tmp_path):
     """A 4-step fit (in this process) saving a checkpoint every 2 steps, then `loopnet probe --groups --checkpoints ... --with_init`:
     DeepNorm and DeepLoop at steps 0, 2 and 4, the ratio table against 4N and 2√N."""
