@@ -182,7 +182,8 @@ def _read(argv: list[str]) -> tuple[dict, dict]:
         hint = _typed_leaf(key)
         if hint is str or (typing.get_origin(hint) is Union and str in typing.get_args(hint)):
             parsed = value  # a prompt such as "ROMEO:" is text, not YAML
-        elif key in (*GROUPS, "model", "data", "trainer", "data.batch_size", "trainer.max_steps", "ckpt_path") or hint:
+        elif key in (*GROUPS, "model", "data", "trainer", "data.batch_size", "trainer.max_steps",
+                     "trainer.enable_checkpointing", "ckpt_path") or hint:
             try:
                 parsed = yaml.safe_load(value)
             except yaml.YAMLError:
@@ -244,6 +245,12 @@ def precheck(argv: list[str]) -> None:
     problem = max_steps_problem(subcommand, _nested(config, "trainer.max_steps"))
     if problem:
         raise ValueError(problem)
+    if subcommand == "fit" and _nested(config, "trainer.enable_checkpointing") is False:
+        # loopnet fit's ModelCheckpoint is part of the run (resume, interruption, best); Lightning refuses
+        # the pair with a MisconfigurationException traceback after its import.
+        raise ValueError("--trainer.enable_checkpointing false: loopnet fit always keeps last.ckpt (resume, "
+                         "interruption) and the best checkpoint; fix: drop the option (to write fewer files, "
+                         "--checkpoint.save_top_k 0 keeps no best checkpoint)")
     ckpt_path = _nested(config, "ckpt_path")
     if isinstance(ckpt_path, str) and ckpt_path not in ("last", "best", "hpc"):
         checkpoints.check_checkpoint_file(ckpt_path)

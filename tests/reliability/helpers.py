@@ -279,3 +279,13 @@ def scalars(run: Path, tag: str = "train/loss") -> dict[int, float]:
         if tag in acc.Tags()["scalars"]:
             out.update({e.step: e.value for e in acc.Scalars(tag)})
     return out
+
+
+def record(cwd: Path) -> dict:
+    """What a run in `cwd` recorded (runs/RUN/version_0): training and validation points, val_history,
+    its best checkpoints and loss; equal for a resumed run and an uninterrupted one."""
+    run = cwd / "runs" / RUN / "version_0"
+    summary = json.loads((run / "summary.json").read_text())
+    best = sorted(p.name for p in (run / "checkpoints").glob("best-*.ckpt"))
+    return {"train/loss": scalars(run), "val/loss": scalars(run, "val/loss"),
+            "val_history": summary["val_history"], "best": best, "best_val_loss": summary["best_val_loss"]}

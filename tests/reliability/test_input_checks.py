@@ -37,6 +37,8 @@ BAD = {  # id: (arguments after `fit` SHORT, problem, fix)
                    "fix: set model.config.n_rounds to a positive integer"),
     "seq_len 0": (["--model.config.seq_len", "0"], "LoopConfig.seq_len must be >= 1, got 0",
                   "fix: set model.config.seq_len to a positive integer"),
+    "no checkpointing": (["--trainer.enable_checkpointing", "false"], "--trainer.enable_checkpointing false: loopnet "
+                         "fit always keeps last.ckpt", "fix: drop the option"),
     "batch_size 0": (["--data.batch_size", "0"], "--data.batch_size 0 gives no sequence to a step",
                      "fix: give data.batch_size ≥ 1"),
     "checkpoint folder": (["--ckpt_path", "runs"], "--ckpt_path runs is a folder, not a checkpoint file",

@@ -1,21 +1,12 @@
 """Issue 16, item 2: a run interrupted around a validation and resumed keeps the same record as the
 uninterrupted run: every TensorBoard point at its step, the same val_history and best checkpoint."""
 
-import json
 
 import pytest
 
-from .helpers import RUN, TINY, SignalAt, SignalInValidation, callbacks, loopnet, scalars
+from .helpers import TINY, SignalAt, SignalInValidation, callbacks, loopnet, record
 
 ARGS = [*TINY, "--trainer.max_steps", "6", "--trainer.val_check_interval", "3"]  # validations at steps 3 and 6
-
-
-def record(cwd):
-    run = cwd / "runs" / RUN / "version_0"
-    summary = json.loads((run / "summary.json").read_text())
-    best = sorted(p.name for p in (run / "checkpoints").glob("best-*.ckpt"))
-    return {"train/loss": scalars(run), "val/loss": scalars(run, "val/loss"),
-            "val_history": summary["val_history"], "best": best, "best_val_loss": summary["best_val_loss"]}
 
 
 @pytest.fixture(scope="module")

@@ -17,19 +17,11 @@ import time
 import pytest
 
 from tests.helpers import Watch, wait_until
-from .helpers import (RUN, TINY, Progress, SignalAt, SignalInValidation, ValidationBatches, callbacks, env, load,
+from .helpers import (RUN, record, TINY, Progress, SignalAt, SignalInValidation, ValidationBatches, callbacks, env, load,
                       loopnet, scalars)
 
 # Validations of 4 batches at steps 3 and 6.
 ARGS = [*TINY, "--trainer.max_steps", "6", "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "4"]
-
-
-def record(cwd):
-    run = cwd / "runs" / RUN / "version_0"
-    summary = json.loads((run / "summary.json").read_text())
-    best = sorted(p.name for p in (run / "checkpoints").glob("best-*.ckpt"))
-    return {"train/loss": scalars(run), "val/loss": scalars(run, "val/loss"),
-            "val_history": summary["val_history"], "best": best, "best_val_loss": summary["best_val_loss"]}
 
 
 def batches_run(path, step: int) -> list[int]:
