@@ -99,4 +99,4 @@ def main(args: list[str] | None = None) -> None:
             check_hub(argv)
     from loopnet.training.cli import main as trainer
 
-    trainer(args)  # None: LightningCLI reads sys.argv itself
+    trainer(args, prechecked=True)  # args None: LightningCLI reads sys.argv itself

@@ -462,17 +462,20 @@ class LoopnetCLI(LightningCLI):
 EVALUATION = ("validate", "test", "predict")
 
 
-def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> None:
-    """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line)."""
+def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI, prechecked: bool = False) -> None:
+    """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line).
+    `prechecked`: `loopnet` (loopnet.commands) already ran the checks that need no Lightning (precheck, the
+    hub), so they are not run (nor the hub asked) twice."""
     argv = normalize_argv(sys.argv[1:] if args is None else list(args))
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself
     guard_console()  # a pipe whose reader goes away (`| tee`, Ctrl-C) never breaks the run
     try:
-        with one_line_errors("loopnet", (ValueError, FileNotFoundError)):
-            precheck(argv)  # what needs no Lightning (loopnet.commands runs it before Lightning's import)
+        if not prechecked:  # `python -m loopnet.training.cli` (sweep cells); `loopnet` ran these already
+            with one_line_errors("loopnet", (ValueError, FileNotFoundError)):
+                precheck(argv)
         with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
-            if cli_class is LoopnetCLI and argv and argv[0] in ("fit", "validate", "test"):  # runs, not checks
+            if not prechecked and cli_class is LoopnetCLI and argv and argv[0] in ("fit", "validate", "test"):
                 check_hub(argv)  # `loopnet` itself did before importing Lightning
             cli_class(
                 LoopedLM,
