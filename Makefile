@@ -66,7 +66,7 @@ map: $(STAMP)
 	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --model.config.norm_affine false --groups --rounds 2 6 12 --schemes deepnorm deeploop --seeds 1 2 3 --out $(MAP)/probe_init_nogain
 	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --model.optim.lr 2e-3 --groups --checkpoints runs/sweeps/map_probe_runs/*/checkpoints/step*.ckpt --with_init --seeds 1 --out $(MAP)/probe_training
 	$(LN) report runs/sweeps/map_grid --out $(MAP)/grid --title "Stability map 1/3: loss vs learning rate, DeepNorm and DeepLoop x R"
-	$(LN) report runs/sweeps/map_boundary --out $(MAP)/boundary --title "Stability map 2/3: the boundary at the largest R"
+	$(LN) report runs/sweeps/map_boundary --out $(MAP)/boundary --title "Stability map 2/3: the boundary at the smallest and the largest R"
 	$(LN) report runs/sweeps/map_exponent --out $(MAP)/exponent --title "Stability map 3/3: training vs the exponent p"
 
 # The map's controls, Post-LN and Pre-LN on the grid (as long again as the grid): then `make map` redraws the report.

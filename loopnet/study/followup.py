@@ -4,10 +4,11 @@
     python -m loopnet.study.followup exponent runs/sweeps/map_grid runs/sweeps/map_boundary \\
         --out configs/sweeps/map/exponent.yaml
 
-boundary   at the grid's largest R, for DeepNorm and DeepLoop each: η_b = the largest rate at which every
-           seed trains (`measures.trains`; the grid's smallest rate when none does), and the rates
-           η_b·{1/√2, 1, √2, 2} (×√2 steps across the boundary between η_b, which trains, and 2·η_b,
-           which does not), 3 seeds each: 24 fits.
+boundary   at the grid's smallest and largest R, for DeepNorm and DeepLoop each: η_b = the largest rate at
+           which every seed trains (`measures.trains`; the grid's smallest rate when none does), and the
+           rates η_b·{1/√2, 1, √2, 2} (×√2 steps across the boundary between η_b, which trains, and 2·η_b,
+           which does not), 3 seeds each: 48 fits (24 a round count). Both ends of R, so that the fall of
+           the largest trainable rate (the map's reading 1) is read at ×√2 resolution at both.
 exponent   the residual `scaled` (α = (2N)^p, β = (8N)^-p) at p ∈ {0.25, 0.35, 0.45, 0.55}, 5 seeds, at
            the grid's largest R and two rates: η½, the rate at which DeepNorm (p = 0.25) trains for the
            fraction of seeds closest to one half over every run given (grid and boundary; ties: the
@@ -19,6 +20,7 @@ Each writes a sweep file (the rule, the numbers it was read from, the cells) for
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -65,9 +67,11 @@ def trained_fraction(runs, scheme: str, rounds: int, plateau: float) -> dict[flo
 
 
 def boundary(runs, plateau: float) -> tuple[dict, list[str]]:
-    rounds = max(r.rounds for r in runs if r.scheme in SCHEMES)
+    found = sorted({r.rounds for r in runs if r.scheme in SCHEMES})
+    if not found:
+        raise ValueError(f"no finished {' or '.join(SCHEMES)} run; fix: run the grid sweep first")
     include, notes = [], []
-    for scheme in SCHEMES:
+    for rounds, scheme in itertools.product(dict.fromkeys((found[0], found[-1])), SCHEMES):
         frac = trained_fraction(runs, scheme, rounds, plateau)
         if not frac:
             raise ValueError(f"no finished {scheme} run at R = {rounds}; fix: finish the grid sweep first")
@@ -78,7 +82,7 @@ def boundary(runs, plateau: float) -> tuple[dict, list[str]]:
                         "seed_everything": [1, 2, 3]})
         notes.append(f"{scheme} at R = {rounds}: seeds that train per rate {_show(frac)}; "
                      f"largest rate where every seed trains: {eta:g}{'' if ok else ' (none trains: the smallest rate)'}")
-    spec = {"description": "The map's boundary refinement at the largest R (loopnet.study.followup boundary).",
+    spec = {"description": "The map's boundary refinement at the smallest and largest R (loopnet.study.followup boundary).",
             "base": BASE, "include": include, "out": "runs/sweeps/map_boundary"}
     return spec, notes
 

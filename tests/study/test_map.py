@@ -178,11 +178,16 @@ def test_followup_sweeps_follow_their_rules(map_report, tmp_path):
     sweep = map_report.parent / "sw"
     followup.main(["boundary", str(sweep), "--plateau", str(PLATEAU), "--out", str(tmp_path / "boundary.yaml")])
     cells = expand(load_sweep(tmp_path / "boundary.yaml"))
-    rates = {s: sorted({c.params["model.optim.lr"] for c in cells if c.params["model.config.residual"] == s})
+    rates = {s: sorted({c.params["model.optim.lr"] for c in cells
+                        if c.params["model.config.residual"] == s and c.params["model.config.n_rounds"] == 6})
              for s in ("deepnorm", "deeploop")}
     # R = 6 (the largest): DeepNorm trains on every seed up to 1e-3, DeepLoop up to 4e-3
     assert rates["deepnorm"] == [7.07e-4, 1e-3, 1.41e-3, 2e-3] and rates["deeploop"] == [2.83e-3, 4e-3, 5.66e-3, 8e-3]
-    assert len(cells) == 24 and {c.params["model.config.n_rounds"] for c in cells} == {6}
+    # and the smallest R as well, each (R, scheme) at 4 rates x 3 seeds
+    assert len(cells) == 48 and {c.params["model.config.n_rounds"] for c in cells} == {2, 6}
+    r2 = sorted({c.params["model.optim.lr"] for c in cells
+                 if c.params["model.config.residual"] == "deepnorm" and c.params["model.config.n_rounds"] == 2})
+    assert r2 == [1.41e-3, 2e-3, 2.83e-3, 4e-3]  # DeepNorm at R = 2 trains on every seed up to 2e-3
     assert "deepnorm at R = 6: seeds that train per rate 0.001: 2/2, 0.002: 1/2, 0.004: 0/2, 0.008: 0/2" in (
         tmp_path / "boundary.yaml").read_text()
     followup.main(["exponent", str(sweep), "--plateau", str(PLATEAU), "--out", str(tmp_path / "exponent.yaml")])
