@@ -49,8 +49,9 @@ study: $(STAMP)
 	$(VENV)/bin/loopnet report runs/sweeps/order_flt --out $(ORDER)/flt --title "Order study 4/4: LT vs FLT at 12 loops" --notes $(ORDER)/flt/notes.md
 
 # The stability map (issue 22; docs/results/map/README.md): the grid (DeepNorm, DeepLoop x R x lr x 2 seeds),
-# the boundary refinement and the exponent sweep (their cells chosen from the grid by loopnet.study.followup),
-# the per-group update probe (at init over R, and at steps 0/100/200 of four runs), and the reports.
+# the boundary refinement, the exponent sweep and the confirmation on fresh seeds (their cells chosen from the
+# grid by loopnet.study.followup), the per-group update probe (at init over R, and at steps 0/100/200 of four
+# runs), and the reports.
 # ~2 h on an idle 2-core machine (estimate in the README). Rerunning skips the finished cells.
 MAP := docs/results/map
 MAP_CONFIG := --config configs/deeploop_r6.yaml --config configs/cpu.yaml --config configs/study_map.yaml
@@ -61,13 +62,16 @@ map: $(STAMP)
 	$(LN) sweep configs/sweeps/map/boundary.yaml --jobs 2
 	$(PY) -m loopnet.study.followup exponent runs/sweeps/map_grid runs/sweeps/map_boundary --out configs/sweeps/map/exponent.yaml
 	$(LN) sweep configs/sweeps/map/exponent.yaml --jobs 2
+	$(PY) -m loopnet.study.followup confirm runs/sweeps/map_grid --out configs/sweeps/map/confirm.yaml
+	$(LN) sweep configs/sweeps/map/confirm.yaml --jobs 2
 	$(LN) sweep configs/sweeps/map/probe_runs.yaml --jobs 2
 	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --groups --rounds 2 6 12 --schemes deepnorm deeploop --seeds 1 2 3 --out $(MAP)/probe_init
 	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --model.config.norm_affine false --groups --rounds 2 6 12 --schemes deepnorm deeploop --seeds 1 2 3 --out $(MAP)/probe_init_nogain
 	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --model.optim.lr 2e-3 --groups --checkpoints runs/sweeps/map_probe_runs/*/checkpoints/step*.ckpt --with_init --seeds 1 --out $(MAP)/probe_training
-	$(LN) report runs/sweeps/map_grid --out $(MAP)/grid --title "Stability map 1/3: loss vs learning rate, DeepNorm and DeepLoop x R"
-	$(LN) report runs/sweeps/map_boundary --out $(MAP)/boundary --title "Stability map 2/3: the boundary at the smallest and the largest R"
-	$(LN) report runs/sweeps/map_exponent --out $(MAP)/exponent --title "Stability map 3/3: training vs the exponent p"
+	$(LN) report runs/sweeps/map_grid --out $(MAP)/grid --title "Stability map 1/4: loss vs learning rate, DeepNorm and DeepLoop x R"
+	$(LN) report runs/sweeps/map_boundary --out $(MAP)/boundary --title "Stability map 2/4: the boundary at the smallest and the largest R"
+	$(LN) report runs/sweeps/map_exponent --out $(MAP)/exponent --title "Stability map 3/4: training vs the exponent p"
+	$(LN) report runs/sweeps/map_confirm --out $(MAP)/confirm --title "Stability map 4/4: reading 2 on fresh seeds at each best rate"
 
 # The map's controls, Post-LN and Pre-LN on the grid (as long again as the grid): then `make map` redraws the report.
 map-controls: $(STAMP)

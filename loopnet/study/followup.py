@@ -13,6 +13,10 @@ exponent   the residual `scaled` (α = (2N)^p, β = (8N)^-p) at p ∈ {0.25, 0.3
            the grid's largest R and two rates: η½, the rate at which DeepNorm (p = 0.25) trains for the
            fraction of seeds closest to one half over every run given (grid and boundary; ties: the
            larger rate), and 2·η½: 40 fits. The report fits P(train) logistically on p at each rate.
+confirm    at every R of the grid, for DeepNorm and DeepLoop each, the best rate η* (argmin ℓ(η), as the
+           report reads it from the grid's seeds 1 and 2) with fresh seeds 3, 4, 5: 18 fits. The map's
+           reading 2 (best loss vs best loss) is then read on seeds that did not choose η*, so the choice
+           does not bias it, and with 3 seeds a scheme rather than 2.
 
 Each writes a sweep file (the rule, the numbers it was read from, the cells) for `loopnet sweep`.
 """
@@ -103,6 +107,29 @@ def exponent(runs, plateau: float) -> tuple[dict, list[str]]:
     return spec, notes
 
 
+CONFIRM_SEEDS = [3, 4, 5]
+
+
+def confirm(runs, plateau: float) -> tuple[dict, list[str]]:
+    from .report.map import curves
+
+    include, notes = [], []
+    for c in curves([r for r in runs if r.scheme in SCHEMES]):
+        best = c.best()
+        if best is None:
+            raise ValueError(f"{c.family} at R = {c.rounds} has no finished run; fix: finish the grid sweep first")
+        scheme = next(r.scheme for rs in c.by_lr.values() for r in rs)
+        include.append({"model.config.residual": [scheme], "model.config.n_rounds": [c.rounds], LR_KEY: [best],
+                        "seed_everything": CONFIRM_SEEDS})
+        notes.append(f"{scheme} at R = {c.rounds}: best rate {best:g} (ℓ(η*) = {c.capped_curve()[best]:.4f}, "
+                     f"over seeds {sorted({r.seed for rs in c.by_lr.values() for r in rs})})")
+    if not include:
+        raise ValueError(f"no finished {' or '.join(SCHEMES)} run; fix: run the grid sweep first")
+    spec = {"description": "The map's confirmation of reading 2 on fresh seeds (loopnet.study.followup confirm).",
+            "base": BASE, "include": include, "out": "runs/sweeps/map_confirm"}
+    return spec, notes
+
+
 def _show(frac: dict) -> str:
     return ", ".join(f"{lr:g}: {k}/{n}" for lr, (k, n) in frac.items())
 
@@ -121,14 +148,14 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m loopnet.study.followup", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["boundary", "exponent"])
+    p.add_argument("step", choices=["boundary", "exponent", "confirm"])
     p.add_argument("sweep_dirs", nargs="+", help="the sweep folders to read (grid, then boundary for exponent)")
     p.add_argument("--out", required=True, help="the sweep file to write")
     p.add_argument("--plateau", default="auto", help="the unigram plateau in nats, or auto (default)")
     args = p.parse_args(argv)
     with one_line_errors("loopnet followup", (ValueError,)):
         runs, plateau = load([Path(d) for d in args.sweep_dirs], args.plateau)
-        spec, notes = (boundary if args.step == "boundary" else exponent)(runs, plateau)
+        spec, notes = {"boundary": boundary, "exponent": exponent, "confirm": confirm}[args.step](runs, plateau)
     write(spec, notes, plateau, Path(args.out), argv)
     cells = math.prod(len(v) for v in (spec.get("grid") or {}).values()) if spec.get("grid") else sum(
         math.prod(len(v) for v in e.values()) for e in spec["include"])

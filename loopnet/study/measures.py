@@ -179,3 +179,27 @@ def logistic_fit(xs: list[float], ys: list[bool], iterations: int = 50) -> dict 
     det = haa * hbb - hab * hab
     return {"a": a, "b": b, "se_b": math.sqrt(haa / det) if det > 0 else math.inf,
             "x50": -a / b if b else math.nan}
+
+
+# ---------------------------------------------------------------------------------------- intervals
+# Student's t, the 0.975 quantile, df = 1 … 30 (three decimals, as printed in every table; a test checks
+# them against scipy where it is installed). Above 30 the value at 30, which errs on the wide side.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
+
+
+def welch_interval(xs: list[float], ys: list[float]) -> dict | None:
+    """The difference of means mean(ys) − mean(xs) with its 95% interval by Welch's t (unequal variances):
+    {diff, lo, hi, df}, df the Welch–Satterthwaite degrees of freedom, rounded down for the quantile (so
+    the interval errs on the wide side). None unless both samples have 2 values or more."""
+    if len(xs) < 2 or len(ys) < 2:
+        return None
+    vx, vy = statistics.variance(xs) / len(xs), statistics.variance(ys) / len(ys)
+    diff = statistics.fmean(ys) - statistics.fmean(xs)
+    se = math.sqrt(vx + vy)
+    if se == 0:
+        return {"diff": diff, "lo": diff, "hi": diff, "df": math.inf}
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(xs) - 1) + vy ** 2 / (len(ys) - 1))
+    t = T975[min(max(int(df), 1), len(T975)) - 1]
+    return {"diff": diff, "lo": diff - t * se, "hi": diff + t * se, "df": df}

@@ -148,7 +148,11 @@ def test_map_decisive_readings_and_plots(map_report):
     assert "DeepNorm's fall minus DeepLoop's = +0.00 decades" in md
     assert f"predicts +{0.5 * math.log10(3):.2f}" in md
     # Reading 2 at R = 2: DeepLoop 4.9 ± 0 at 4e-3 vs DeepNorm 4.85 ± 0.0707 at 2e-3
-    assert f"R = 2: {4.9 - 4.85:+.3f} ± {statistics.stdev([4.8, 4.9]):.3f} nat" in md
+    assert f"R = 2: {4.9 - 4.85:+.3f} ± {statistics.stdev([4.8, 4.9]):.3f} nat: DeepLoop **not distinguished**" in md
+    # Welch: DeepLoop's two seeds agree, so df = 1 and the half-width is t(0.975, 1) · √(0.005 / 2) = 12.706 · 0.05
+    assert f"[{0.05 - 12.706 * 0.05:+.3f}, {0.05 + 12.706 * 0.05:+.3f}] (Welch, df 1.0)" in md
+    # R = 6: DeepLoop 4.9 ± 0.141 at 4e-3 vs DeepNorm 5.1 ± 0 at 1e-3: -0.2 beyond the spread, ahead
+    assert f"R = 6: {-0.2:+.3f} ± {statistics.stdev([5.0, 4.8]):.3f} nat: DeepLoop **ahead**" in md
     for name in ("map_loss_vs_lr.png", "map_heatmap.png", "map_best_lr_vs_R.png"):
         assert (map_report / name).stat().st_size > 5000 and f"]({name})" in md
     assert "LR sensitivity** = mean over the grid" in md  # the definitions are written out
@@ -194,6 +198,34 @@ def test_followup_sweeps_follow_their_rules(map_report, tmp_path):
     cells = expand(load_sweep(tmp_path / "exponent.yaml"))
     assert len(cells) == 40  # 4 p x 2 rates x 5 seeds
     assert sorted({c.params["model.optim.lr"] for c in cells}) == [2e-3, 4e-3]  # DeepNorm 1/2 trains at 2e-3
+
+
+def test_confirm_sweep_reruns_each_best_rate_on_fresh_seeds(map_report, tmp_path):
+    from loopnet.study import followup
+    from loopnet.study.grid import expand, load_sweep
+
+    followup.main(["confirm", str(map_report.parent / "sw"), "--plateau", str(PLATEAU), "--out", str(tmp_path / "c.yaml")])
+    cells = expand(load_sweep(tmp_path / "c.yaml"))
+    got = {(c.params["model.config.residual"], c.params["model.config.n_rounds"], c.params["model.optim.lr"],
+            c.params["seed_everything"]) for c in cells}
+    # the best rates by hand (ℓ(η), a diverged seed counting ℓ₀): DeepNorm 2e-3 at R = 2 (4.85), 1e-3 at R = 6
+    # (5.1); DeepLoop 4e-3 at both (4.9 and 4.9)
+    best = {("deepnorm", 2): 2e-3, ("deepnorm", 6): 1e-3, ("deeploop", 2): 4e-3, ("deeploop", 6): 4e-3}
+    assert got == {(s, r, lr, seed) for (s, r), lr in best.items() for seed in (3, 4, 5)} and len(cells) == 12
+
+
+def test_welch_interval_by_hand_and_against_scipy():
+    xs, ys = [1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0]
+    w = measures.welch_interval(xs, ys)
+    vx, vy = 1.0 / 3, (20 / 3) / 4  # sample variances over n
+    df = (vx + vy) ** 2 / (vx ** 2 / 2 + vy ** 2 / 3)
+    assert w["diff"] == pytest.approx(3.0) and w["df"] == pytest.approx(df)
+    half = measures.T975[int(df) - 1] * math.sqrt(vx + vy)
+    assert (w["lo"], w["hi"]) == pytest.approx((3.0 - half, 3.0 + half))
+    assert measures.welch_interval([1.0], ys) is None
+    stats = pytest.importorskip("scipy.stats")
+    for df, t in enumerate(measures.T975, start=1):  # the table is the quantile, to its three decimals
+        assert t == pytest.approx(stats.t.ppf(0.975, df), abs=6e-4)
 
 
 def test_a_subset_run_keeps_every_cell_in_the_manifest(tmp_path, monkeypatch):

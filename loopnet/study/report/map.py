@@ -19,7 +19,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ..measures import TRAIN_MARGIN, capped_loss, lr_sensitivity, trainable_band, trains
+from ..measures import TRAIN_MARGIN, capped_loss, lr_sensitivity, trainable_band, trains, welch_interval
 from ..plotting import legend, pyplot, save
 from .runs import Run
 from .tables import fmt, mean_std
@@ -59,10 +59,14 @@ class Curve:
     def rates(self) -> list[float]:
         return sorted(self.by_lr)
 
+    def completed_losses(self, lr: float) -> list[float]:
+        """The final validation losses of the seeds at `lr` that completed."""
+        return [r.value("final_val_loss") for r in self.by_lr[lr]
+                if r.status == "completed" and r.value("final_val_loss") is not None]
+
     def losses(self, lr: float) -> tuple[float | None, float | None]:
         """Mean ± std of the final validation loss over the seeds at `lr` that completed."""
-        return mean_std([r.value("final_val_loss") for r in self.by_lr[lr]
-                         if r.status == "completed" and r.value("final_val_loss") is not None])
+        return mean_std(self.completed_losses(lr))
 
     def capped(self, lr: float) -> float | None:
         """ℓ(η): mean over the finished seeds of min(loss, ℓ₀), a diverged seed counting ℓ₀."""
@@ -206,7 +210,12 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
     lines = []
     lo, hi = rounds[0], rounds[-1]
     falls = {}
-    for f in pair:
+    if all(len(c.by_lr) == 1 for c in cs):  # a confirmation sweep: one rate a curve, no boundary to read
+        lines.append("- Reading 1: not read here (one rate per curve).")
+        read_falls = ()
+    else:
+        read_falls = pair
+    for f in read_falls:
         a, b = by[(f, lo)].band(plateau), by[(f, hi)].band(plateau)
         if a["largest"] is None or b["largest"] is None:
             falls[f] = None
@@ -218,13 +227,14 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
                      f"R = {hi}: falls by {falls[f]:.2f} decades"
                      + (f" (censored at the grid's top: {', '.join(cens)})" if cens else ""))
     theory = 0.5 * math.log10(hi / lo)
-    if all(v is not None for v in falls.values()):
+    if falls and all(v is not None for v in falls.values()):
         extra = falls[pair[0]] - falls[pair[1]]
         lines.append(f"- **Reading 1**: DeepNorm's fall minus DeepLoop's = {extra:+.2f} decades; the theory (sign-like "
                      f"updates, DeepNorm/DeepLoop output-change ratio 2√N) predicts +{theory:.2f} (= ½·log10({hi}/{lo})). "
                      f"The grid's step is {_grid_step(cs):.2f} decades: a difference smaller than one step is not resolved.")
     lines.append("- **Reading 2** (DeepLoop's best loss − DeepNorm's, each at its own best lr; ± the two sample stds "
-                 "combined):")
+                 "combined, the rule stated before running: *ahead* below −that, *behind* above +that, else *not "
+                 "distinguished*; and the 95% interval of the difference by Welch's t):")
     for r in rounds:
         dn, dl = by[(pair[0], r)], by[(pair[1], r)]
         (mn, sn), (ml, sl) = (dn.losses(dn.best()) if dn.best() else (None, None),
@@ -233,8 +243,14 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
             lines.append(f"  - R = {r}: not defined (a scheme has no completed run at its best lr)")
             continue
         spread = math.hypot(sn or 0.0, sl or 0.0)
-        lines.append(f"  - R = {r}: {ml - mn:+.3f} ± {spread:.3f} nat (DeepNorm {fmt(mn)} at lr {lr_text(dn.best())}, "
-                     f"DeepLoop {fmt(ml)} at lr {lr_text(dl.best())})")
+        d = ml - mn
+        word = "ahead" if d < -spread else ("behind" if d > spread else "not distinguished")
+        xs, ys = dn.completed_losses(dn.best()), dl.completed_losses(dl.best())
+        w = welch_interval(xs, ys)
+        ci = "" if w is None else f"; 95% interval [{w['lo']:+.3f}, {w['hi']:+.3f}] (Welch, df {w['df']:.1f})"
+        lines.append(f"  - R = {r}: {d:+.3f} ± {spread:.3f} nat: DeepLoop **{word}** (DeepNorm {fmt(mn)} at lr "
+                     f"{lr_text(dn.best())}, {len(xs)} seeds; DeepLoop {fmt(ml)} at lr {lr_text(dl.best())}, "
+                     f"{len(ys)} seeds{ci})")
     return "\n".join(lines)
 
 
