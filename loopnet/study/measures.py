@@ -203,3 +203,14 @@ def welch_interval(xs: list[float], ys: list[float]) -> dict | None:
     df = (vx + vy) ** 2 / (vx ** 2 / (len(xs) - 1) + vy ** 2 / (len(ys) - 1))
     t = T975[min(max(int(df), 1), len(T975)) - 1]
     return {"diff": diff, "lo": diff - t * se, "hi": diff + t * se, "df": df}
+
+
+def paired_interval(diffs: list[float]) -> dict | None:
+    """The mean of paired differences (one per seed, the two runs sharing that seed's data order and the
+    validation batches) with its 95% interval by Student's t on n − 1 degrees of freedom: {mean, lo, hi,
+    n}. None under 2 pairs."""
+    if len(diffs) < 2:
+        return None
+    mean, n = statistics.fmean(diffs), len(diffs)
+    half = T975[min(n - 1, len(T975)) - 1] * statistics.stdev(diffs) / math.sqrt(n)
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}

@@ -151,6 +151,8 @@ def test_map_decisive_readings_and_plots(map_report):
     assert f"R = 2: {4.9 - 4.85:+.3f} ± {statistics.stdev([4.8, 4.9]):.3f} nat: DeepLoop **not distinguished**" in md
     # Welch: DeepLoop's two seeds agree, so df = 1 and the half-width is t(0.975, 1) · √(0.005 / 2) = 12.706 · 0.05
     assert f"[{0.05 - 12.706 * 0.05:+.3f}, {0.05 + 12.706 * 0.05:+.3f}] (Welch, df 1.0)" in md
+    # paired by seed: differences 4.9 - 4.8 and 4.9 - 4.9, mean 0.05, half-width t(0.975, 1) · sd / √2
+    assert f"paired by seed +0.050 [{0.05 - 12.706 * 0.05:+.3f}, {0.05 + 12.706 * 0.05:+.3f}] (2 seeds)" in md
     # R = 6: DeepLoop 4.9 ± 0.141 at 4e-3 vs DeepNorm 5.1 ± 0 at 1e-3: -0.2 beyond the spread, ahead
     assert f"R = 6: {-0.2:+.3f} ± {statistics.stdev([5.0, 4.8]):.3f} nat: DeepLoop **ahead**" in md
     for name in ("map_loss_vs_lr.png", "map_heatmap.png", "map_best_lr_vs_R.png"):
@@ -223,6 +225,11 @@ def test_welch_interval_by_hand_and_against_scipy():
     half = measures.T975[int(df) - 1] * math.sqrt(vx + vy)
     assert (w["lo"], w["hi"]) == pytest.approx((3.0 - half, 3.0 + half))
     assert measures.welch_interval([1.0], ys) is None
+    # paired: differences 1, 2, 6 -> mean 3, sd √7, half-width t(0.975, 2) · √7 / √3
+    pi = measures.paired_interval([1.0, 2.0, 6.0])
+    half = 4.303 * math.sqrt(7) / math.sqrt(3)
+    assert (pi["mean"], pi["lo"], pi["hi"], pi["n"]) == pytest.approx((3.0, 3.0 - half, 3.0 + half, 3))
+    assert measures.paired_interval([1.0]) is None
     stats = pytest.importorskip("scipy.stats")
     for df, t in enumerate(measures.T975, start=1):  # the table is the quantile, to its three decimals
         assert t == pytest.approx(stats.t.ppf(0.975, df), abs=6e-4)
@@ -283,3 +290,12 @@ def test_auto_plateau_is_computed_from_a_cells_config_in_its_own_ids(tmp_path):
     assert value == run_plateau(config)[0] and "validation target tokens" in how
     assert 2.5 < value < math.log(257)  # nats per byte, not per GPT-2 token
     assert json.loads((tmp_path / "rep" / "plateau.json").read_text())["plateau"] == value  # cached
+
+
+def test_a_curve_whose_cells_were_not_run_reads_not_run_not_none():
+    from loopnet.study.report.map import Curve, summary_table
+
+    pending = Curve("preln-carry", 12, {1e-3: [report_mod.Run("preln-r12", {}, None)]})
+    assert not pending.ran
+    row = summary_table([pending], PLATEAU).splitlines()[-1]
+    assert "not run" in row and "none" not in row

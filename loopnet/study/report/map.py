@@ -19,7 +19,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ..measures import TRAIN_MARGIN, capped_loss, lr_sensitivity, trainable_band, trains, welch_interval
+from ..measures import (TRAIN_MARGIN, capped_loss, lr_sensitivity, paired_interval, trainable_band, trains,
+                        welch_interval)
 from ..plotting import legend, pyplot, save
 from .runs import Run
 from .tables import fmt, mean_std
@@ -59,10 +60,20 @@ class Curve:
     def rates(self) -> list[float]:
         return sorted(self.by_lr)
 
+    @property
+    def ran(self) -> bool:
+        """Some seed of the curve finished (a sweep run with --only lists the others' cells as not run)."""
+        return any(r.finished for runs in self.by_lr.values() for r in runs)
+
     def completed_losses(self, lr: float) -> list[float]:
         """The final validation losses of the seeds at `lr` that completed."""
         return [r.value("final_val_loss") for r in self.by_lr[lr]
                 if r.status == "completed" and r.value("final_val_loss") is not None]
+
+    def seed_losses(self, lr: float) -> dict:
+        """Seed -> final validation loss, for the seeds at `lr` that completed."""
+        return {r.seed: r.value("final_val_loss") for r in self.by_lr[lr]
+                if r.status == "completed" and r.value("final_val_loss") is not None}
 
     def losses(self, lr: float) -> tuple[float | None, float | None]:
         """Mean ± std of the final validation loss over the seeds at `lr` that completed."""
@@ -149,11 +160,14 @@ def summary_table(cs: list[Curve], plateau: float | None) -> str:
     lines = ["| method | R | seeds | ℓ₀ | best lr | best loss | LR sensitivity | largest lr that trains | "
              "trainable band | width (decades) |", "|---|---:|---:|---:|---:|---|---:|---:|---|---:|"]
     for c in cs:
+        if not c.ran:
+            lines.append(f"| {c.family} | {c.rounds} | 0 | — | not run | — | — | not run | — | — |")
+            continue
         best = c.best()
         mean, std = c.losses(best) if best is not None else (None, None)
         loss = "—" if best is None else (f"all diverged (ℓ = ℓ₀ {fmt(c.init_loss)})" if mean is None else
                                          fmt(mean) + ("" if std is None else f" ± {fmt(std)}"))
-        seeds = max((len(v) for v in c.by_lr.values()), default=0)
+        seeds = max((sum(r.finished for r in v) for v in c.by_lr.values()), default=0)
         sens = c.sensitivity()
         lines.append(f"| {c.family} | {c.rounds} | {seeds} | {fmt(c.init_loss, 3)} | {lr_text(best)} | {loss} | "
                      f"{'—' if sens is None else fmt(sens, 3)} | " + " | ".join(band_cells(c.band(plateau))) + " |")
@@ -234,7 +248,9 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
                      f"The grid's step is {_grid_step(cs):.2f} decades: a difference smaller than one step is not resolved.")
     lines.append("- **Reading 2** (DeepLoop's best loss − DeepNorm's, each at its own best lr; ± the two sample stds "
                  "combined, the rule stated before running: *ahead* below −that, *behind* above +that, else *not "
-                 "distinguished*; and the 95% interval of the difference by Welch's t):")
+                 "distinguished*; the 95% interval of the difference by Welch's t; and, where the two share seeds, "
+                 "the mean of the per-seed differences with its 95% t interval: a seed fixes the data order and the "
+                 "two runs are scored on the same validation batches, so pairing removes the seed's own effect):")
     for r in rounds:
         dn, dl = by[(pair[0], r)], by[(pair[1], r)]
         (mn, sn), (ml, sl) = (dn.losses(dn.best()) if dn.best() else (None, None),
@@ -248,6 +264,10 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
         xs, ys = dn.completed_losses(dn.best()), dl.completed_losses(dl.best())
         w = welch_interval(xs, ys)
         ci = "" if w is None else f"; 95% interval [{w['lo']:+.3f}, {w['hi']:+.3f}] (Welch, df {w['df']:.1f})"
+        by_seed = [dn.seed_losses(dn.best()), dl.seed_losses(dl.best())]
+        pi = paired_interval([by_seed[1][k] - by_seed[0][k] for k in sorted(set(by_seed[0]) & set(by_seed[1]), key=str)])
+        if pi is not None:
+            ci += f"; paired by seed {pi['mean']:+.3f} [{pi['lo']:+.3f}, {pi['hi']:+.3f}] ({pi['n']} seeds)"
         lines.append(f"  - R = {r}: {d:+.3f} ± {spread:.3f} nat: DeepLoop **{word}** (DeepNorm {fmt(mn)} at lr "
                      f"{lr_text(dn.best())}, {len(xs)} seeds; DeepLoop {fmt(ml)} at lr {lr_text(dl.best())}, "
                      f"{len(ys)} seeds{ci})")
@@ -307,7 +327,8 @@ def plot_heatmap(cs: list[Curve], plateau: float | None, path) -> None:
             for j, r in enumerate(rounds):
                 if (f, r) in by:
                     v = grid[i][j]
-                    ax.text(j, i, text(by[(f, r)], v) if math.isfinite(v) else "none", ha="center", va="center",
+                    label = text(by[(f, r)], v) if math.isfinite(v) else ("none" if by[(f, r)].ran else "not run")
+                    ax.text(j, i, label, ha="center", va="center",
                             fontsize=8, color="white")
         ax.set_xticks(range(len(rounds)), [f"R = {r}" for r in rounds])
         ax.set_yticks(range(len(families)), families)
@@ -348,7 +369,7 @@ def section(runs: list[Run], plateau: float | None, out) -> tuple[list[str], dic
     plot_loss_vs_lr(cs, plateau, out / "map_loss_vs_lr.png")
     plot_heatmap(cs, plateau, out / "map_heatmap.png")
     plot_best_lr_vs_r(cs, plateau, out / "map_best_lr_vs_R.png")
-    inits = sorted({c.init_how.split(",")[0] for c in cs})
+    inits = sorted({c.init_how.split(",")[0] for c in cs if c.ran})
     md = ["## Stability map", "", DEFINITIONS, "",
           f"Plateau: {'not judged' if plateau is None else f'{plateau:.4f} nats'}; ℓ₀ from: {', '.join(inits)}.", "",
           summary_table(cs, plateau), "",
