@@ -284,7 +284,8 @@ def plot_loss_vs_lr(cs: list[Curve], plateau: float | None, path) -> None:
     """Per method, final validation loss vs lr (log x), one curve per R: mean ± std over the completed
     seeds; an x at the top for a rate where a seed diverged."""
     plt = pyplot()
-    families = list(dict.fromkeys(c.family for c in cs))
+    # a method not run gets no empty panel (unless nothing ran: then every panel is empty)
+    families = list(dict.fromkeys(c.family for c in cs if c.ran)) or list(dict.fromkeys(c.family for c in cs))
     all_rounds = sorted({c.rounds for c in cs})
     cmap = plt.get_cmap("viridis")
     fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4.2), squeeze=False, sharey=True)
