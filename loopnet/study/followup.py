@@ -121,7 +121,7 @@ def confirm(runs, plateau: float) -> tuple[dict, list[str]]:
         scheme = next(r.scheme for rs in c.by_lr.values() for r in rs)
         include.append({"model.config.residual": [scheme], "model.config.n_rounds": [c.rounds], LR_KEY: [best],
                         "seed_everything": CONFIRM_SEEDS})
-        notes.append(f"{scheme} at R = {c.rounds}: best rate {best:g} (ℓ(η*) = {c.capped_curve()[best]:.4f}, "
+        notes.append(f"{scheme} at R = {c.rounds}: best rate {best:g} (ℓ(η*) = {c.capped(best):.4f}, "
                      f"over seeds {sorted({r.seed for rs in c.by_lr.values() for r in rs})})")
     if not include:
         raise ValueError(f"no finished {' or '.join(SCHEMES)} run; fix: run the grid sweep first")

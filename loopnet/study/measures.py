@@ -189,6 +189,11 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.045, 2.042)
 
 
+def _t975(df: float) -> float:
+    """The table's quantile at df rounded down (at least 1; beyond the table, its last value)."""
+    return T975[min(max(int(df), 1), len(T975)) - 1]
+
+
 def welch_interval(xs: list[float], ys: list[float]) -> dict | None:
     """The difference of means mean(ys) − mean(xs) with its 95% interval by Welch's t (unequal variances):
     {diff, lo, hi, df}, df the Welch–Satterthwaite degrees of freedom, rounded down for the quantile (so
@@ -201,7 +206,7 @@ def welch_interval(xs: list[float], ys: list[float]) -> dict | None:
     if se == 0:
         return {"diff": diff, "lo": diff, "hi": diff, "df": math.inf}
     df = (vx + vy) ** 2 / (vx ** 2 / (len(xs) - 1) + vy ** 2 / (len(ys) - 1))
-    t = T975[min(max(int(df), 1), len(T975)) - 1]
+    t = _t975(df)
     return {"diff": diff, "lo": diff - t * se, "hi": diff + t * se, "df": df}
 
 
@@ -212,5 +217,5 @@ def paired_interval(diffs: list[float]) -> dict | None:
     if len(diffs) < 2:
         return None
     mean, n = statistics.fmean(diffs), len(diffs)
-    half = T975[min(n - 1, len(T975)) - 1] * statistics.stdev(diffs) / math.sqrt(n)
+    half = _t975(n - 1) * statistics.stdev(diffs) / math.sqrt(n)
     return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}

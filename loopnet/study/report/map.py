@@ -65,15 +65,13 @@ class Curve:
         """Some seed of the curve finished (a sweep run with --only lists the others' cells as not run)."""
         return any(r.finished for runs in self.by_lr.values() for r in runs)
 
-    def completed_losses(self, lr: float) -> list[float]:
-        """The final validation losses of the seeds at `lr` that completed."""
-        return [r.value("final_val_loss") for r in self.by_lr[lr]
+    def completed(self, lr: float) -> list[tuple]:
+        """(seed, final validation loss) of the seeds at `lr` that completed."""
+        return [(r.seed, r.value("final_val_loss")) for r in self.by_lr[lr]
                 if r.status == "completed" and r.value("final_val_loss") is not None]
 
-    def seed_losses(self, lr: float) -> dict:
-        """Seed -> final validation loss, for the seeds at `lr` that completed."""
-        return {r.seed: r.value("final_val_loss") for r in self.by_lr[lr]
-                if r.status == "completed" and r.value("final_val_loss") is not None}
+    def completed_losses(self, lr: float) -> list[float]:
+        return [loss for _, loss in self.completed(lr)]
 
     def losses(self, lr: float) -> tuple[float | None, float | None]:
         """Mean ± std of the final validation loss over the seeds at `lr` that completed."""
@@ -224,12 +222,10 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
     lines = []
     lo, hi = rounds[0], rounds[-1]
     falls = {}
-    if all(len(c.by_lr) == 1 for c in cs):  # a confirmation sweep: one rate a curve, no boundary to read
+    one_rate = all(len(c.by_lr) == 1 for c in cs)  # a confirmation sweep: no boundary to read
+    if one_rate:
         lines.append("- Reading 1: not read here (one rate per curve).")
-        read_falls = ()
-    else:
-        read_falls = pair
-    for f in read_falls:
+    for f in () if one_rate else pair:
         a, b = by[(f, lo)].band(plateau), by[(f, hi)].band(plateau)
         if a["largest"] is None or b["largest"] is None:
             falls[f] = None
@@ -253,23 +249,23 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
                  "two runs are scored on the same validation batches, so pairing removes the seed's own effect):")
     for r in rounds:
         dn, dl = by[(pair[0], r)], by[(pair[1], r)]
-        (mn, sn), (ml, sl) = (dn.losses(dn.best()) if dn.best() else (None, None),
-                              dl.losses(dl.best()) if dl.best() else (None, None))
+        bn, bl = dn.best(), dl.best()
+        (mn, sn), (ml, sl) = (dn.losses(bn) if bn else (None, None), dl.losses(bl) if bl else (None, None))
         if mn is None or ml is None:
             lines.append(f"  - R = {r}: not defined (a scheme has no completed run at its best lr)")
             continue
         spread = math.hypot(sn or 0.0, sl or 0.0)
         d = ml - mn
         word = "ahead" if d < -spread else ("behind" if d > spread else "not distinguished")
-        xs, ys = dn.completed_losses(dn.best()), dl.completed_losses(dl.best())
+        xs, ys = dn.completed_losses(bn), dl.completed_losses(bl)
         w = welch_interval(xs, ys)
         ci = "" if w is None else f"; 95% interval [{w['lo']:+.3f}, {w['hi']:+.3f}] (Welch, df {w['df']:.1f})"
-        by_seed = [dn.seed_losses(dn.best()), dl.seed_losses(dl.best())]
-        pi = paired_interval([by_seed[1][k] - by_seed[0][k] for k in sorted(set(by_seed[0]) & set(by_seed[1]), key=str)])
+        ln, ll = dict(dn.completed(bn)), dict(dl.completed(bl))
+        pi = paired_interval([ll[seed] - loss for seed, loss in ln.items() if seed in ll])
         if pi is not None:
             ci += f"; paired by seed {pi['mean']:+.3f} [{pi['lo']:+.3f}, {pi['hi']:+.3f}] ({pi['n']} seeds)"
         lines.append(f"  - R = {r}: {d:+.3f} ± {spread:.3f} nat: DeepLoop **{word}** (DeepNorm {fmt(mn)} at lr "
-                     f"{lr_text(dn.best())}, {len(xs)} seeds; DeepLoop {fmt(ml)} at lr {lr_text(dl.best())}, "
+                     f"{lr_text(bn)}, {len(xs)} seeds; DeepLoop {fmt(ml)} at lr {lr_text(bl)}, "
                      f"{len(ys)} seeds{ci})")
     return "\n".join(lines)
 
