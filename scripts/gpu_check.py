@@ -1,4 +1,4 @@
-"""The GPU check's steps, run by scripts/gpu_check.sh (README, "GPU check"): each a real `loopnet fit` (or a
+"""The GPU check's steps, run by scripts/gpu_check.sh (docs/gpu-check.md): each a real `loopnet fit` (or a
 short script) in its own process with its own time limit, one table at the end, exit status 1 when a check
 failed. `--cpu-dry-run` runs the same steps at toy size on this machine's CPU (2 gloo processes stand in for
 2 GPUs; FSDP through the test suite's CPU subclass of Lightning's strategy), to check the script's logic.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, for a session whose task is lent the GPU machine (README, "GPU check").
+# The GPU check, run on a machine with one or more GPUs (docs/gpu-check.md).
 # Here, once:   make device-wheels        (cp312 wheels, into .whl/, of what the device image lacks or
 #                                          holds at versions older than datasets 5.2 needs: pyarrow, fsspec)
 # There, in one call of the device tool:  bash scripts/gpu_check.sh   with carry [".whl"], timeout_s 540.

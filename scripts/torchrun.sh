@@ -11,7 +11,7 @@
 #
 # Every node must see the run folder at the same path: RUNS (default ./runs, made absolute) must be on a
 # filesystem that all nodes mount. `--ckpt_path last` then resumes the run on every node; a node that does
-# not see the folder stops the job with one line saying so (README, "Scaling out").
+# not see the folder stops the job with one line saying so (docs/scaling-out.md).
 set -euo pipefail
 
 NNODES=${NNODES:-1}                  # nodes in the job

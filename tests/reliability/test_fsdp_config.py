@@ -1,4 +1,4 @@
-"""The FSDP configuration: configs/fsdp.yaml, which the README shows verbatim and tests/reliability/test_fsdp.py
+"""The FSDP configuration: configs/fsdp.yaml, which docs/scaling-out.md shows verbatim and tests/reliability/test_fsdp.py
 runs (on CPU), parses with the real CLI and builds the documented strategy: SHARD_GRAD_OP, one FSDP unit and
 one activation checkpoint per Block, sharded checkpoints."""
 
@@ -17,9 +17,9 @@ from .fsdp_cpu import FSDP_YAML
 from .helpers import ROOT, loopnet
 
 
-def test_the_readme_shows_configs_fsdp_yaml():
-    readme = (ROOT / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "FSDPStrategy" in b]
+def test_the_scaling_out_page_shows_configs_fsdp_yaml():
+    page = (ROOT / "docs/scaling-out.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "FSDPStrategy" in b]
     assert block == FSDP_YAML.read_text()
 
 
