@@ -243,7 +243,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="AdamW steps from the initialisation (1-5)")
     p.add_argument("--groups", action="store_true",
                    help="split the first step's output change by parameter group (loopnet.study.update_groups)")
-    p.add_argument("--optimizers", nargs="+", default=["adamw", "sgd"], choices=["adamw", "sgd"],
+    p.add_argument("--optimizers", nargs="+", default=list(ug.OPTIMIZERS), choices=ug.OPTIMIZERS,
                    help="with --groups: the optimisers whose step is split (default both)")
     p.add_argument("--sgd_lr", type=float, help="with --groups: SGD's learning rate (default: the config's lr)")
     p.add_argument("--checkpoints", nargs="+", metavar="CKPT",
