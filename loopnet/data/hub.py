@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from loopnet.data.errors import DataConfigError
+from loopnet.data.errors import LOCAL_ALTERNATIVES, DataConfigError
 
 CONVERSION = "refs/convert/parquet"  # the hub's parquet conversion of every public dataset
 _DATA_EXT = (".parquet", ".arrow", ".json", ".jsonl", ".csv", ".tsv", ".txt", ".json.gz", ".jsonl.gz", ".jsonl.zst")
@@ -58,8 +58,6 @@ def hub_listing(repo: str, revision: str, timeout: float = 10.0) -> list[str]:
     try:
         return sorted(HfApi().list_repo_files(repo, repo_type="dataset", revision=revision))
     except Exception as e:  # network errors, 404, 401: all mean we cannot read it
-        from loopnet.data.sources import LOCAL_ALTERNATIVES
-
         raise DataConfigError(f"Cannot list the files of {repo!r} at {revision} on the Hugging Face hub "
                               f"({type(e).__name__}: {e}). {LOCAL_ALTERNATIVES}") from e
 

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from loopnet.data.errors import DataConfigError
+from loopnet.data.errors import LOCAL_ALTERNATIVES, DataConfigError
 from loopnet.data.hub import ParquetLayout, hub_listing, local_listing, parquet_layout
 from loopnet.data.packages import package_dir
 from loopnet.env import hub_offline
@@ -43,13 +43,6 @@ SHAKESPEARE_VAL_FRACTION = 0.05
 
 _BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 _COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".lz4")
-
-LOCAL_ALTERNATIVES = (
-    "Offline alternatives: `source: shakespeare` (the embedded corpus), "
-    "`source: files` with `path:` local files or globs (txt, json/jsonl, parquet), "
-    "or `source: hub` with `path:` a local dataset folder (the hub's parquet layout); "
-    "on a CPU machine, add `--config configs/cpu.yaml` to the method config."
-)
 
 
 def shakespeare_files() -> list[str]:

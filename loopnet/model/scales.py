@@ -26,6 +26,21 @@ def scheme_label(residual: str, p: float | None) -> str:
     return f"p{p:g}" if residual == "scaled" and p is not None else residual
 
 
+def parse_scheme(label: str) -> tuple[str, float | None]:
+    """The inverse of `scheme_label`: a scheme's name -> (residual, p), e.g. ``deeploop`` -> ("deeploop", None),
+    ``p0.4`` -> ("scaled", 0.4)."""
+    if label in SCHEMES and label != "scaled":
+        return label, None
+    try:
+        p = float(label[1:]) if label.startswith("p") else -1.0
+    except ValueError:
+        p = -1.0
+    if p > 0:
+        return "scaled", p
+    named = ", ".join(s for s in SCHEMES if s != "scaled")
+    raise ValueError(f"{label!r} names no residual scheme; use {named} or p<exponent> such as p0.375")
+
+
 def residual_scales(scheme: str, n_unrolled: int, p: float | None = None) -> tuple[float, float]:
     """Return (α, β) for `scheme` at unrolled depth N = `n_unrolled`.
 

@@ -46,23 +46,24 @@ from dataclasses import replace
 from pathlib import Path
 
 from loopnet.env import machine, one_line_errors
+from loopnet.model import scales
 from loopnet.model.scales import SCHEME_EXPONENT, residual_scales
+
+from . import update_groups as ug
 
 # The exponent p of each named scheme the probe takes; Post-LN is p = 0 (α = β = 1).
 SCHEME_P = {"postln": 0.0, **SCHEME_EXPONENT}
 
 
 def parse_scheme(name: str) -> tuple[str, float | None]:
-    """`postln`, `deepnorm`, `deeploop` or `p<exponent>` (residual `scaled`) -> (residual, p)."""
-    if name in SCHEME_P:
-        return name, None
-    if name.startswith("p"):
-        try:
-            p = float(name[1:])
-        except ValueError:
-            p = -1.0
-        if p > 0:
-            return "scaled", p
+    """A `--schemes` name -> (residual, p): `postln`, `deepnorm`, `deeploop` or `p<exponent>` (residual
+    `scaled`); Pre-LN has no place on the theory's α/β axis."""
+    try:
+        residual, p = scales.parse_scheme(name)
+    except ValueError:
+        residual, p = None, None
+    if residual in SCHEME_P or residual == "scaled":
+        return residual, p
     raise ValueError(f"--schemes {name!r}: use postln, deepnorm, deeploop or p<exponent> such as p0.375")
 
 
@@ -242,7 +243,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="AdamW steps from the initialisation (1-5)")
     p.add_argument("--groups", action="store_true",
                    help="split the first step's output change by parameter group (loopnet.study.update_groups)")
-    p.add_argument("--optimizers", nargs="+", default=["adamw", "sgd"], choices=["adamw", "sgd"],
+    p.add_argument("--optimizers", nargs="+", default=list(ug.OPTIMIZERS), choices=ug.OPTIMIZERS,
                    help="with --groups: the optimisers whose step is split (default both)")
     p.add_argument("--sgd_lr", type=float, help="with --groups: SGD's learning rate (default: the config's lr)")
     p.add_argument("--checkpoints", nargs="+", metavar="CKPT",
@@ -271,11 +272,8 @@ def main(argv: list[str] | None = None) -> None:
             raise FileNotFoundError(f"--notes {args.notes}: no such file")
         if (args.checkpoints or args.with_init) and not args.groups:
             raise ValueError("--checkpoints and --with_init belong to --groups; fix: add --groups")
-        for path in args.checkpoints or []:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"--checkpoints {path}: no such file; fix: give checkpoints that loopnet fit "
-                                        "wrote (e.g. with --checkpoint.every_n_train_steps 100 "
-                                        "--checkpoint.save_top_k -1 --checkpoint.monitor null)")
+        for path in args.checkpoints or []:  # each refused in one line before the data loads
+            ug.read_checkpoint(path)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     notes = Path(args.notes).read_text() if args.notes else None  # read before anything in out is written
@@ -321,17 +319,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"loopnet probe: {len(rows)} measurements in {seconds:.0f} s -> {out}/report.md")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def run_groups(args, argv, out: Path, notes, base, optim, batch, clip) -> None:
     """`--groups`: every starting point (fresh models, checkpoints) x optimiser, split by group."""
     import torch
 
     from loopnet.model.scales import scheme_label
 
-    from . import update_groups as ug
     from .provenance import git_commit
 
     sgd_lr = args.sgd_lr if args.sgd_lr is not None else optim.lr
@@ -396,7 +389,6 @@ def run_groups(args, argv, out: Path, notes, base, optim, batch, clip) -> None:
 def plot_groups(rows: list[dict], path: Path) -> None:
     """Output change per group vs R, log-log: one panel per optimiser, one colour per group, one line
     style per scheme (mean over seeds)."""
-    from . import update_groups as ug
     from .plotting import legend, pyplot, save
 
     plt = pyplot()
@@ -416,3 +408,7 @@ def plot_groups(rows: list[dict], path: Path) -> None:
                ylabel="relative change of the final state")
         legend(ax, fontsize=6)
     save(plt, fig, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -147,9 +147,8 @@ def fresh_model(base, optim, scheme: str, rounds: int, seed: int):
     """A LoopedLM at initialisation: the config's model with `scheme` and R, seeded (as `probe` does)."""
     import torch
 
+    from loopnet.model.scales import parse_scheme
     from loopnet.training.module import LoopedLM
-
-    from .probe import parse_scheme
 
     residual, p = parse_scheme(scheme)
     torch.manual_seed(seed)
@@ -162,20 +161,31 @@ def label(scheme: str, config) -> str:
     return scheme + ("" if config.norm_affine else "-nogain")
 
 
+def read_checkpoint(path: str) -> dict:
+    """A checkpoint of `loopnet fit`, read as `loopnet fit/test/eval` read one (`loopnet.checkpoints`: a
+    missing, empty, corrupt or code-carrying file is refused in one line), its tensors left on disk."""
+    from loopnet.checkpoints import check_checkpoint_file, is_sharded_checkpoint, load_checkpoint_meta
+
+    check_checkpoint_file(path, "--checkpoints")
+    if is_sharded_checkpoint(path):
+        raise ValueError(f"--checkpoints {path} is a sharded (FSDP) checkpoint folder; fix: consolidate it into one "
+                         f"file first: python -m lightning.pytorch.utilities.consolidate_checkpoint {path}")
+    ckpt = load_checkpoint_meta(path)
+    hp = ckpt.get("hyper_parameters")
+    if not isinstance(hp, dict) or not isinstance(hp.get("config"), dict) or not isinstance(hp.get("optim"), dict):
+        raise ValueError(f"{path} is not a loopnet checkpoint (no hyper_parameters.config and .optim); fix: give a "
+                         "checkpoint that loopnet fit wrote")
+    return ckpt
+
+
 def from_checkpoint(path: str):
     """(LoopedLM with a checkpoint's weights, its AdamW state or None, its step, its label)."""
-    import torch
-
     from loopnet.model import LoopConfig
     from loopnet.model.scales import scheme_label
     from loopnet.training.module import LoopedLM, OptimConfig
 
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    try:
-        hp = ckpt["hyper_parameters"]
-    except KeyError:
-        raise ValueError(f"{path} is not a loopnet checkpoint (no hyper_parameters); fix: give a checkpoint that "
-                         "loopnet fit wrote") from None
+    ckpt = read_checkpoint(path)
+    hp = ckpt["hyper_parameters"]
     config = LoopConfig(**{**hp["config"], "dropout": 0.0})
     optim = OptimConfig(**{k: tuple(v) if k == "betas" else v for k, v in hp["optim"].items()})
     lm = LoopedLM(config=config, optim=replace(optim, warmup_steps=0, decay_steps=10**9))

@@ -149,3 +149,59 @@ def test_probe_groups_from_checkpoints_of_a_real_run(tmp_path):
         assert f"| sgd | {step} | 2 | 4 | 16.0 (4N) |" in md and f"| adamw | {step} | 2 | 4 | 4.0 (2√N) |" in md
     assert "that group's update is applied (every other group's update zeroed)" in md
     assert (out / "groups.png").stat().st_size > 5000
+
+
+def _save(path, obj):
+    torch.save(obj, path)
+    return str(path)
+
+
+def test_from_checkpoint_reads_a_loopnet_checkpoint(tmp_path):
+    from dataclasses import asdict
+
+    from loopnet.training.module import LoopedLM
+
+    torch.manual_seed(0)
+    lm = LoopedLM(config=replace(TINY, residual="scaled", p=0.4, n_rounds=2), optim=OptimConfig(lr=3e-4))
+    path = _save(tmp_path / "step.ckpt", {"hyper_parameters": {"config": asdict(lm.config), "optim": asdict(lm.optim)},
+                                          "state_dict": lm.state_dict(), "global_step": 7})
+    got, state, step, name = ug.from_checkpoint(path)
+    assert (state, step, name, got.config.n_rounds, got.optim.lr) == (None, 7, "p0.4", 2, 3e-4)
+    assert all(torch.equal(p, dict(lm.state_dict())[n]) for n, p in got.state_dict().items())
+
+
+class NotData:  # a pickled object: code the restricted loader refuses to import
+    pass
+
+
+@pytest.mark.parametrize("bad,says", [
+    ("missing", "does not exist"), ("folder", "is a folder, not a checkpoint file"), ("empty", "is empty (0 bytes)"),
+    ("corrupt", "is not a readable checkpoint, it is corrupt or truncated"),
+    ("code", "unpickling it would import or run code"), ("no_state", "is not a Lightning checkpoint"),
+    ("not_loopnet", "is not a loopnet checkpoint (no hyper_parameters.config and .optim)")])
+def test_probe_refuses_a_bad_checkpoint_in_one_line(tmp_path, capsys, bad, says):
+    """`loopnet probe --groups --checkpoints BAD`: the one-line refusals of `loopnet.checkpoints`, before
+    any data is read or anything written."""
+    from loopnet.study import probe
+
+    path = tmp_path / "bad.ckpt"
+    if bad == "folder":
+        path.mkdir()
+    elif bad == "empty":
+        path.write_bytes(b"")
+    elif bad == "corrupt":
+        _save(path, {"state_dict": {"w": torch.ones(64)}})
+        path.write_bytes(path.read_bytes()[:100])  # truncated
+    elif bad == "code":
+        _save(path, {"state_dict": {}, "obj": NotData()})
+    elif bad == "no_state":
+        _save(path, {"weights": torch.ones(2)})
+    elif bad == "not_loopnet":
+        _save(path, {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"lr": 1.0}})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        probe.main(["--groups", "--checkpoints", str(path), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("loopnet probe: error: "), err
+    assert str(path) in err and says in err, err
+    assert not out.exists()

@@ -154,9 +154,8 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
 
 
 def parser() -> argparse.ArgumentParser:
-    from loopnet.study import report
-
-    p = argparse.ArgumentParser(prog="loopnet report", description=report.__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="loopnet report", description="Turn a sweep folder into a markdown report "
+                                "with tables and PNG plots (loopnet.study.report says what it holds).")
     p.add_argument("sweep_dir", help="the sweep folder (the `out:` of the sweep file)")
     p.add_argument("--out", help="report folder (default: <sweep_dir>/report)")
     p.add_argument("--plateau", default="auto",
