@@ -1,6 +1,8 @@
 """The study's definitions, each once: how a method is named, when a run escaped the unigram plateau
 and after how many steps, when it trains and how the stability map summarises a loss-vs-rate curve
-(LR sensitivity, the trainable band), how much of the gradient reaches the first round. The grid names its cells
+(LR sensitivity, the trainable band), how much of the gradient reaches the first round, the intervals
+(Student's t at real degrees of freedom), reading 1's verdict rule, and the best-rate shift Δ (a
+quadratic's vertex in log lr, bootstrapped over seeds; the 50%-trains rate is `loopnet.study.boundary`). The grid names its cells
 with `param_label`, the report its methods and columns with the rest; the scheme's own name
 (`scheme_label`, also `loopnet fit`'s run folders) lives with the schemes in `loopnet.model.scales`.
 Light to import (no plotting)."""

@@ -82,3 +82,35 @@ def test_exact_trend_test_by_hand_and_as_fishers_test():
     # strata convolve: two identical strata, each T ∈ {0 (1/6), 1 (4/6), 2 (1/6)}; observed 0 + 0
     out = boundary.exact_trend_test([[(0, 2, 2), (1, 0, 2)]] * 2)
     assert out["p_falls"] == pytest.approx(1 / 36)
+
+
+def _penalised_loglik(data, theta):
+    """ℓ + ½·log det I written out on its own (rows, not the module's matrices)."""
+    import numpy as np
+
+    x = data.design()
+    eta = x @ theta
+    p = 1 / (1 + np.exp(-eta))
+    ll = sum(y * e - math.log1p(math.exp(e)) if e < 30 else y * e - e for y, e in zip(data.y, eta))
+    info = sum(pi * (1 - pi) * np.outer(row, row) for pi, row in zip(p, x))
+    return ll + 0.5 * math.log(np.linalg.det(info))
+
+
+def test_the_firth_fit_and_a_profile_point_against_a_general_optimiser():
+    optimize = pytest.importorskip("scipy.optimize")
+    import numpy as np
+
+    data = _draw(random.Random(11), seeds=3)
+    fit = boundary.fit(data)
+    best = optimize.minimize(lambda t: -_penalised_loglik(data, t), fit.theta + 0.3, method="BFGS")
+    assert -best.fun == pytest.approx(fit.value, abs=1e-5)
+    assert best.x[-1] == pytest.approx(fit.slope, rel=1e-3)
+    # the profile at v = the fit's difference of falls + 0.1: maximise subject to Σ w_g·a_g + v·b = 0
+    v = fit.combination(FALLS) + 0.1
+    c = np.zeros(len(data.groups) + 1)
+    for g, w in FALLS.items():
+        c[data.groups.index(g)] = w
+    c[-1] = v
+    con = optimize.minimize(lambda t: -_penalised_loglik(data, t), fit.theta, method="SLSQP",
+                            constraints=[{"type": "eq", "fun": lambda t: c @ t}], options={"ftol": 1e-12, "maxiter": 500})
+    assert -con.fun == pytest.approx(fit.profile(FALLS, v), abs=1e-4)
