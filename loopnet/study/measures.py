@@ -1,6 +1,8 @@
 """The study's definitions, each once: how a method is named, when a run escaped the unigram plateau
 and after how many steps, when it trains and how the stability map summarises a loss-vs-rate curve
-(LR sensitivity, the trainable band), how much of the gradient reaches the first round. The grid names its cells
+(LR sensitivity, the trainable band), how much of the gradient reaches the first round, the intervals
+(Student's t at real degrees of freedom), reading 1's verdict rule, and the best-rate shift Δ (a
+quadratic's vertex in log lr, bootstrapped over seeds; the 50%-trains rate is `loopnet.study.boundary`). The grid names its cells
 with `param_label`, the report its methods and columns with the rest; the scheme's own name
 (`scheme_label`, also `loopnet fit`'s run folders) lives with the schemes in `loopnet.model.scales`.
 Light to import (no plotting)."""
@@ -182,22 +184,62 @@ def logistic_fit(xs: list[float], ys: list[bool], iterations: int = 50) -> dict 
 
 
 # ---------------------------------------------------------------------------------------- intervals
-# Student's t, the 0.975 quantile, df = 1 … 30 (three decimals, as printed in every table; a test checks
-# them against scipy where it is installed). Above 30 the value at 30, which errs on the wide side.
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + num * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return h
 
 
-def _t975(df: float) -> float:
-    """The table's quantile at df rounded down (at least 1; beyond the table, its last value)."""
-    return T975[min(max(int(df), 1), len(T975)) - 1]
+def _betainc(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularised incomplete beta function."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1 - front * _betacf(b, a, 1 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function for real (fractional) degrees of freedom df > 0:
+    P(T ≤ t) = 1 − ½·I_{df/(df+t²)}(df/2, ½) for t ≥ 0, by symmetry below."""
+    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+    return 1 - tail if t >= 0 else tail
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The q quantile of Student's t with real df > 0 (Welch's df is fractional: it is not rounded), by
+    bisection on `t_cdf` to 1e-12."""
+    if not 0 < q < 1 or not df > 0:
+        raise ValueError(f"t_quantile needs 0 < q < 1 and df > 0, got q={q}, df={df}")
+    if q < 0.5:
+        return -t_quantile(1 - q, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < q:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1e-12 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
+    return (lo + hi) / 2
 
 
 def welch_interval(xs: list[float], ys: list[float]) -> dict | None:
     """The difference of means mean(ys) − mean(xs) with its 95% interval by Welch's t (unequal variances):
-    {diff, lo, hi, df}, df the Welch–Satterthwaite degrees of freedom, rounded down for the quantile (so
-    the interval errs on the wide side). None unless both samples have 2 values or more."""
+    {diff, lo, hi, df}, df the Welch–Satterthwaite degrees of freedom, used as the real number it is (a
+    df of 1.98 rounded down to 1 would widen the interval ~3×). None unless both samples have 2 values or
+    more."""
     if len(xs) < 2 or len(ys) < 2:
         return None
     vx, vy = statistics.variance(xs) / len(xs), statistics.variance(ys) / len(ys)
@@ -206,16 +248,102 @@ def welch_interval(xs: list[float], ys: list[float]) -> dict | None:
     if se == 0:
         return {"diff": diff, "lo": diff, "hi": diff, "df": math.inf}
     df = (vx + vy) ** 2 / (vx ** 2 / (len(xs) - 1) + vy ** 2 / (len(ys) - 1))
-    t = _t975(df)
+    t = t_quantile(0.975, df)
     return {"diff": diff, "lo": diff - t * se, "hi": diff + t * se, "df": df}
 
 
 def paired_interval(diffs: list[float]) -> dict | None:
     """The mean of paired differences (one per seed, the two runs sharing that seed's data order and the
     validation batches) with its 95% interval by Student's t on n − 1 degrees of freedom: {mean, lo, hi,
-    n}. None under 2 pairs."""
+    n, t} (t: the mean over its standard error). None under 2 pairs."""
     if len(diffs) < 2:
         return None
     mean, n = statistics.fmean(diffs), len(diffs)
-    half = _t975(n - 1) * statistics.stdev(diffs) / math.sqrt(n)
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
+    se = statistics.stdev(diffs) / math.sqrt(n)
+    half = t_quantile(0.975, n - 1) * se
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n, "t": mean / se if se else math.inf}
+
+
+# ---------------------------------------------------------------------------------------- reading 1
+READING1_SUPPORT = 0.30  # decades: one ×2 grid step
+
+
+def reading1_verdict(extra: float, censored: bool) -> str:
+    """The map's reading 1 by the rule stated before running, on the difference of falls rounded to the
+    two decimals printed (a ×√2 ladder's rates are rounded to 3 digits, so an unrounded 0 can read
+    ±0.0003): *not resolved* when either scheme's boundary is censored by the grid's top; else
+    *supported* at ≥ 0.30 decades (one ×2 step, the theory's direction), *contradicted* at ≤ 0
+    (DeepLoop's boundary falls as much or more), *not resolved* between."""
+    shown = round(extra, 2)
+    if censored:
+        return "not resolved"
+    if shown >= READING1_SUPPORT:
+        return "supported"
+    return "contradicted" if shown <= 0 else "not resolved"
+
+
+# ---------------------------------------------------------------------------------------- best-rate shift
+VERTEX_HALF_WIDTH = 0.61  # decades either side of the lowest mean loss: two ×2 steps (2·log10 2 = 0.602)
+
+
+def quadratic_vertex(mean_loss: dict[float, float], half_width: float = VERTEX_HALF_WIDTH) -> dict | None:
+    """η* as the vertex of a quadratic in u = log10 η fitted (least squares) to the mean loss at the rates
+    within `half_width` decades of the rate with the lowest mean: {x: log10 η*, censored, rates}. When the
+    quadratic opens downward, or its vertex lies outside the fitted rates, x is the nearer fitted edge and
+    censored is −1 (the vertex lies at or below the lowest fitted rate) or +1 (at or above the highest);
+    0 otherwise. None under 3 rates."""
+    import numpy as np
+
+    best = min(mean_loss, key=mean_loss.get)
+    rates = sorted(lr for lr in mean_loss if abs(math.log10(lr / best)) <= half_width)
+    if len(rates) < 3:
+        return None
+    u = np.log10(rates)
+    c2, c1, _ = np.polyfit(u, [mean_loss[lr] for lr in rates], 2)
+    lo, hi = float(u[0]), float(u[-1])
+    if c2 <= 0:  # no minimum: the lower of the two ends
+        x = lo if mean_loss[rates[0]] <= mean_loss[rates[-1]] else hi
+    else:
+        x = -c1 / (2 * c2)
+    censored = -1 if x <= lo else (1 if x >= hi else 0)
+    return {"x": min(max(x, lo), hi), "censored": censored, "rates": rates}
+
+
+def best_rate_shift(lo: dict[float, dict], hi: dict[float, dict], plateau: float, boots: int = 2000,
+                    seed: int = 0) -> dict | None:
+    """Δ = log10 η*(R_hi) − log10 η*(R_lo), η* the `quadratic_vertex` of the seed-paired mean loss, with a
+    95% percentile bootstrap interval over seeds.
+
+    lo, hi: rate -> {seed: final validation loss (None: the run did not complete)} at the two R. Used:
+    the seeds that ran at every rate of both R (the same seed sets the same data order at both, so the
+    seeds are resampled jointly) and, at each R, the rates where every one of them trains (`trains`).
+    Each bootstrap draw resamples the seeds with replacement and repeats the whole procedure. Returns
+    {delta, lo, hi, x_lo, x_hi, censored_lo, censored_hi, rates_lo, rates_hi, seeds, boots,
+    censored_share}."""
+    import random
+
+    seeds = sorted(set.intersection(*(set(v) for v in (*lo.values(), *hi.values()))))
+    if len(seeds) < 2:
+        return None
+    def vertex(curve, draw):
+        ok = {lr: [by[s] for s in draw] for lr, by in curve.items()
+              if all(trains("completed" if by[s] is not None else "diverged", by[s], plateau) for s in set(draw))}
+        return quadratic_vertex({lr: statistics.fmean(v) for lr, v in ok.items()})
+    a, b = vertex(lo, seeds), vertex(hi, seeds)
+    if a is None or b is None:
+        return None
+    rng = random.Random(seed)
+    deltas, censored = [], 0
+    for _ in range(boots):
+        draw = [rng.choice(seeds) for _ in seeds]
+        va, vb = vertex(lo, draw), vertex(hi, draw)
+        if va is None or vb is None:
+            continue
+        deltas.append(vb["x"] - va["x"])
+        censored += bool(va["censored"] or vb["censored"])
+    deltas.sort()
+    q = lambda p: deltas[min(len(deltas) - 1, max(0, round(p * (len(deltas) - 1))))]
+    return {"delta": b["x"] - a["x"], "lo": q(0.025), "hi": q(0.975), "x_lo": a["x"], "x_hi": b["x"],
+            "censored_lo": a["censored"], "censored_hi": b["censored"], "rates_lo": a["rates"], "rates_hi": b["rates"],
+            "seeds": seeds, "boots": len(deltas),
+            "censored_share": censored / len(deltas) if deltas else math.nan}

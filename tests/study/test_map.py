@@ -145,14 +145,17 @@ def test_map_decisive_readings_and_plots(map_report):
     md = (map_report / "report.md").read_text()
     # DeepNorm's largest trainable lr falls 2e-3 -> 1e-3 (0.30 decades); DeepLoop's 8e-3 (censored) -> 4e-3 (0.30)
     assert "deepnorm-carry: largest trainable lr 0.002 at R = 2, 0.001 at R = 6: falls by 0.30 decades" in md
-    assert "DeepNorm's fall minus DeepLoop's = +0.00 decades" in md
+    # DeepLoop's R = 2 edge is the grid's top (censored), so +0.00 is not resolved rather than contradicted
+    assert "DeepNorm's fall minus DeepLoop's = +0.00 decades: **not resolved** by the rule" in md
     assert f"predicts +{0.5 * math.log10(3):.2f}" in md
     # Reading 2 at R = 2: DeepLoop 4.9 ± 0 at 4e-3 vs DeepNorm 4.85 ± 0.0707 at 2e-3
     assert f"R = 2: {4.9 - 4.85:+.3f} ± {statistics.stdev([4.8, 4.9]):.3f} nat: DeepLoop **not distinguished**" in md
-    # Welch: DeepLoop's two seeds agree, so df = 1 and the half-width is t(0.975, 1) · √(0.005 / 2) = 12.706 · 0.05
-    assert f"[{0.05 - 12.706 * 0.05:+.3f}, {0.05 + 12.706 * 0.05:+.3f}] (Welch, df 1.0)" in md
+    # Welch: DeepLoop's two seeds agree, so df = 1 and the half-width is t(0.975, 1) · √(0.005 / 2), t(0.975, 1)
+    # = tan(0.475π) = 12.706 (Cauchy)
+    t1 = math.tan(0.475 * math.pi)
+    assert f"[{0.05 - t1 * 0.05:+.3f}, {0.05 + t1 * 0.05:+.3f}] (Welch, df 1.0)" in md
     # paired by seed: differences 4.9 - 4.8 and 4.9 - 4.9, mean 0.05, half-width t(0.975, 1) · sd / √2
-    assert f"paired by seed +0.050 [{0.05 - 12.706 * 0.05:+.3f}, {0.05 + 12.706 * 0.05:+.3f}] (2 seeds)" in md
+    assert f"paired by seed +0.050 [{0.05 - t1 * 0.05:+.3f}, {0.05 + t1 * 0.05:+.3f}] (2 seeds)" in md
     # R = 6: DeepLoop 4.9 ± 0.141 at 4e-3 vs DeepNorm 5.1 ± 0 at 1e-3: -0.2 beyond the spread, ahead
     assert f"R = 6: {-0.2:+.3f} ± {statistics.stdev([5.0, 4.8]):.3f} nat: DeepLoop **ahead**" in md
     for name in ("map_loss_vs_lr.png", "map_heatmap.png", "map_best_lr_vs_R.png"):
@@ -222,17 +225,91 @@ def test_welch_interval_by_hand_and_against_scipy():
     vx, vy = 1.0 / 3, (20 / 3) / 4  # sample variances over n
     df = (vx + vy) ** 2 / (vx ** 2 / 2 + vy ** 2 / 3)
     assert w["diff"] == pytest.approx(3.0) and w["df"] == pytest.approx(df)
-    half = measures.T975[int(df) - 1] * math.sqrt(vx + vy)
+    half = measures.t_quantile(0.975, df) * math.sqrt(vx + vy)  # the real df, not rounded down
     assert (w["lo"], w["hi"]) == pytest.approx((3.0 - half, 3.0 + half))
     assert measures.welch_interval([1.0], ys) is None
-    # paired: differences 1, 2, 6 -> mean 3, sd √7, half-width t(0.975, 2) · √7 / √3
+    # paired: differences 1, 2, 6 -> mean 3, sd √7, half-width t(0.975, 2) · √7 / √3; t(0.975, 2) in closed form
     pi = measures.paired_interval([1.0, 2.0, 6.0])
-    half = 4.303 * math.sqrt(7) / math.sqrt(3)
+    t2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+    half = t2 * math.sqrt(7) / math.sqrt(3)
     assert (pi["mean"], pi["lo"], pi["hi"], pi["n"]) == pytest.approx((3.0, 3.0 - half, 3.0 + half, 3))
+    assert pi["t"] == pytest.approx(3.0 / (math.sqrt(7) / math.sqrt(3)))
     assert measures.paired_interval([1.0]) is None
+
+
+def test_t_quantile_for_real_degrees_of_freedom():
+    # closed forms: df 1 is Cauchy, tan(π(q − ½)); df 2 is (2q − 1) / √(2q(1 − q)); large df tends to the normal's
+    for q in (0.9, 0.975, 0.995):
+        assert measures.t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-9)
+        assert measures.t_quantile(q, 2) == pytest.approx((2 * q - 1) / math.sqrt(2 * q * (1 - q)), rel=1e-9)
+    assert measures.t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
+    assert measures.t_quantile(0.025, 3) == pytest.approx(-measures.t_quantile(0.975, 3))
+    # between 1 and 2 the quantile lies between theirs: df 1.98 is near t(2) = 4.30, not t(1) = 12.71
+    assert 4.303 < measures.t_quantile(0.975, 1.98) < 4.5
     stats = pytest.importorskip("scipy.stats")
-    for df, t in enumerate(measures.T975, start=1):  # the table is the quantile, to its three decimals
-        assert t == pytest.approx(stats.t.ppf(0.975, df), abs=6e-4)
+    for df in (1.0, 1.5, 1.98, 2.0, 2.7, 4.0, 7.3, 30.0, 200.0):
+        assert measures.t_quantile(0.975, df) == pytest.approx(stats.t.ppf(0.975, df), rel=1e-9)
+
+
+def test_welch_uses_fractional_df_so_df_198_is_not_rounded_to_1():
+    # two pairs of seeds with nearly equal spreads: Welch df just under 2
+    xs, ys = [2.6851, 2.6649], [2.6679, 2.6481]
+    w = measures.welch_interval(xs, ys)
+    assert 1.9 < w["df"] < 2.0
+    se = math.sqrt(statistics.variance(xs) / 2 + statistics.variance(ys) / 2)
+    assert w["hi"] - w["diff"] == pytest.approx(measures.t_quantile(0.975, w["df"]) * se)
+    assert (w["hi"] - w["diff"]) / se < 4.5  # t(0.975, 1) = 12.7 would give ~3x the width
+
+
+def test_reading1_verdict_follows_the_rule_stated_before_running():
+    assert measures.reading1_verdict(0.0, censored=False) == "contradicted"  # ≤ 0: the grid's +0.00
+    assert measures.reading1_verdict(-0.0003, censored=False) == "contradicted"  # rounding of 3-digit rates
+    assert measures.reading1_verdict(-0.15, censored=False) == "contradicted"
+    assert measures.reading1_verdict(math.log10(1.13e-2 / 8e-3), censored=False) == "not resolved"  # +0.15
+    assert measures.reading1_verdict(math.log10(2), censored=False) == "supported"  # one ×2 step
+    assert measures.reading1_verdict(math.log10(4), censored=True) == "not resolved"
+    assert measures.reading1_verdict(0.0, censored=True) == "not resolved"
+
+
+def test_quadratic_vertex_recovers_a_known_vertex_and_censors_at_the_edge():
+    # ℓ(u) = 2.6 + 0.3·(u − log10 1.5e-3)², exact on a ×2 grid: the vertex is 1.5e-3 (between grid rates)
+    x0 = math.log10(1.5e-3)
+    grid = [5e-4 * 2 ** i for i in range(7)]
+    loss = {lr: 2.6 + 0.3 * (math.log10(lr) - x0) ** 2 for lr in grid}
+    v = measures.quadratic_vertex(loss)
+    assert v["x"] == pytest.approx(x0, abs=1e-9) and v["censored"] == 0
+    assert v["rates"] == [lr for lr in grid if abs(math.log10(lr / 2e-3)) <= 0.61]  # two ×2 steps each side
+    # the cliff far away does not enter the window
+    loss[grid[-1]] = 3.3
+    assert measures.quadratic_vertex(loss)["x"] == pytest.approx(x0, abs=1e-9)
+    # monotone: the vertex lies below the grid, read as the lowest fitted rate, censored −1
+    mono = {lr: 2.6 + 0.1 * math.log10(lr / 5e-4) for lr in grid}
+    v = measures.quadratic_vertex(mono)
+    assert v["censored"] == -1 and v["x"] == pytest.approx(math.log10(5e-4))
+
+
+def test_best_rate_shift_bootstraps_over_seeds_and_recovers_a_known_shift():
+    # per seed: ℓ = 2.6 + s_off + 0.3·(u − x(R))², x(2) = log10 2e-3, x(12) = log10 1e-3: Δ = −0.30 exactly, as
+    # a seed's offset is common to all rates (the vertex of a mean of shifted parabolas is the same)
+    grid = [5e-4 * 2 ** i for i in range(7)]
+    offsets = {1: 0.03, 2: -0.01, 3: 0.0, 4: 0.05}
+    def curve(x):
+        return {lr: {s: 2.6 + o + 0.3 * (math.log10(lr) - x) ** 2 for s, o in offsets.items()} for lr in grid}
+    out = measures.best_rate_shift(curve(math.log10(2e-3)), curve(math.log10(1e-3)), plateau=3.3, boots=200)
+    assert out["delta"] == pytest.approx(-math.log10(2), abs=1e-9) and out["seeds"] == [1, 2, 3, 4]
+    assert out["lo"] == pytest.approx(out["delta"], abs=1e-9) and out["hi"] == pytest.approx(out["delta"], abs=1e-9)
+    # seed-dependent curvature noise: the interval is not degenerate and contains the estimate
+    noisy = curve(math.log10(1e-3))
+    for lr in grid:
+        noisy[lr][2] += 0.05 * math.log10(lr / 1e-3)
+    out = measures.best_rate_shift(curve(math.log10(2e-3)), noisy, plateau=3.3, boots=300)
+    assert out["lo"] <= out["delta"] <= out["hi"] and out["lo"] < out["hi"]
+    # a rate where a seed does not train is left out of the fit
+    off = curve(math.log10(1e-3))
+    off[grid[0]][1] = 3.29  # above plateau − 0.1 = 3.2
+    out = measures.best_rate_shift(curve(math.log10(2e-3)), off, plateau=3.3, boots=50)
+    assert grid[0] not in out["rates_hi"] and grid[0] in out["rates_lo"]
+    assert out["delta"] == pytest.approx(-math.log10(2), abs=1e-9)  # the parabola is exact on the other rates
 
 
 def test_a_subset_run_keeps_every_cell_in_the_manifest(tmp_path, monkeypatch):
@@ -299,3 +376,28 @@ def test_a_curve_whose_cells_were_not_run_reads_not_run_not_none():
     assert not pending.ran
     row = summary_table([pending], PLATEAU).splitlines()[-1]
     assert "not run" in row and "none" not in row
+
+
+def test_reading1_prints_contradicted_for_a_zero_difference_of_falls(tmp_path):
+    """The grid's case: both schemes' largest trainable rates equal at the smallest and largest R, neither at
+    the grid's top: +0.00 is ≤ 0, contradicted by the rule (the report once printed "not resolved")."""
+    from loopnet.diagnostics import write_summary
+
+    trained, stalled = [5.0, 5.0], [5.45, 5.45]
+    losses = {("deepnorm", 2): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
+              ("deepnorm", 6): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
+              ("deeploop", 2): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
+              ("deeploop", 6): {1e-3: trained, 2e-3: trained, 4e-3: stalled}}
+    sweep, cells = tmp_path / "sw", []
+    for (scheme, rounds), by_lr in losses.items():
+        for lr, seeds in by_lr.items():
+            for seed, loss in enumerate(seeds, start=1):
+                cid = f"{scheme}-r{rounds}-lr{lr:g}-s{seed}"
+                write_summary(sweep / cid / "summary.json", _summary(scheme, rounds, lr, loss))
+                cells.append({"id": cid, "params": {"model.config.residual": scheme, "model.config.n_rounds": rounds,
+                                                    "model.optim.lr": lr, "seed_everything": seed}})
+    (sweep / MANIFEST).write_text(json.dumps({"cells": cells, "out": str(sweep)}))
+    report_mod.main([str(sweep), "--out", str(tmp_path / "rep"), "--plateau", str(PLATEAU)])
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "DeepNorm's fall minus DeepLoop's = +0.00 decades: **contradicted** by the rule" in md
+    assert "not resolved" not in md.split("**Reading 1**", 1)[1].split("\n", 1)[0].split("by the rule", 1)[0]

@@ -19,8 +19,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ..measures import (TRAIN_MARGIN, capped_loss, lr_sensitivity, paired_interval, trainable_band, trains,
-                        welch_interval)
+from ..measures import (READING1_SUPPORT, TRAIN_MARGIN, capped_loss, lr_sensitivity, paired_interval,
+                        reading1_verdict, trainable_band, trains, welch_interval)
 from ..plotting import legend, pyplot, save
 from .runs import Run
 from .tables import fmt, mean_std
@@ -221,7 +221,7 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
         return "Not computed: DeepNorm and DeepLoop share no R."
     lines = []
     lo, hi = rounds[0], rounds[-1]
-    falls = {}
+    falls, censored = {}, False
     one_rate = all(len(c.by_lr) == 1 for c in cs)  # a confirmation sweep: no boundary to read
     if one_rate:
         lines.append("- Reading 1: not read here (one rate per curve).")
@@ -232,16 +232,20 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
             lines.append(f"- {f}: no rate trains at R = {lo if a['largest'] is None else hi}; fall not defined.")
             continue
         falls[f] = math.log10(a["largest"] / b["largest"])
-        cens = [f"R = {r} {'≥' if band['censored_high'] else ''}" for r, band in ((lo, a), (hi, b)) if band["censored_high"]]
+        cens = [f"R = {r}" for r, band in ((lo, a), (hi, b)) if band["censored_high"]]
+        censored = censored or bool(cens)
         lines.append(f"- {f}: largest trainable lr {lr_text(a['largest'])} at R = {lo}, {lr_text(b['largest'])} at "
                      f"R = {hi}: falls by {falls[f]:.2f} decades"
                      + (f" (censored at the grid's top: {', '.join(cens)})" if cens else ""))
     theory = 0.5 * math.log10(hi / lo)
     if falls and all(v is not None for v in falls.values()):
         extra = falls[pair[0]] - falls[pair[1]]
-        lines.append(f"- **Reading 1**: DeepNorm's fall minus DeepLoop's = {extra:+.2f} decades; the theory (sign-like "
+        word = reading1_verdict(extra, censored)
+        lines.append(f"- **Reading 1**: DeepNorm's fall minus DeepLoop's = {extra:+.2f} decades: **{word}** by the rule "
+                     f"stated before running (*supported* at ≥ {READING1_SUPPORT:.2f} decades with neither scheme "
+                     f"censored by the grid's top, *contradicted* at ≤ 0, else *not resolved*); the theory (sign-like "
                      f"updates, DeepNorm/DeepLoop output-change ratio 2√N) predicts +{theory:.2f} (= ½·log10({hi}/{lo})). "
-                     f"The grid's step is {_grid_step(cs):.2f} decades: a difference smaller than one step is not resolved.")
+                     f"The rates' step here is {_grid_step(cs):.2f} decades.")
     lines.append("- **Reading 2** (DeepLoop's best loss − DeepNorm's, each at its own best lr; ± the two sample stds "
                  "combined, the rule stated before running: *ahead* below −that, *behind* above +that, else *not "
                  "distinguished*; the 95% interval of the difference by Welch's t; and, where the two share seeds, "
