@@ -21,6 +21,8 @@ N = K·config.n_rounds, also when `forward(..., rounds=R')` runs another round c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +52,13 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = No
         kth = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -float("inf"))
     return torch.multinomial(F.softmax(logits, -1), 1)
+
+
+@dataclass
+class Generation:
+    """What `LoopedTransformer.generate` returns: the new token ids of each prompt, in prompt order."""
+
+    tokens: list[list[int]]
 
 
 class LoopedTransformer(nn.Module):
@@ -271,3 +280,47 @@ class LoopedTransformer(nn.Module):
             return logits, None
         # One loss round (the default): the loss itself, no stack and mean to run forward and back.
         return logits, losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+
+    # ----------------------------------------------------------------------------- generate
+    @torch.no_grad()
+    def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
+                 rounds: int | None = None, temperature: float = 0.0, top_k: int | None = None,
+                 n_vocab: int | None = None, window: int | None = None,
+                 stop: Callable[[int, list[int]], bool] | None = None) -> Generation:
+        """Continue each prompt (token ids; a [B, T] tensor is B prompts) by up to `max_new_tokens` tokens
+        at R' = `rounds`, with `sample_next(temperature, top_k)` over the first `n_vocab` ids (default all).
+
+        There is no KV cache: each step runs the model on the last `window` tokens (default seq_len) of
+        every sequence, as nanoGPT does. Prompts of unequal length are right-padded; attention is causal
+        and positions count from 0, so the padding cannot change the logits at a sequence's own
+        positions. A prompt is done when `stop(i, its new tokens)` is true; it then leaves the batch.
+        Dropout follows the module's mode: call `eval()` first."""
+        cfg = self.config
+        W = cfg.seq_len if window is None else window
+        if not 1 <= W <= cfg.seq_len:
+            raise ValueError(f"window must be in [1, seq_len={cfg.seq_len}], got {W}; fix: give a shorter window")
+        V = cfg.vocab_size if n_vocab is None else min(n_vocab, cfg.vocab_size)
+        device = self.wte.weight.device
+        sequences = [list(p) for p in (prompts.tolist() if torch.is_tensor(prompts) else prompts)]
+        if not all(sequences):
+            raise ValueError("every prompt needs at least one token; fix: start an empty prompt with <|endoftext|>")
+        new: list[list[int]] = [[] for _ in sequences]
+        active = list(range(len(sequences)))
+        for _ in range(max_new_tokens):
+            if not active:
+                break
+            windows = [sequences[i][-W:] for i in active]
+            batch = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
+            for row, w in enumerate(windows):
+                batch[row, : len(w)] = torch.tensor(w)
+            logits, _ = self(batch.to(device), rounds=rounds)
+            last = logits[torch.arange(len(windows), device=device), torch.tensor([len(w) - 1 for w in windows], device=device)]
+            tokens = sample_next(last[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
+            still = []
+            for i, token in zip(active, tokens, strict=True):
+                sequences[i].append(token)
+                new[i].append(token)
+                if stop is None or not stop(i, new[i]):
+                    still.append(i)
+            active = still
+        return Generation(new)
