@@ -11,7 +11,8 @@ from loopnet.lazy import lazy_attributes
 _WHERE = {
     "LoopConfig": ".config", "Architecture": ".config", "RunSettings": ".config", "RUN_SETTINGS": ".config",
     "BETA_SCALED": ".scales", "SCHEMES": ".scales", "residual_scales": ".scales",
-    "LoopedTransformer": ".transformer", "Generation": ".transformer", "lm_loss": ".transformer", "sample_next": ".transformer",
+    "LoopedTransformer": ".transformer", "Generation": ".transformer", "lm_loss": ".transformer",
+    "sample_next": ".transformer",
     "SUBLAYERS": ".visits", "Visit": ".visits", "VisitObserver": ".visits", "VisitTrace": ".visits",
     "visit_order": ".visits",
 }

@@ -314,7 +314,8 @@ class LoopedTransformer(nn.Module):
             for row, w in enumerate(windows):
                 batch[row, : len(w)] = torch.tensor(w)
             logits, _ = self(batch.to(device), rounds=rounds)
-            last = logits[torch.arange(len(windows), device=device), torch.tensor([len(w) - 1 for w in windows], device=device)]
+            ends = torch.tensor([len(w) - 1 for w in windows], device=device)
+            last = logits[torch.arange(len(windows), device=device), ends]
             tokens = sample_next(last[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
             still = []
             for i, token in zip(active, tokens, strict=True):

@@ -73,7 +73,8 @@ def test_predict_step_continues_the_prompt_as_the_plain_loop(tmp_path):
 
     torch.manual_seed(0)
     lm = LoopedLM(config=tiny_config(vocab_size=50304, seq_len=8, n_heads=2, n_blocks=1, n_rounds=2),
-                  generate={"prompt": "ROMEO: to be", "max_new_tokens": 12, "temperature": 0.9, "top_k": 30, "rounds": 3})
+                  generate={"prompt": "ROMEO: to be", "max_new_tokens": 12, "temperature": 0.9, "top_k": 30,
+                            "rounds": 3})
     lm.eval()
     (batch,) = list(lm.predict_dataloader())
     torch.manual_seed(3)
