@@ -17,10 +17,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-# LoopConfig fields that may differ between a checkpoint and the run that loads it.
-RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "loss_rounds"})
-
-
 # ----------------------------------------------------------------------------------------- reading
 SHARDED_META = "meta.pt"  # in a sharded (FSDP, state_dict_type: sharded) checkpoint folder: all but the tensors
 
@@ -86,14 +82,14 @@ def check_checkpoint_config(saved: Any, current: dict) -> None:
     """Raise a clear error when a checkpoint's model config (a dict or a LoopConfig) differs from the current one."""
     if saved is None:
         return
-    from loopnet.model.config import LoopConfig
+    from loopnet.model.config import RUN_SETTINGS, LoopConfig
 
     if dataclasses.is_dataclass(saved):
         saved = dataclasses.asdict(saved)
     # A field the checkpoint lacks was added after it was written: it trained with that field's default.
     defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)}
     diff = [f"{k}: checkpoint {saved.get(k, defaults.get(k))!r} vs config {v!r}"
-            for k, v in current.items() if k not in RUNTIME_FIELDS and saved.get(k, defaults.get(k)) != v]
+            for k, v in current.items() if k not in RUN_SETTINGS and saved.get(k, defaults.get(k)) != v]
     if diff:
         raise ValueError(
             "the checkpoint was trained with another model config (" + "; ".join(diff) + "); "

@@ -87,7 +87,7 @@ class Runner:
 
     # ------------------------------------------------------------------------------------------ checks
     def parity(self) -> None:
-        """bf16-mixed vs fp32 (`32-true`: the fp32 training head, `_LinearCrossEntropy`), same seed and data."""
+        """bf16-mixed vs fp32 (`32-true`: the fp32 training head, `LinearCrossEntropy`), same seed and data."""
         runs = {p: self.fit(f"parity_{p}", "--trainer.precision", p, "--trainer.max_steps", "50", timeout=150)
                 for p in ("bf16-mixed", "32-true")}
         seconds = sum(s for _, s, _ in runs.values())
@@ -108,13 +108,13 @@ class Runner:
         n, d, v = (256, 32, 512) if self.dry else (8192, 768, 50304)
         code = f"""
 import torch, torch.nn.functional as F
-from loopnet.model.transformer import _LinearCrossEntropy
+from loopnet.model.kernels import LinearCrossEntropy
 dev = "cpu" if {self.dry} else "cuda"
 torch.manual_seed(0)
 x = torch.randn({n}, {d}, device=dev, requires_grad=True)
 w = (torch.randn({v}, {d}, device=dev) * 0.02).requires_grad_()
 t = torch.randint(0, {v}, ({n},), device=dev); t[:7] = -1
-loss, _ = _LinearCrossEntropy.apply(x, w, t)
+loss, _ = LinearCrossEntropy.apply(x, w, t)
 gx, gw = torch.autograd.grad(loss, (x, w))
 ref = F.cross_entropy(x @ w.t(), t, ignore_index=-1)
 rx, rw = torch.autograd.grad(ref, (x, w))

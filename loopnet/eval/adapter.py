@@ -38,7 +38,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from loopnet.data.vocab import N_VOCAB
 from loopnet.checkpoints import load_checkpoint_meta, model_weights
-from loopnet.model import LoopConfig, LoopedTransformer, sample_next
+from loopnet.model import LoopConfig, LoopedTransformer
 
 log = logging.getLogger(__name__)
 
@@ -320,25 +320,15 @@ class LoopnetLM(TemplateLM):
         return reorder.get_original(results)
 
     def _generate(self, prompts: list[list[int]], max_new: int, until: list[str], kwargs: dict) -> list[list[int]]:
-        """Generated token ids per prompt; finished rows leave the batch."""
+        """Generated token ids per prompt, until <|endoftext|> or a stop string; finished rows leave the batch."""
         do_sample = bool(kwargs.get("do_sample")) and float(kwargs.get("temperature", 0.0)) > 0
         temperature, top_k = float(kwargs.get("temperature", 0.0)), kwargs.get("top_k")
-        sequences = [list(p) for p in prompts]
-        generated: list[list[int]] = [[] for _ in prompts]
-        active = list(range(len(prompts)))
-        for _ in range(max_new):
-            if not active:
-                break
-            windows = [sequences[i][-self.max_length:] for i in active]
-            logits = self._logits(windows)
-            last = logits[torch.arange(len(windows)), torch.tensor([len(w) - 1 for w in windows])]
-            next_tokens = sample_next(last, temperature if do_sample else 0.0, top_k).squeeze(-1)
-            still = []
-            for i, token in zip(active, next_tokens.tolist(), strict=True):
-                sequences[i].append(token)
-                generated[i].append(token)
-                text = self.tok_decode(generated[i])
-                if token != self.eot_token_id and not any(stop and stop in text for stop in until):
-                    still.append(i)
-            active = still
-        return generated
+
+        def stop(i: int, new: list[int]) -> bool:
+            text = self.tok_decode(new)
+            return new[-1] == self.eot_token_id or any(s and s in text for s in until)
+
+        return self.model.generate(
+            prompts, max_new, rounds=self.rounds, temperature=temperature if do_sample else 0.0, top_k=top_k,
+            n_vocab=self.vocab_size, window=self.max_length, stop=stop,
+        ).tokens

@@ -9,8 +9,10 @@ from loopnet.lazy import lazy_attributes
 # Imported on first use (PEP 562): the visit names (`Visit`, `SUBLAYERS`) need no torch, so `loopnet report`
 # and the diagnostics' tag scheme start without it.
 _WHERE = {
-    "LoopConfig": ".config", "BETA_SCALED": ".scales", "SCHEMES": ".scales", "residual_scales": ".scales",
-    "LoopedTransformer": ".transformer", "lm_loss": ".transformer", "sample_next": ".transformer",
+    "LoopConfig": ".config", "Architecture": ".config", "RunSettings": ".config", "RUN_SETTINGS": ".config",
+    "BETA_SCALED": ".scales", "SCHEMES": ".scales", "residual_scales": ".scales",
+    "LoopedTransformer": ".transformer", "Generation": ".transformer", "lm_loss": ".transformer",
+    "sample_next": ".transformer",
     "SUBLAYERS": ".visits", "Visit": ".visits", "VisitObserver": ".visits", "VisitTrace": ".visits",
     "visit_order": ".visits",
 }

@@ -6,7 +6,7 @@ unrolled depth N = K·R, M = 2N sublayer visits. N and M are derived, never stor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, Optional, get_args
 
 from .scales import SCHEMES, residual_scales
@@ -34,8 +34,9 @@ _CHOICES = {
 
 
 @dataclass
-class LoopConfig:
-    """Configuration of a `LoopedTransformer`.
+class Architecture:
+    """What the weights' shapes and the forward math depend on: a checkpoint loads only into a model
+    with the same values, and they name its run folder.
 
     Args:
         vocab_size: Vocabulary size; GPT-2's 50257 padded to a multiple of 64.
@@ -45,7 +46,6 @@ class LoopConfig:
         n_blocks: K, physical blocks stored.
         n_rounds: R, rounds the K-block stack is applied in training (N = K·R).
         mlp_ratio: FFN hidden width as a multiple of d_model.
-        dropout: Dropout on attention weights, branch outputs and embeddings.
         bias: Biases in linear layers.
         tie_embeddings: Share the token embedding with the LM head (GPT-2, nanoGPT; the FLT code unties).
         input_norm: Feed Norm(e) (parameter-free RMSNorm of the embedding) into round 1 instead of e
@@ -56,7 +56,7 @@ class LoopConfig:
         norm: "rmsnorm" (DeepLoop's choice) or "layernorm".
         norm_affine: The Norms' learned gains (and LayerNorm's bias). False: parameter-free Norms, so
             that an update changes the output through the matrices and embeddings only (the gains'
-            term of an update, ≈ lr per visit, is the same under every residual scheme: issue 22).
+            term of an update, ≈ lr per visit, is the same under every residual scheme).
         residual: Residual scheme: "preln", "postln", "deepnorm" (p = 1/4), "deeploop" (p = 1/2),
             or "scaled" with exponent `p`.
         p: Exponent for residual="scaled": α = (2N)^p, β = (8N)^-p.
@@ -70,10 +70,6 @@ class LoopConfig:
             block, does x ← Norm(x + h) before each block (FLT_res); "attention" makes the
             block's attention take its query from h (K/V from the current stream).
         inject_into: For wiring="inject": the "first" block only (LT_i, LT_ia) or "every" block (FLT_res).
-        loss_rounds: Train on the "last" round (default), the mean over "all" rounds, or over the
-            "last_third" of rounds.
-        checkpoint_rounds: Activation checkpointing per round, so stored activations grow with K, not K·R.
-        truncate_rounds: Run the first n rounds without grad (truncated backprop through rounds).
         init: Initialiser of the linear layers before β: "xavier" (DeepNet/torchscale: xavier_normal,
             gain β on V/O/fc1/fc2, gain 1 elsewhere) or "normal" (GPT-2: N(0, init_std²), then ×β on
             V/O/fc1/fc2). None: the scheme's own, "normal" for Pre-LN, "xavier" for the Post-LN
@@ -89,7 +85,6 @@ class LoopConfig:
     n_blocks: int = 2
     n_rounds: int = 6
     mlp_ratio: float = 4.0
-    dropout: float = 0.0
     bias: bool = False
     tie_embeddings: bool = True
     input_norm: bool = False
@@ -102,11 +97,72 @@ class LoopConfig:
     wiring: Wiring = "carry"
     injection: Injection = "add"
     inject_into: InjectInto = "first"
+    init: Optional[Init] = None
+    init_std: float = 0.02
+
+    # Derived quantities: computed, never stored twice.
+    @property
+    def n_unrolled(self) -> int:
+        """N = K·R, the unrolled depth."""
+        return self.n_blocks * self.n_rounds
+
+    @property
+    def n_visits(self) -> int:
+        """M = 2N sublayer visits per forward pass."""
+        return 2 * self.n_unrolled
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def d_ff(self) -> int:
+        return int(self.mlp_ratio * self.d_model)
+
+    @property
+    def scales(self) -> tuple[float, float]:
+        """(α, β) of the training depth N; kept fixed when evaluating at another R'."""
+        return residual_scales(self.residual, self.n_unrolled, self.p)
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.residual == "preln"
+
+    @property
+    def init_scheme(self) -> str:
+        """The initialiser used: `init`, or the scheme's own (GPT-2's normal for Pre-LN, DeepNet's
+        xavier for the Post-LN family)."""
+        if self.init is not None:
+            return self.init
+        return "normal" if self.pre_norm else "xavier"
+
+
+@dataclass
+class RunSettings:
+    """How a run trains the architecture: these may differ between a checkpoint and the run that
+    loads it, and never name a run folder.
+
+    Args:
+        dropout: Dropout on attention weights, branch outputs and embeddings.
+        loss_rounds: Train on the "last" round (default), the mean over "all" rounds, or over the
+            "last_third" of rounds.
+        checkpoint_rounds: Activation checkpointing per round, so stored activations grow with K, not K·R.
+        truncate_rounds: Run the first n rounds without grad (truncated backprop through rounds).
+    """
+
+    dropout: float = 0.0
     loss_rounds: LossRounds = "last"
     checkpoint_rounds: bool = False
     truncate_rounds: int = 0
-    init: Optional[Init] = None
-    init_std: float = 0.02
+
+
+RUN_SETTINGS = frozenset(f.name for f in fields(RunSettings))  # the LoopConfig fields a checkpoint need not match
+
+
+@dataclass
+class LoopConfig(RunSettings, Architecture):
+    """Configuration of a `LoopedTransformer`: its `Architecture` and its `RunSettings`, one flat set of
+    fields (``model.config.d_model``, ``model.config.truncate_rounds``, ...)."""
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():  # name the field and the allowed values
@@ -150,38 +206,7 @@ class LoopConfig:
         if self.sandwich and self.residual == "preln":
             raise ValueError("LoopConfig.sandwich applies to the Post-LN family; Pre-LN already normalises the branch input")
 
-    # Derived quantities: computed, never stored twice.
-    @property
-    def n_unrolled(self) -> int:
-        """N = K·R, the unrolled depth."""
-        return self.n_blocks * self.n_rounds
+    def architecture(self) -> dict:
+        """The architecture's fields and values: what a checkpoint must match."""
+        return {f.name: getattr(self, f.name) for f in fields(Architecture)}
 
-    @property
-    def n_visits(self) -> int:
-        """M = 2N sublayer visits per forward pass."""
-        return 2 * self.n_unrolled
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def d_ff(self) -> int:
-        return int(self.mlp_ratio * self.d_model)
-
-    @property
-    def scales(self) -> tuple[float, float]:
-        """(α, β) of the training depth N; kept fixed when evaluating at another R'."""
-        return residual_scales(self.residual, self.n_unrolled, self.p)
-
-    @property
-    def pre_norm(self) -> bool:
-        return self.residual == "preln"
-
-    @property
-    def init_scheme(self) -> str:
-        """The initialiser used: `init`, or the scheme's own (GPT-2's normal for Pre-LN, DeepNet's
-        xavier for the Post-LN family)."""
-        if self.init is not None:
-            return self.init
-        return "normal" if self.pre_norm else "xavier"

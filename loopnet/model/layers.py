@@ -10,44 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import LoopConfig
+from .kernels import rms_norm
 from .visits import VisitTrace
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    """y = x̂·w with x̂ = x·rstd, rstd = 1/√(mean(x²) + eps), over the last dimension, with a hand-written
-    backward. On CPU, torch has no fused RMSNorm backward (`_fused_rms_norm` has none): autograd would
-    differentiate F.rms_norm's pow, mean, add, rsqrt and mul one by one. The backward here is LayerNorm's
-    fused kernel with the mean set to 0, which is RMSNorm's gradient except that it also removes mean(∂x̂)
-    from each row; that term is added back (one matrix-vector product):
-        ∂x = rstd·(∂x̂ − x̂·mean(∂x̂·x̂)),   ∂x̂ = ∂y·w,   ∂w = Σ_rows ∂y·x̂.
-    Forward + backward at d 256, 2048 rows: 2.8× faster than F.rms_norm and 1.5× faster than a backward
-    written with mul/bmm/addcmul; LayerNorm's fully fused forward + backward is still 1.9× faster."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps: float):
-        d = x.size(-1)
-        rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(d).add_(eps).rsqrt_()  # one pass
-        ctx.save_for_backward(x, rstd, weight)
-        y = x * rstd
-        return y if weight is None else y.mul_(weight)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, rstd, weight = ctx.saved_tensors
-        d = x.size(-1)
-        want_w = weight is not None and ctx.needs_input_grad[1]
-        grad_x, grad_w, _ = torch.ops.aten.native_layer_norm_backward(
-            grad_y, x, [d], torch.zeros_like(rstd), rstd, weight, None, [True, want_w, False])
-        row_sum = grad_y.sum(-1, keepdim=True) if weight is None else (grad_y.reshape(-1, d) @ weight).view_as(rstd)
-        return grad_x.add_(row_sum.mul_(rstd).div_(d)), grad_w, None  # + rstd·mean(∂x̂), removed by LayerNorm's
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """F.rms_norm over the last dimension, through the hand-written backward in eager mode; under
-    torch.compile F.rms_norm itself, which inductor fuses into one kernel anyway."""
-    if torch.compiler.is_compiling() or x.dtype != torch.float32:
-        return F.rms_norm(x, (x.size(-1),), weight, eps)  # bf16/fp16: F.rms_norm computes in fp32 internally
-    return _RMSNormFunction.apply(x, weight, eps)
 
 
 class RMSNorm(nn.RMSNorm):

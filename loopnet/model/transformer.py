@@ -21,6 +21,8 @@ N = K·config.n_rounds, also when `forward(..., rounds=R')` runs another round c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import LoopConfig
+from .kernels import LinearCrossEntropy
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
 from .scales import BETA_SCALED
 from .visits import SUBLAYERS, Visit, VisitObserver
@@ -37,58 +40,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in fp32; targets of -1 are ignored. The one loss formula of
     training and evaluation."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """(lm_loss of logits = x·Wᵀ, the logits without grad), x [N, d], W [V, d], targets [N] (-1 ignored),
-    with the gradients of x and W formed in the forward pass.
-
-    The loss's gradient w.r.t. the logits is (softmax − one-hot)/n: the softmax is computed once, the
-    loss is read off it (−log p of each target) and the one-hot subtracted in place, and the two
-    matmuls of the head's backward follow at once. Against F.cross_entropy on the logits this skips
-    log_softmax, the backward's zero-filled N×V gradient and log_softmax_backward (~4 passes over N×V:
-    412 MB at batch 8 × T 256 with GPT-2's vocabulary; exp over N×V costs as much as a pass on CPU), and
-    the backward pass holds the N×d and V×d gradients instead of the N×V log-probabilities."""
-
-    @staticmethod
-    def forward(ctx, x, weight, targets):
-        logits = x @ weight.t()
-        p = torch.softmax(logits, dim=-1)
-        valid = targets != -1
-        index = targets.clamp(min=0)[:, None]
-        scale = valid / valid.sum()  # per row: 1/n, or 0 for an ignored target; nan when none is valid, as F.cross_entropy
-        loss = (target_nll(logits, p, index, host_check=logits.is_cpu) * scale).sum()
-        grad = p.scatter_add_(1, index, -valid[:, None].to(p.dtype))  # softmax − one-hot
-        grad_x = (grad @ weight).mul_(scale[:, None])  # scaling x and the N×d result, not the N×V gradient
-        grad_w = grad.t() @ (x * scale[:, None])
-        ctx.save_for_backward(grad_x, grad_w)
-        ctx.mark_non_differentiable(logits)
-        ctx.set_materialize_grads(False)  # else the backward gets an N×V zero tensor for the logits
-        return loss, logits
-
-    @staticmethod
-    def backward(ctx, grad_loss, _):
-        if grad_loss is None:  # grads are not materialised: the loss was not part of what was differentiated
-            return None, None, None
-        grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad_loss, grad_w * grad_loss, None
-
-
-def target_nll(logits: torch.Tensor, p: torch.Tensor, index: torch.Tensor, host_check: bool) -> torch.Tensor:
-    """−log p(target) per row, from the softmax `p` of `logits` [N, V] and the targets `index` [N, 1].
-    Where p(target) < 1e-30, −log p loses digits near fp32's underflow (and is inf past it, which would
-    make an ignored row's 0 weight a nan), so those rows take logsumexp(z) − z_target from the logits.
-    `host_check`: find those rows with one host-side test (free on CPU); otherwise (CUDA) compute every
-    row from the logits, one more read of them instead of a stall of the stream."""
-    if not host_check:
-        return torch.logsumexp(logits, dim=-1) - logits.gather(1, index).squeeze(1)
-    p_target = p.gather(1, index).squeeze(1)
-    nll = -p_target.log()
-    far = p_target < 1e-30
-    if far.any():
-        rows, z = far.nonzero().squeeze(1), logits[far]
-        nll[rows] = torch.logsumexp(z, dim=-1) - z.gather(1, index[rows]).squeeze(1)
-    return nll
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = None) -> torch.Tensor:
@@ -101,6 +52,13 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = No
         kth = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -float("inf"))
     return torch.multinomial(F.softmax(logits, -1), 1)
+
+
+@dataclass
+class Generation:
+    """What `LoopedTransformer.generate` returns: the new token ids of each prompt, in prompt order."""
+
+    tokens: list[list[int]]
 
 
 class LoopedTransformer(nn.Module):
@@ -197,14 +155,14 @@ class LoopedTransformer(nn.Module):
 
     def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
         """Logits of the final state x and, with targets, their cross-entropy. Training in fp32 eager
-        takes the loss through `_LinearCrossEntropy` (the same numbers, fewer passes over the N×V
+        takes the loss through `LinearCrossEntropy` (the same numbers, fewer passes over the N×V
         logits), which returns the logits without grad: the loss carries the gradient."""
         h = self.final_norm(x)
         weight = self.lm_head.weight
         if (targets is not None and torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
                 and h.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type)
                 and not torch.compiler.is_compiling()):  # compiled, inductor fuses the loss itself
-            loss, logits = _LinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.flatten())
+            loss, logits = LinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.flatten())
             return logits.view(*h.shape[:-1], -1), loss
         logits = self.lm_head(h)
         if targets is None:
@@ -322,3 +280,48 @@ class LoopedTransformer(nn.Module):
             return logits, None
         # One loss round (the default): the loss itself, no stack and mean to run forward and back.
         return logits, losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+
+    # ----------------------------------------------------------------------------- generate
+    @torch.no_grad()
+    def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
+                 rounds: int | None = None, temperature: float = 0.0, top_k: int | None = None,
+                 n_vocab: int | None = None, window: int | None = None,
+                 stop: Callable[[int, list[int]], bool] | None = None) -> Generation:
+        """Continue each prompt (token ids; a [B, T] tensor is B prompts) by up to `max_new_tokens` tokens
+        at R' = `rounds`, with `sample_next(temperature, top_k)` over the first `n_vocab` ids (default all).
+
+        There is no KV cache: each step runs the model on the last `window` tokens (default seq_len) of
+        every sequence, as nanoGPT does. Prompts of unequal length are right-padded; attention is causal
+        and positions count from 0, so the padding cannot change the logits at a sequence's own
+        positions. A prompt is done when `stop(i, its new tokens)` is true; it then leaves the batch.
+        Dropout follows the module's mode: call `eval()` first."""
+        cfg = self.config
+        W = cfg.seq_len if window is None else window
+        if not 1 <= W <= cfg.seq_len:
+            raise ValueError(f"window must be in [1, seq_len={cfg.seq_len}], got {W}; fix: give a shorter window")
+        V = cfg.vocab_size if n_vocab is None else min(n_vocab, cfg.vocab_size)
+        device = self.wte.weight.device
+        sequences = [list(p) for p in (prompts.tolist() if torch.is_tensor(prompts) else prompts)]
+        if not all(sequences):
+            raise ValueError("every prompt needs at least one token; fix: start an empty prompt with <|endoftext|>")
+        new: list[list[int]] = [[] for _ in sequences]
+        active = list(range(len(sequences)))
+        for _ in range(max_new_tokens):
+            if not active:
+                break
+            windows = [sequences[i][-W:] for i in active]
+            batch = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
+            for row, w in enumerate(windows):
+                batch[row, : len(w)] = torch.tensor(w)
+            logits, _ = self(batch.to(device), rounds=rounds)
+            ends = torch.tensor([len(w) - 1 for w in windows], device=device)
+            last = logits[torch.arange(len(windows), device=device), ends]
+            tokens = sample_next(last[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
+            still = []
+            for i, token in zip(active, tokens, strict=True):
+                sequences[i].append(token)
+                new[i].append(token)
+                if stop is None or not stop(i, new[i]):
+                    still.append(i)
+            active = still
+        return Generation(new)

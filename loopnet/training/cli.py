@@ -34,7 +34,7 @@ from loopnet.data.vocab import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import one_line_errors
 from loopnet.files import atomic_write, check_writable
-from loopnet.model import LoopConfig
+from loopnet.model import RUN_SETTINGS, LoopConfig
 from loopnet.model.scales import scheme_label
 from loopnet.training.callbacks import AtomicCheckpointIO
 from loopnet.training.console import guard_console
@@ -62,7 +62,7 @@ quiet_dependencies()
 
 
 # How run_name writes a model field that differs from LoopConfig's default ({} is its value); fields
-# not listed read `<field>-<value>`. Runtime fields (checkpoints.RUNTIME_FIELDS) never name a run.
+# not listed read `<field>-<value>`. Run settings (model.config.RUN_SETTINGS) never name a run.
 RUN_NAME_FIELDS = {"n_heads": "h{}", "seq_len": "ctx{}", "vocab_size": "v{}", "mlp_ratio": "mlp{}",
                    "positions": "{}", "norm": "{}", "bias": "bias", "tie_embeddings": "untied",
                    "input_norm": "input_norm", "sandwich": "sandwich"}
@@ -76,7 +76,7 @@ def run_name(config) -> str:
     config = config.as_dict() if hasattr(config, "as_dict") else dict(config)
     name = [scheme_label(config["residual"], config.get("p")), config["wiring"], f"k{config['n_blocks']}",
             f"r{config['n_rounds']}", f"d{config['d_model']}"]
-    named = {"residual", "p", "wiring", "n_blocks", "n_rounds", "d_model", *checkpoints.RUNTIME_FIELDS}
+    named = {"residual", "p", "wiring", "n_blocks", "n_rounds", "d_model", *RUN_SETTINGS}
     order = list(RUN_NAME_FIELDS)
     for field in sorted(dataclasses.fields(LoopConfig), key=lambda f: order.index(f.name) if f.name in order else len(order)):
         value = config.get(field.name, field.default)

@@ -20,7 +20,7 @@ from torchmetrics import MeanMetric
 from loopnet.checkpoints import check_checkpoint_config
 from loopnet.data import gpt2_encoding
 from loopnet.data.vocab import EOT_ID, N_VOCAB
-from loopnet.model import LoopConfig, LoopedTransformer, lm_loss, sample_next
+from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.training.options import GenerateConfig, OptimConfig
 
 
@@ -240,14 +240,12 @@ class LoopedLM(L.LightningModule):
 
     @torch.no_grad()
     def predict_step(self, batch, batch_idx=0):
-        idx, g, dm = batch, self.gen, self._tokens()
-        n_vocab = dm.vocab_size if dm else N_VOCAB
-        for _ in range(g.max_new_tokens):
-            logits, _ = self.model(idx[:, -self.config.seq_len:], rounds=g.rounds)
-            logits = logits[:, -1, : min(n_vocab, self.config.vocab_size)].float()
-            idx = torch.cat([idx, sample_next(logits, g.temperature, g.top_k)], dim=1)
+        g, dm = self.gen, self._tokens()
+        prompt = batch[0].tolist()
+        new = self.model.generate([prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
+                                  top_k=g.top_k, n_vocab=dm.vocab_size if dm else N_VOCAB).tokens[0]
         # Returned, not printed (that would land inside the progress bar): `loopnet predict` prints and saves it.
-        return dm.decode(idx[0].tolist()) if dm else gpt2_encoding().decode(idx[0].tolist())
+        return dm.decode(prompt + new) if dm else gpt2_encoding().decode(prompt + new)
 
     # ----------------------------------------------------------------------------- optimiser
     def _grad_scaler(self) -> bool:

@@ -360,7 +360,7 @@ def test_beta_lands_on_the_value_rows_of_the_fused_projection_only(init):
 
 @pytest.mark.parametrize("weighted", [True, False])
 def test_rms_norm_matches_torch_forward_and_backward(weighted):
-    from loopnet.model.layers import rms_norm
+    from loopnet.model.kernels import rms_norm
 
     torch.manual_seed(0)
     x = (3 * torch.randn(4, 8, 32)).requires_grad_()
@@ -412,7 +412,7 @@ def test_training_head_loss_and_gradients_equal_cross_entropy_on_the_logits():
 def test_training_head_loss_is_exact_where_the_softmax_underflows():
     """A target whose probability is below fp32's range (loss ≈ 150 and 400 nats) still gets
     F.cross_entropy's loss, and its row's gradient is still softmax − one-hot."""
-    from loopnet.model.transformer import _LinearCrossEntropy
+    from loopnet.model.kernels import LinearCrossEntropy
 
     torch.manual_seed(0)
     x, w = torch.randn(6, 8), torch.randn(11, 8)
@@ -421,7 +421,7 @@ def test_training_head_loss_is_exact_where_the_softmax_underflows():
     x[1, 1], w[5, 1] = 20.0, 20.0  # row 1: class 5's logit 400 above the rest
     targets = torch.tensor([3, 0, 1, -1, 2, 7])
     xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
-    loss, _ = _LinearCrossEntropy.apply(xs, ws, targets)
+    loss, _ = LinearCrossEntropy.apply(xs, ws, targets)
     loss.backward()
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     ref = F.cross_entropy(xr @ wr.t(), targets, ignore_index=-1)
@@ -431,7 +431,7 @@ def test_training_head_loss_is_exact_where_the_softmax_underflows():
     torch.testing.assert_close(xs.grad, xr.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ws.grad, wr.grad, rtol=1e-5, atol=1e-6)
     # The sync-free route (CUDA's) gives the same per-row losses, ignored row and far rows included.
-    from loopnet.model.transformer import target_nll
+    from loopnet.model.kernels import target_nll
 
     logits = x @ w.t()
     p, index = torch.softmax(logits, -1), targets.clamp(min=0)[:, None]

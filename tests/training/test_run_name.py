@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from loopnet.checkpoints import RUNTIME_FIELDS
-from loopnet.model import LoopConfig
+from loopnet.model import RUN_SETTINGS, LoopConfig
 from loopnet.training.cli import run_name
 from tests.reliability.helpers import ROOT, SHORT, loopnet
 
@@ -53,7 +52,7 @@ def test_every_field_that_a_checkpoint_must_match_is_in_the_name(field):
     base = LoopConfig()
     changed = dataclasses.replace(base, **{field.name: _other_value(field, base)})
     same = run_name(dataclasses.asdict(changed)) == run_name(dataclasses.asdict(base))
-    assert same == (field.name in RUNTIME_FIELDS)  # a runtime field (dropout, ...) resumes in the same folder
+    assert same == (field.name in RUN_SETTINGS)  # a runtime field (dropout, ...) resumes in the same folder
 
 
 def test_schemes_name_their_runs():
