@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal, Optional, get_args
 
-from .scales import SCHEMES, residual_scales
+from .scales import BRANCH_SCALES, SCHEMES, branch_scale, residual_scales
 
 Residual = Literal["preln", "postln", "deepnorm", "deeploop", "scaled"]
+BranchScale = Literal["one", "sqrt_depth", "wang"]
 Wiring = Literal["carry", "lt", "inject", "flt"]
 Init = Literal["xavier", "normal"]
 Injection = Literal["add", "attention"]
@@ -21,8 +22,10 @@ Norm = Literal["rmsnorm", "layernorm"]
 LossRounds = Literal["last", "all", "last_third"]
 
 assert get_args(Residual) == SCHEMES
+assert get_args(BranchScale) == BRANCH_SCALES
 _CHOICES = {
     "residual": Residual,
+    "branch_scale": BranchScale,
     "wiring": Wiring,
     "injection": Injection,
     "inject_into": InjectInto,
@@ -61,6 +64,9 @@ class Architecture:
             or "scaled" with exponent `p`.
         p: Exponent for residual="scaled": α = (2N)^p, β = (8N)^-p.
         sandwich: Post-LN family only: add an inner Norm on the branch input, x ← Norm(α·x + f(Norm(x))).
+        branch_scale: Pre-LN only: the branch multiplier ε of x ← x + ε·f(Norm(x)): "one" (ε = 1),
+            "sqrt_depth" (ε = λ/√(K·R)) or "wang" (ε = λ/(R·√K), Wang et al. 2026); `scales.branch_scale`.
+        branch_lambda: λ of the "sqrt_depth" and "wang" rules (1.0 for "one").
         wiring: Loop wiring. With x_end the stream at the end of a round and h = Norm(x_end):
             "carry" starts round r+1 from x_end itself (DeepLoop's x_{r+1,1} = x_{r,K+1});
             "lt" starts it from h (the FLT code's plain looped Transformer, LT);
@@ -94,6 +100,8 @@ class Architecture:
     residual: Residual = "deeploop"
     p: Optional[float] = None
     sandwich: bool = False
+    branch_scale: BranchScale = "one"
+    branch_lambda: float = 1.0
     wiring: Wiring = "carry"
     injection: Injection = "add"
     inject_into: InjectInto = "first"
@@ -123,6 +131,11 @@ class Architecture:
     def scales(self) -> tuple[float, float]:
         """(α, β) of the training depth N; kept fixed when evaluating at another R'."""
         return residual_scales(self.residual, self.n_unrolled, self.p)
+
+    @property
+    def branch_epsilon(self) -> float:
+        """Pre-LN's branch multiplier ε of the training depth (K, R); kept fixed when evaluating at another R'."""
+        return branch_scale(self.branch_scale, self.n_blocks, self.n_rounds, self.branch_lambda)
 
     @property
     def pre_norm(self) -> bool:
@@ -205,6 +218,13 @@ class LoopConfig(RunSettings, Architecture):
             raise ValueError("LoopConfig.p is only used with residual='scaled'; remove it or set residual: scaled")
         if self.sandwich and self.residual == "preln":
             raise ValueError("LoopConfig.sandwich applies to the Post-LN family; Pre-LN already normalises the branch input")
+        if self.branch_scale != "one" and self.residual != "preln":
+            raise ValueError(f"LoopConfig.branch_scale={self.branch_scale!r} scales the Pre-LN branch only; "
+                             f"fix: set model.config.residual: preln, or branch_scale: one for residual={self.residual!r}")
+        try:
+            self.branch_epsilon
+        except ValueError as err:
+            raise ValueError(f"LoopConfig: {err}") from None
 
     def architecture(self) -> dict:
         """The architecture's fields and values: what a checkpoint must match."""

@@ -121,16 +121,18 @@ class MLP(nn.Module):
 class Sublayer(nn.Module):
     """One physical residual sublayer j = (k, attn|ffn): its branch f and its Norm(s).
 
-    A visit computes, with α from `residual_scales`:
-        Pre-LN:            x ← x + f(Norm(x))
+    A visit computes, with α from `residual_scales` and ε from `branch_scale` (both of the training depth):
+        Pre-LN:            x ← x + ε·f(Norm(x))
         Post-LN family:    x ← Norm(α·x + f(x))           (sandwich: f(Norm_in(x)))
-    and returns (new x, pre-Norm stream, branch output) so observers can see all three.
+    and returns (new x, pre-Norm stream, branch output) so observers can see all three; for Pre-LN the
+    branch output is ε·f, what the visit adds to the stream.
     """
 
     def __init__(self, cfg: LoopConfig, kind: str):
         super().__init__()
         self.kind = kind
         self.pre_norm = cfg.pre_norm
+        self.epsilon = cfg.branch_epsilon
         self.f = Attention(cfg) if kind == "attn" else MLP(cfg)
         self.norm = make_norm(cfg)
         self.inner_norm = make_norm(cfg) if cfg.sandwich else None
@@ -145,6 +147,8 @@ class Sublayer(nn.Module):
             branch_in, q_in = x, q_src
         branch = self.drop(self.f(branch_in, q_src=q_in, rotary=rotary))
         if self.pre_norm:
+            if self.epsilon != 1.0:
+                branch = self.epsilon * branch
             stream = x + branch
             return stream, stream, branch
         stream = alpha * x + branch

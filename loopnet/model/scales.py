@@ -8,11 +8,20 @@ gain on the DeepNorm set of branch matrices (value, output, FFN in and out).
     DeepLoop                           α = (2N)^{1/2},  β = (8N)^{-1/2}
     scaled, exponent p                 α = (2N)^{p},    β = (8N)^{-p}
     Pre-LN, Post-LN                    α = 1,           β = 1
+
+Pre-LN's branch multiplier ε (x ← x + ε·f(Norm(x)), `branch_scale`), with K blocks and R rounds:
+
+    one          ε = 1                 (GPT-2, nanoGPT)
+    sqrt_depth   ε = λ/√(K·R)          (1/√depth of untied networks, depth N = K·R)
+    wang         ε = λ/(R·√K)          (Wang et al. 2026: weight sharing correlates a block's R updates)
 """
 
 from __future__ import annotations
 
+import math
+
 SCHEMES = ("preln", "postln", "deepnorm", "deeploop", "scaled")
+BRANCH_SCALES = ("one", "sqrt_depth", "wang")
 SCHEME_EXPONENT = {"deepnorm": 0.25, "deeploop": 0.5}
 
 # Names of the weight matrices that β scales at init (torchscale's v_proj/out_proj/fc1/fc2).
@@ -62,3 +71,26 @@ def residual_scales(scheme: str, n_unrolled: int, p: float | None = None) -> tup
             raise ValueError(f"residual={scheme!r} fixes p={builtin}; use residual='scaled' with p={p}")
         p = builtin
     return (2 * n_unrolled) ** p, (8 * n_unrolled) ** (-p)
+
+
+def branch_scale(rule: str, n_blocks: int, n_rounds: int, lam: float = 1.0) -> float:
+    """Return ε for Pre-LN's branch, x ← x + ε·f(Norm(x)), with K = `n_blocks` and R = `n_rounds`.
+
+    λ = `lam` multiplies both depth rules, so that at equal λ two rules differ by their R and K
+    dependence only; `one` is ε = 1 itself and takes no λ. Like α and β, ε belongs to the training
+    depth: evaluating at another R' keeps it.
+    """
+    if rule not in BRANCH_SCALES:
+        raise ValueError(f"branch_scale={rule!r} is not a known rule; choose one of {', '.join(BRANCH_SCALES)}")
+    if n_blocks < 1 or n_rounds < 1:
+        raise ValueError(f"K and R must be >= 1, got K={n_blocks}, R={n_rounds}")
+    if not lam > 0:
+        raise ValueError(f"branch_lambda must be > 0, got {lam}; fix: give a positive λ, e.g. 1.0")
+    if rule == "one":
+        if lam != 1.0:
+            raise ValueError(f"branch_scale='one' is ε = 1 and takes no λ, got branch_lambda={lam}; "
+                             "fix: branch_lambda: 1.0, or branch_scale: sqrt_depth or wang")
+        return 1.0
+    if rule == "sqrt_depth":
+        return lam / math.sqrt(n_blocks * n_rounds)
+    return lam / (n_rounds * math.sqrt(n_blocks))
