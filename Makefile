@@ -10,7 +10,7 @@ CONFIG ?= configs/deeploop_r6.yaml
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup fit test test-quick tensorboard clean device-wheels study map map-controls map-smoke
+.PHONY: setup fit test test-quick tensorboard clean device-wheels study map map-controls map-smoke rival rival-smoke width
 
 setup: $(STAMP)
 
@@ -73,9 +73,12 @@ map: $(STAMP)
 	$(LN) report runs/sweeps/map_exponent --out $(MAP)/exponent --title "Stability map 3/4: training vs the exponent p"
 	$(LN) report runs/sweeps/map_confirm --out $(MAP)/confirm --title "Stability map 4/4: reading 2 on fresh seeds at each best rate"
 
-# The map's controls, Post-LN and Pre-LN on the grid (as long again as the grid): then `make map` redraws the report.
+# The map's controls: Post-LN and Pre-LN on the grid (the cells not yet run: R = 2 and 6, 56 fits) and Pre-LN
+# below the grid at R = 12 (4 fits), ~20 min (docs/studies.md); then `make map` redraws grid/ with them.
 map-controls: $(STAMP)
 	$(LN) sweep configs/sweeps/map/grid.yaml --jobs 2 --only 'postln*' --only 'preln*'
+	$(LN) sweep configs/sweeps/map/controls.yaml --jobs 2
+	$(LN) report runs/sweeps/map_controls --out $(MAP)/controls --title "Stability map: Pre-LN below the grid at R = 12"
 
 # The map's pipeline end to end on 20-step fits (a few minutes): sweep -> report -> map tables and plots ->
 # follow-up sweep files, all under runs/sweeps/map_smoke (not results).
@@ -84,6 +87,32 @@ map-smoke: $(STAMP)
 	$(LN) report runs/sweeps/map_smoke --title "Map smoke (20 steps: not results)"
 	$(PY) -m loopnet.study.followup boundary runs/sweeps/map_smoke --out runs/sweeps/map_smoke/boundary.yaml
 	$(PY) -m loopnet.study.followup exponent runs/sweeps/map_smoke --out runs/sweeps/map_smoke/exponent.yaml
+
+# The rival rule and the width study (docs/results/rival/README.md), each resumable (finished cells are skipped).
+# rival: Pre-LN x branch_scale (one, sqrt_depth, wang) x R x lr x 3 seeds (243 fits), then each arm's best rate on
+# fresh seeds (27 fits + 1 DeepLoop, chosen by loopnet.study.followup), and the reports: ~2 h (docs/studies.md).
+# width: at d = 64 and 256, a one-seed pilot (28 fits) and the boundary runs chosen from it (72 fits, 12 of them
+# the pilot's own) into the same folder, and the report: ~2.2-2.9 h, nearly all of it d = 256.
+RIVAL := docs/results/rival
+rival: $(STAMP)
+	$(LN) sweep configs/sweeps/rival/grid.yaml --jobs 2
+	$(PY) -m loopnet.study.followup rival-confirm runs/sweeps/rival_grid --out configs/sweeps/rival/confirm.yaml
+	$(LN) sweep configs/sweeps/rival/confirm.yaml --jobs 2
+	$(LN) report runs/sweeps/rival_grid --out $(RIVAL)/grid --title "Rival rule 1/2: Pre-LN's branch multiplier x R x lr"
+	$(LN) report runs/sweeps/rival_confirm --out $(RIVAL)/confirm --title "Rival rule 2/2: each arm's best rate on fresh seeds"
+
+width: $(STAMP)
+	for d in 64 256; do \
+	  $(LN) sweep configs/sweeps/width/d$${d}_pilot.yaml --jobs 2 && \
+	  $(PY) -m loopnet.study.followup width runs/sweeps/width_d$$d --out configs/sweeps/width/d$${d}_boundary.yaml && \
+	  $(LN) sweep configs/sweeps/width/d$${d}_boundary.yaml --jobs 2 && \
+	  $(LN) report runs/sweeps/width_d$$d --out $(RIVAL)/width_d$$d --title "Width d = $$d: the boundary of DeepNorm and DeepLoop at R = 2 and 12" \
+	  || exit 1; done
+
+# The rival pipeline end to end on 20-step fits (a minute or two): sweep -> report, under runs/sweeps/rival_smoke.
+rival-smoke: $(STAMP)
+	$(LN) sweep configs/sweeps/rival/smoke.yaml --jobs 2
+	$(LN) report runs/sweeps/rival_smoke --title "Rival smoke (20 steps: not results)"
 
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006

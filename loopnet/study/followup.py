@@ -18,6 +18,22 @@ confirm    at every R of the grid, for DeepNorm and DeepLoop each, the best rate
            reading 2 (best loss vs best loss) is then read on seeds that did not choose η*, so the choice
            does not bias it, and with 3 seeds a scheme rather than 2.
 
+The rival rule and the width study (docs/results/rival/README.md) use the same rules on their own sweeps:
+
+    python -m loopnet.study.followup rival-confirm runs/sweeps/rival_grid --out configs/sweeps/rival/confirm.yaml
+    python -m loopnet.study.followup width runs/sweeps/width_d256 --out configs/sweeps/width/d256_boundary.yaml
+
+rival-confirm  per Pre-LN arm (`model.config.branch_scale`) and R, the best rate η*: the vertex of a quadratic
+           in log10 η fitted to the seed-paired mean loss (`measures.best_rate_shift`'s vertex, over the rates
+           where every seed trains), rounded to the nearest grid rate (the argmin of ℓ(η) where fewer than 3
+           rates train, said in the header), with fresh seeds 4, 5, 6: 27 fits. Plus DeepLoop at the largest
+           R, at the map's confirmed best rate (configs/sweeps/map/confirm.yaml), on the seeds of 4, 5, 6 that
+           the map's confirmation lacks, so that the secondary reading pairs three seeds.
+width      per (scheme, R) of a width's one-seed pilot: η_p = the largest rate where every seed trains (as
+           `boundary`), and six rates η_p·2^(k/2), k = −2 … 3, × seeds 1, 2, 3. The file repeats the pilot's
+           grid and folder, so the pilot's cells are in its manifest and report; a boundary cell equal to a
+           pilot cell (seed 1 at η_p/2, η_p, 2·η_p) is the same cell and runs once.
+
 Each writes a sweep file (the rule, the numbers it was read from, the cells) for `loopnet sweep`.
 """
 
@@ -25,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -33,7 +50,7 @@ import yaml
 
 from loopnet.env import one_line_errors
 
-from .measures import LR_KEY, TRAIN_MARGIN, trains
+from .measures import LR_KEY, TRAIN_MARGIN, best_rate_shift, trains
 
 BASE = ["configs/deeploop_r6.yaml", "configs/cpu.yaml", "configs/study_map.yaml"]
 SCHEMES = ("deepnorm", "deeploop")
@@ -70,6 +87,14 @@ def trained_fraction(runs, scheme: str, rounds: int, plateau: float) -> dict[flo
     return {lr: tuple(c) for lr, c in sorted(out.items())}
 
 
+def largest_trained(frac: dict[float, tuple[int, int]]) -> tuple[float, str]:
+    """The largest rate at which every seed trains (the smallest rate when none does), and the note saying so."""
+    ok = [lr for lr, (k, n) in frac.items() if k == n]
+    eta = max(ok) if ok else min(frac)
+    return eta, (f"seeds that train per rate {_show(frac)}; largest rate where every seed trains: "
+                 f"{eta:g}{'' if ok else ' (none trains: the smallest rate)'}")
+
+
 def boundary(runs, plateau: float) -> tuple[dict, list[str]]:
     found = sorted({r.rounds for r in runs if r.scheme in SCHEMES})
     if not found:
@@ -79,13 +104,11 @@ def boundary(runs, plateau: float) -> tuple[dict, list[str]]:
         frac = trained_fraction(runs, scheme, rounds, plateau)
         if not frac:
             raise ValueError(f"no finished {scheme} run at R = {rounds}; fix: finish the grid sweep first")
-        ok = [lr for lr, (k, n) in frac.items() if k == n]
-        eta = max(ok) if ok else min(frac)
+        eta, note = largest_trained(frac)
         rates = [_rate(eta * 2 ** (i / 2)) for i in (-1, 0, 1, 2)]
         include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds], LR_KEY: rates,
                         "seed_everything": [1, 2, 3]})
-        notes.append(f"{scheme} at R = {rounds}: seeds that train per rate {_show(frac)}; "
-                     f"largest rate where every seed trains: {eta:g}{'' if ok else ' (none trains: the smallest rate)'}")
+        notes.append(f"{scheme} at R = {rounds}: {note}")
     spec = {"description": "The map's boundary refinement at the smallest and largest R (loopnet.study.followup boundary).",
             "base": BASE, "include": include, "out": "runs/sweeps/map_boundary"}
     return spec, notes
@@ -130,6 +153,86 @@ def confirm(runs, plateau: float) -> tuple[dict, list[str]]:
     return spec, notes
 
 
+RIVAL_SEEDS = [4, 5, 6]
+RIVAL_ARM = "model.config.branch_scale"
+MAP_CONFIRM = Path("configs/sweeps/map/confirm.yaml")
+
+
+def vertex_rate(curve, plateau: float) -> tuple[float, str]:
+    """η* of one (method, R) curve: `best_rate_shift`'s vertex (the curve against itself), rounded in log10 to
+    the nearest rate of the curve; the argmin of ℓ(η) when fewer than 3 rates train on every seed."""
+    by_lr = {lr: {r.seed: r.value("final_val_loss") if r.status == "completed" else None for r in runs if r.finished}
+             for lr, runs in curve.by_lr.items()}
+    shift = best_rate_shift(by_lr, by_lr, plateau, boots=1)
+    if shift is None:
+        return curve.best(), "argmin of ℓ(η) (fewer than 3 rates train on every seed)"
+    nearest = min(curve.rates, key=lambda lr: abs(math.log10(lr) - shift["x_lo"]))
+    edge = {-1: ", at the fitted rates' lowest edge", 1: ", at the fitted rates' highest edge"}.get(shift["censored_lo"], "")
+    return nearest, f"vertex 10^{shift['x_lo']:.3f} = {10 ** shift['x_lo']:.3g}{edge}, seeds {shift['seeds']}"
+
+
+def rival_confirm(runs, plateau: float, map_confirm: Path | None = None) -> tuple[dict, list[str]]:
+    from .report.map import curves
+
+    map_confirm = map_confirm or MAP_CONFIRM
+
+    include, notes = [], []
+    arms = [r for r in runs if r.scheme == "preln"]
+    for c in curves(arms):
+        first = next(r for rs in c.by_lr.values() for r in rs)
+        arm = first.params.get(RIVAL_ARM, "one")
+        if not c.ran:
+            raise ValueError(f"{c.family} at R = {c.rounds} has no finished run; fix: finish the rival grid sweep first")
+        best, how = vertex_rate(c, plateau)
+        include.append({"model.config.residual": ["preln"], RIVAL_ARM: [arm], "model.config.n_rounds": [c.rounds],
+                        LR_KEY: [best], "seed_everything": RIVAL_SEEDS})
+        notes.append(f"preln, branch_scale {arm}, at R = {c.rounds}: best rate {best:g} ({how})")
+    if not include:
+        raise ValueError("no finished Pre-LN run; fix: run configs/sweeps/rival/grid.yaml first")
+    rounds = max(e["model.config.n_rounds"][0] for e in include)
+    try:
+        entries = yaml.safe_load(map_confirm.read_text())["include"]
+        done = next(e for e in entries if e["model.config.residual"] == ["deeploop"]
+                    and e["model.config.n_rounds"] == [rounds])
+    except (FileNotFoundError, KeyError, TypeError, StopIteration):
+        raise ValueError(f"{map_confirm} has no DeepLoop cell at R = {rounds}; fix: run the map's confirmation "
+                         "first (make map)") from None
+    seeds = [s for s in RIVAL_SEEDS if s not in done["seed_everything"]]
+    if seeds:
+        include.append({"model.config.residual": ["deeploop"], "model.config.n_rounds": [rounds],
+                        LR_KEY: done[LR_KEY], "seed_everything": seeds})
+    notes.append(f"deeploop at R = {rounds}: the map's best rate {done[LR_KEY][0]:g} ({map_confirm}), which holds seeds "
+                 f"{done['seed_everything']}: seeds {seeds} added")
+    spec = {"description": "The rival rule's confirmation on fresh seeds (loopnet.study.followup rival-confirm).",
+            "base": BASE, "include": include, "out": "runs/sweeps/rival_confirm"}
+    return spec, notes
+
+
+WIDTH_STEPS = range(-2, 4)  # η_p·2^(k/2): two ×√2 steps below the pilot's boundary, three above
+WIDTH_SEEDS = [1, 2, 3]
+
+
+def width(runs, plateau: float, folder: Path) -> tuple[dict, list[str]]:
+    try:
+        pilot = json.loads((folder / "sweep.json").read_text())["spec"]
+    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+        raise ValueError(f"{folder} has no sweep manifest; fix: run the width pilot sweep into it first") from None
+    include, notes = [], []
+    found = sorted({(r.scheme, r.rounds) for r in runs if r.scheme in SCHEMES}, key=lambda t: (t[1], SCHEMES.index(t[0])))
+    if not found:
+        raise ValueError(f"no finished {' or '.join(SCHEMES)} run in {folder}; fix: run the width pilot first")
+    for scheme, rounds in found:
+        eta, note = largest_trained(trained_fraction(runs, scheme, rounds, plateau))
+        include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds],
+                        LR_KEY: [_rate(eta * 2 ** (k / 2)) for k in WIDTH_STEPS], "seed_everything": WIDTH_SEEDS})
+        notes.append(f"{scheme} at R = {rounds}: {note}")
+    spec = {"description": f"The width study's boundary runs beside the pilot (loopnet.study.followup width): "
+                           f"{pilot.get('description', '')}".strip(),
+            **{k: pilot[k] for k in ("base", "overrides", "grid") if k in pilot},
+            "include": include, "out": pilot["out"]}
+    return spec, notes
+
+
 def _show(frac: dict) -> str:
     return ", ".join(f"{lr:g}: {k}/{n}" for lr, (k, n) in frac.items())
 
@@ -148,17 +251,21 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m loopnet.study.followup", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["boundary", "exponent", "confirm"])
+    p.add_argument("step", choices=["boundary", "exponent", "confirm", "rival-confirm", "width"])
     p.add_argument("sweep_dirs", nargs="+", help="the sweep folders to read (grid, then boundary for exponent)")
     p.add_argument("--out", required=True, help="the sweep file to write")
     p.add_argument("--plateau", default="auto", help="the unigram plateau in nats, or auto (default)")
     args = p.parse_args(argv)
     with one_line_errors("loopnet followup", (ValueError,)):
-        runs, plateau = load([Path(d) for d in args.sweep_dirs], args.plateau)
-        spec, notes = {"boundary": boundary, "exponent": exponent, "confirm": confirm}[args.step](runs, plateau)
+        folders = [Path(d) for d in args.sweep_dirs]
+        runs, plateau = load(folders, args.plateau)
+        steps = {"boundary": boundary, "exponent": exponent, "confirm": confirm, "rival-confirm": rival_confirm,
+                 "width": lambda runs, plateau: width(runs, plateau, folders[0])}
+        spec, notes = steps[args.step](runs, plateau)
     write(spec, notes, plateau, Path(args.out), argv)
-    cells = math.prod(len(v) for v in (spec.get("grid") or {}).values()) if spec.get("grid") else sum(
-        math.prod(len(v) for v in e.values()) for e in spec["include"])
+    from .grid import expand, sweep_from_dict
+
+    cells = len(expand(sweep_from_dict(spec)))
     print(f"loopnet followup: wrote {args.out} ({cells} cells)")
 
 

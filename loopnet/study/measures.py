@@ -24,6 +24,7 @@ SHORT = {
     "model.config.n_rounds": "r",
     "model.config.n_blocks": "k",
     "model.config.p": "p",
+    "model.config.branch_scale": "eps_",
     "seed_everything": "s",
     "model.optim.lr": "lr",
 }
