@@ -35,7 +35,9 @@ def test_the_cpu_overlays_name_different_folders(tmp_path, monkeypatch):
 
 
 OTHER = {"d_model": 780, "n_heads": 4, "init": "normal", "wiring": "lt", "injection": "attention",
-         "inject_into": "every", "positions": "rope", "norm": "layernorm", "loss_rounds": "all"}
+         "inject_into": "every", "positions": "rope", "norm": "layernorm", "loss_rounds": "all",
+         "branch_scale": "wang"}
+BASE = {"branch_scale": {"residual": "preln"}, "branch_lambda": {"residual": "preln", "branch_scale": "wang"}}  # Pre-LN's ε
 
 
 def _other_value(field: dataclasses.Field, base: LoopConfig):
@@ -49,7 +51,7 @@ def _other_value(field: dataclasses.Field, base: LoopConfig):
 @pytest.mark.parametrize("field", [f for f in dataclasses.fields(LoopConfig) if f.name not in ("residual", "p")],
                          ids=lambda f: f.name)
 def test_every_field_that_a_checkpoint_must_match_is_in_the_name(field):
-    base = LoopConfig()
+    base = LoopConfig(**BASE.get(field.name, {}))
     changed = dataclasses.replace(base, **{field.name: _other_value(field, base)})
     same = run_name(dataclasses.asdict(changed)) == run_name(dataclasses.asdict(base))
     assert same == (field.name in RUN_SETTINGS)  # a runtime field (dropout, ...) resumes in the same folder
