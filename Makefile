@@ -109,10 +109,12 @@ width: $(STAMP)
 	  $(LN) report runs/sweeps/width_d$$d --out $(RIVAL)/width_d$$d --title "Width d = $$d: the boundary of DeepNorm and DeepLoop at R = 2 and 12" \
 	  || exit 1; done
 
-# The rival pipeline end to end on 20-step fits (a minute or two): sweep -> report, under runs/sweeps/rival_smoke.
+# The rival pipeline end to end on 20-step fits (a few minutes): sweep -> report -> the confirmation's sweep file,
+# all under runs/sweeps/rival_smoke (not results).
 rival-smoke: $(STAMP)
 	$(LN) sweep configs/sweeps/rival/smoke.yaml --jobs 2
 	$(LN) report runs/sweeps/rival_smoke --title "Rival smoke (20 steps: not results)"
+	$(PY) -m loopnet.study.followup rival-confirm runs/sweeps/rival_smoke --out runs/sweeps/rival_smoke/confirm.yaml
 
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006

@@ -165,7 +165,7 @@ def vertex_rate(curve, plateau: float) -> tuple[float, str]:
              for lr, runs in curve.by_lr.items()}
     shift = best_rate_shift(by_lr, by_lr, plateau, boots=1)
     if shift is None:
-        return curve.best(), "argmin of ℓ(η) (fewer than 3 rates train on every seed)"
+        return curve.best(), "argmin of ℓ(η): fewer than 3 rates train on every seed"
     nearest = min(curve.rates, key=lambda lr: abs(math.log10(lr) - shift["x_lo"]))
     edge = {-1: ", at the fitted rates' lowest edge", 1: ", at the fitted rates' highest edge"}.get(shift["censored_lo"], "")
     return nearest, f"vertex 10^{shift['x_lo']:.3f} = {10 ** shift['x_lo']:.3g}{edge}, seeds {shift['seeds']}"
