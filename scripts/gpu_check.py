@@ -150,7 +150,8 @@ class Runner:
         check = Check(name, status, figure, limit, seconds)
         self.checks.append(check)
         with open(self.out / "table.md", "a") as table:
-            table.write(f"| {check.name} | {check.status} | {check.figure} | {check.limit} | {check.seconds:.0f} |\n")
+            cells = (c.replace("|", "\\|") for c in (check.name, check.status, check.figure, check.limit))
+            table.write("| " + " | ".join(cells) + f" | {check.seconds:.0f} |\n")
             table.flush()
             os.fsync(table.fileno())
         print(f"gpu_check: {name}: {status} ({figure}; {limit}) in {seconds:.0f} s", flush=True)
