@@ -85,7 +85,6 @@ class Runner:
                      "--trainer.devices", "1", *size]
 
     # ------------------------------------------------------------------------------------------ running
-    # ------------------------------------------------------------------------------------------ time
     def begin(self, step: str) -> None:
         """The step `step` starts: its subprocesses share its time limit (and none runs past the budget's end)."""
         self.step = step
@@ -299,7 +298,6 @@ print(sum(f.stat().st_size for f in out.glob("*.parquet")) / 1e6, "MB")
         ok = rc == 0 and summary.get("status") == "completed" and summary.get("global_step") == steps and \
             loss is not None and math.isfinite(loss)
         return ok, f"exit {rc}, {summary.get('status')} at step {summary.get('global_step')}, loss {loss}"
-
 
 
 def scalars(version: Path) -> dict[str, dict[int, float]]:
