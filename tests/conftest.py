@@ -18,6 +18,7 @@ SLOW_MODULES = {
     "reliability/test_fsdp_config.py", "training/test_cli.py", "training/test_startup.py",
     "reliability/test_signals.py", "reliability/test_torchrun.py", "reliability/test_fsdp.py",
     "reliability/test_crashes.py", "training/test_run_name.py", "diagnostics/test_screenshot.py",
+    "reliability/test_gpu_check.py",
 }
 
 
