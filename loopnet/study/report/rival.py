@@ -302,8 +302,8 @@ def verdict_line(result: dict) -> str:
 
 
 def plot_loss_vs_lr(grid: dict, result: dict, plateau: float, path: Path) -> None:
-    """Final loss against the rate, one panel per arm, one line (the mean over seeds) per R, each seed a
-    point; the vertex η* at R = 2 and 12 marked."""
+    """Final loss against the rate, one panel per arm, one line (the mean over the seeds that completed) per R,
+    each seed a point, each diverged run an x on the plateau line; the vertex η* at R = 2 and 12 marked."""
     from ..plotting import colors, legend, pyplot, save
 
     plt = pyplot()
@@ -320,6 +320,8 @@ def plot_loss_vs_lr(grid: dict, result: dict, plateau: float, path: Path) -> Non
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=10, color=col[r], alpha=0.5)
             mean = [(lr, statistics.fmean(vs)) for lr, vs in sorted(losses.items()) if vs]
             ax.plot([m[0] for m in mean], [m[1] for m in mean], "-o", ms=3, color=col[r], label=f"R = {r}")
+            failed = [lr for lr, cs in rates.items() for c in cs if c["status"] != "completed"]
+            ax.scatter(failed, [plateau] * len(failed), marker="x", color=col[r], s=20)  # diverged: drawn on the plateau
         s = result["shifts"][g]
         if s:
             for x, r in ((s["x_lo"], R_LO), (s["x_hi"], R_HI)):
