@@ -241,3 +241,13 @@ def test_a_sweep_run_folder_reads_as_its_cells_csv(tmp_path):
     for key, c in csv_cells.items():
         assert (run_cells[key]["status"], run_cells[key]["loss"], run_cells[key]["arm"]) == (c["status"], c["loss"], key[0])
     assert rival.reading(run_cells, PLATEAU, boots=20)["words"] == rival.reading(csv_cells, PLATEAU, boots=20)["words"]
+
+
+def test_an_unfinished_grid_reads_not_resolved_without_failing(tmp_path, capsys):
+    """Only R = 12 finished, and at R = 2 one arm with no rate where every seed trains: no Δ, so no condition is met."""
+    rows = group_cells("wang", 12, 3.3, 6, range(0, 9)) + group_cells("sqrt_depth", 12, 3.3, 6, range(0, 9))
+    rows += group_cells("one", 2, 3.3, 0, range(0, 9))  # k = 0: seeds 1 and 2 at the lowest rate, none above
+    cells = map_cells.merge(sources.read(write_folder(tmp_path / "grid", rows)))
+    res = rival.reading(cells, PLATEAU, boots=20)
+    assert all(res["shifts"][a] is None for a in rival.ARMS)
+    assert res["verdict"] == "not resolved"

@@ -118,8 +118,15 @@ def curve(cells: dict, group: str, rounds: int) -> dict[float, dict]:
 
 def vertex_shift(cells: dict, group: str, plateau: float, boots: int = 2000) -> dict | None:
     """Δ of one group (a Pre-LN arm or a map scheme): `best_rate_shift` from R = 2 to 12, bootstrap seed 0;
-    with `range`, what Δ may be given censoring."""
-    out = best_rate_shift(curve(cells, group, R_LO), curve(cells, group, R_HI), plateau, boots=boots, seed=0)
+    with `range`, what Δ may be given censoring. None where an R has no run or no rate where every seed trains
+    (a rate where every seed trains is one where every drawn seed does, so the draws need no such check)."""
+    lo, hi = curve(cells, group, R_LO), curve(cells, group, R_HI)
+    if not lo or not hi:
+        return None
+    try:
+        out = best_rate_shift(lo, hi, plateau, boots=boots, seed=0)
+    except ValueError:  # no rate where every seed trains at one R: no vertex (`quadratic_vertex` of nothing)
+        return None
     if out is not None:
         out["range"] = span(out["x_lo"], out["censored_lo"], out["x_hi"], out["censored_hi"])
     return out
