@@ -6,7 +6,6 @@ quadratic losses, so the vertex is exact; each group's trains-pattern a translat
 import csv
 import json
 import math
-import statistics
 from pathlib import Path
 
 import pytest

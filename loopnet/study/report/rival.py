@@ -81,7 +81,8 @@ def measure_word(wang: tuple | None, sqrt_depth: tuple | None) -> tuple[str, lis
     """One measure's word from the two arms' ranges of Δ, and the clauses that decided it."""
     if meets(wang, "transfers") and meets(sqrt_depth, "shifts"):
         return "supported", ["wang transfers", "sqrt_depth shifts"]
-    clauses = [c for c, ok in (("wang breaks", meets(wang, "breaks")), ("sqrt_depth transfers", meets(sqrt_depth, "transfers"))) if ok]
+    clauses = [c for c, ok in (("wang breaks", meets(wang, "breaks")),
+                               ("sqrt_depth transfers", meets(sqrt_depth, "transfers"))) if ok]
     return ("contradicted", clauses) if clauses else ("not resolved", [])
 
 

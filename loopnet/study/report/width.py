@@ -20,7 +20,6 @@ than ±0.15 decades (half its width under 0.15).
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import sys
 from pathlib import Path
