@@ -100,6 +100,7 @@ rival: $(STAMP)
 	$(LN) sweep configs/sweeps/rival/confirm.yaml --jobs 2
 	$(LN) report runs/sweeps/rival_grid --out $(RIVAL)/grid --title "Rival rule 1/2: Pre-LN's branch multiplier x R x lr"
 	$(LN) report runs/sweeps/rival_confirm --out $(RIVAL)/confirm --title "Rival rule 2/2: each arm's best rate on fresh seeds"
+	$(PY) -m loopnet.study.report.rival --grid $(RIVAL)/grid --confirm $(RIVAL)/confirm --map $(MAP) --out $(RIVAL)/readings.md
 
 width: $(STAMP)
 	for d in 64 256; do \
@@ -108,6 +109,8 @@ width: $(STAMP)
 	  $(LN) sweep configs/sweeps/width/d$${d}_boundary.yaml --jobs 2 && \
 	  $(LN) report runs/sweeps/width_d$$d --out $(RIVAL)/width_d$$d --title "Width d = $$d: the boundary of DeepNorm and DeepLoop at R = 2 and 12" \
 	  || exit 1; done
+	$(PY) -m loopnet.study.report.width 64=$(RIVAL)/width_d64 128=$(MAP)/grid,$(MAP)/boundary 256=$(RIVAL)/width_d256 \
+	  --out docs/results/width/readings.md
 
 # The rival pipeline end to end on 20-step fits (a few minutes): sweep -> report -> the confirmation's sweep file,
 # all under runs/sweeps/rival_smoke (not results).

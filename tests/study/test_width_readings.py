@@ -1,0 +1,103 @@
+"""The width study's reading (docs/results/rival/README.md, section 2) on synthetic boundaries with a known trend:
+every (scheme, R) at every width is one trains-pattern on six ×√2 rates, translated by a whole number of ×√2
+steps. Firth's common-slope fit moves a group's log10 η50 by exactly its translation (the shear (a, b) →
+(a − b·δ, b) has unit determinant, so the penalised likelihood is unchanged), and every bootstrap draw of seeds
+keeps the translation, so the ratios, the difference of falls and their change with d are known exactly."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from loopnet.study.report import map_cells, sources, width
+
+MAP = Path(__file__).resolve().parents[2] / "docs" / "results" / "map"
+PLATEAU = 3.275707171288669
+HALF = math.log10(2) / 2  # one ×√2 step in decades
+TOL = 1e-4  # the fit's convergence (modified score < 1e-7 on ~100 runs), far below a step
+HEADER = ["cell", "method", "scheme", "p", "R", "seed", "status", "final_val_loss"]
+
+
+def write_width(folder: Path, shifts: dict) -> Path:
+    """shifts: (scheme, R) -> the pattern's position in ×√2 steps. At ladder position j = 0 … 5 every seed trains
+    for j ≤ 1, seeds 1 and 2 at j = 2, seed 1 at j = 3, none above (those diverge)."""
+    folder.mkdir(parents=True)
+    with open(folder / "cells.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(HEADER)
+        for (scheme, r), shift in shifts.items():
+            for j in range(6):
+                lr = 2e-3 * 2 ** ((shift + j) / 2)
+                for s in (1, 2, 3):
+                    ok = j <= 1 or (j == 2 and s <= 2) or (j == 3 and s == 1)
+                    w.writerow([f"{scheme}-r{r}-lr{lr!r}-s{s}", "", scheme, "", r, s,
+                                "completed" if ok else "diverged", "2.7" if ok else ""])
+    (folder / "plateau.json").write_text(json.dumps({"plateau": PLATEAU}))
+    return folder
+
+
+# d = 64: DeepLoop ahead by 1 step at R = 2 and 2 at R = 12; falls DeepNorm 2, DeepLoop 1 (difference 1 step)
+D64 = {("deepnorm", 2): 0, ("deepnorm", 12): -2, ("deeploop", 2): 1, ("deeploop", 12): 0}
+# d = 256: ahead by 2 and 4 steps; falls 3 and 1 (difference 2 steps)
+D256 = {("deepnorm", 2): 0, ("deepnorm", 12): -3, ("deeploop", 2): 2, ("deeploop", 12): 1}
+
+
+def cells(folder):
+    return map_cells.merge(sources.read(folder))
+
+
+def test_per_width_quantities_are_the_translations(tmp_path):
+    fit = width.per_width(cells(write_width(tmp_path / "d64", D64)), PLATEAU)
+    assert fit["ratio2"][0] == pytest.approx(1 * HALF, abs=TOL)
+    assert fit["ratio12"][0] == pytest.approx(2 * HALF, abs=TOL)
+    assert fit["falls"][0] == pytest.approx(1 * HALF, abs=TOL)
+    for q in width.QUANTITIES:  # the profile interval holds the estimate
+        x, lo, hi = fit[q]
+        assert lo is None or lo < x
+        assert hi is None or hi > x
+
+
+@pytest.mark.parametrize("small, large, change, word", [
+    (D64, D256, {"ratio12": 2 * HALF, "falls": 1 * HALF}, "grows with width"),
+    (D256, D64, {"ratio12": -2 * HALF, "falls": -1 * HALF}, "shrinks with width"),
+    (D64, D64, {"ratio12": 0.0, "falls": 0.0}, "not distinguished from constant; interval ±0.00 decades: no large trend"),
+])
+def test_trend_with_a_known_answer(tmp_path, small, large, change, word):
+    a, b = cells(write_width(tmp_path / "a", small)), cells(write_width(tmp_path / "b", large))
+    out = width.trend(a, b, PLATEAU, boots=30)
+    for q in width.TREND:
+        t = out[q]
+        assert t["boots"] == 30
+        assert t["change"] == pytest.approx(change[q], abs=2 * TOL)
+        assert (t["lo"], t["hi"]) == pytest.approx((change[q], change[q]), abs=2 * TOL)  # every draw is a translate
+        assert width.trend_word(t["change"], t["lo"], t["hi"]) == word
+
+
+def test_trend_words():
+    assert width.trend_word(0.2, 0.05, 0.4) == "grows with width"
+    assert width.trend_word(-0.2, -0.4, -0.01) == "shrinks with width"
+    assert width.trend_word(0.2, -0.05, 0.4).endswith("too wide to exclude a large trend")
+    assert width.trend_word(0.02, -0.1, 0.12).endswith("±0.11 decades: no large trend")
+
+
+def test_command_with_the_map_at_128(tmp_path, capsys):
+    out = tmp_path / "width" / "readings.md"
+    width.main([f"64={write_width(tmp_path / 'd64', D64)}", f"128={MAP / 'grid'},{MAP / 'boundary'}",
+                f"256={write_width(tmp_path / 'd256', D256)}", "--out", str(out), "--boots", "10"])
+    printed = capsys.readouterr().out
+    assert out.is_file() and (tmp_path / "width" / "readings_boundary_vs_d.png").stat().st_size > 0
+    assert "difference of falls (DeepNorm's − DeepLoop's), d = 64 → 256: +0.15 [+0.15, +0.15]: grows with width" in printed
+    md = out.read_text()
+    assert "| 128 | deepnorm | 12 |" in md and "| 128 | deeploop | 2 |" in md
+    # d = 128's fit is over the map's grid and boundary at R = 2 and 12, each (scheme, R, rate, seed) once
+    m = map_cells.merge(sources.read(MAP / "grid"), sources.read(MAP / "boundary"))
+    n = sum(1 for (s, r, _, _) in m if s in width.SCHEMES and r in width.ROUNDS)
+    assert len(width.rows(m, PLATEAU)) == n
+
+
+def test_bad_width_argument_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        width.main(["64", "--out", str(tmp_path / "x.md")])
+    assert "D=FOLDER" in capsys.readouterr().err
