@@ -399,9 +399,11 @@ class ResumableLoader(DataLoader):
         local = ranks[stream.rank]
         diff = stream_config_diff(local["config"], stream.config)
         if diff:
+            moved = diff.get("revision", (None, None))[0]  # the hub branch or tag moved to another commit
             raise DataConfigError(
                 f"The checkpoint's data stream differs from this run's (checkpoint, now): {diff}. "
                 "Exact data resume needs the same data settings, num_workers and devices"
+                + (f"; fix: read the commit it was trained on with `--data.revision {moved}`" if moved else "")
             )
         stream.start = {"next_slot": local["next_slot"], "slots": list(local["slots"])}
         self._base = local["consumed"]
