@@ -141,9 +141,10 @@ class ParquetCorpus:
                     raise DataConfigError(
                         f"Cannot read {what} of {self.files[f]}: {RETRIES + 1} attempts failed over "
                         f"~{sum(min(BACKOFF_CAP_S, BACKOFF_S * 2**k) for k in range(RETRIES)) * 0.75:.0f} s "
-                        f"({_first_line(e)}); fix: check the connection or the hub's rate limit (log in with "
-                        f"`hf auth login`, or fewer readers: data.num_workers), then resume with "
-                        f"--ckpt_path last") from e
+                        f"({_first_line(e)}); fix: "
+                        + ("check the connection or the hub's rate limit (log in with `hf auth login`, or fewer "
+                           "readers: data.num_workers)" if self.fs is not None else "check the disk or the network "
+                           "filesystem it is on") + ", then resume with --ckpt_path last") from e
                 time.sleep(backoff(attempt))
 
     def _footer(self, f: int) -> list[int]:

@@ -4,6 +4,7 @@ then fails in one line naming the file."""
 
 import errno
 import io
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -175,3 +176,17 @@ def test_a_footer_read_that_keeps_failing_ends_in_one_line(tmp_path, sleeps):
                                    OSError(errno.ENOENT, "No such file"), ValueError("bad")])
 def test_what_is_not_transient_is_not_retried(error):
     assert not parquet.transient(error)
+
+
+def test_a_local_read_that_keeps_failing_names_the_disk(tmp_path, sleeps, monkeypatch):
+    paths = write(tmp_path)
+    corpus = ParquetCorpus(paths, "text")
+
+    def failing(f):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(corpus, "_parquet_file", failing)
+    with pytest.raises(DataConfigError, match=rf"^Cannot read row group 1 of {paths[0]}: 7 attempts .*\(OSError: "
+                                              rf"\[Errno 5\] .*fix: check the disk or the network filesystem"):
+        corpus.read_group(1)
+    assert len(sleeps) == parquet.RETRIES
