@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import json
 import math
 import os
@@ -132,13 +133,19 @@ def _data_summary(trainer) -> dict | None:
     return data.summary() if callable(getattr(data, "summary", None)) else None
 
 
-def _event_file(exception: BaseException) -> str | None:
-    """The TensorBoard event file whose writer raised `exception` (its writer thread's error, raised again
-    in the main thread at the next write or flush), found in the traceback; None if it is not one."""
-    for frame, _ in traceback.walk_tb(exception.__traceback__):
+def _written_file(exception: BaseException) -> str | None:
+    """The file being written when `exception` was raised, found in its traceback: a TensorBoard event file
+    (its writer thread's error, raised again in the main thread at the next write or flush), else the
+    innermost open file a frame holds (e.g. hparams.yaml); None if there is none."""
+    frames = [frame for frame, _ in traceback.walk_tb(exception.__traceback__)]
+    for frame in frames:
         writer = frame.f_locals.get("self")
         if hasattr(writer, "add_event") and isinstance(getattr(writer, "_file_name", None), str):
             return writer._file_name
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                return value.name
     return None
 
 
@@ -148,7 +155,7 @@ def name_disk_full(exception: BaseException) -> bool:
     if not isinstance(exception, OSError) or exception.errno not in DISK_FULL:
         return False
     # An error with a filename names it already (`[Errno 28] ...: 'path'`), as do atomic_write's.
-    file = None if exception.filename is not None else _event_file(exception)
+    file = None if exception.filename is not None else _written_file(exception)
     if file is not None:
         exception.strerror = (f"{os.strerror(exception.errno)} while writing {file}; fix: free space there (or log "
                               f"to another disk with --trainer.logger.init_args.save_dir), then run it again "

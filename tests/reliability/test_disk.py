@@ -77,3 +77,17 @@ def test_a_failed_summary_reads_back(tmp_path):
     write_summary(tmp_path / "summary.json", {"status": "failed", "reason": "disk full"})
     assert read_summary(tmp_path)["status"] == "failed"
     assert json.loads((tmp_path / "summary.json").read_text())["schema"] == 1
+
+
+def test_a_disk_full_error_without_a_file_is_named_by_the_file_being_written(tmp_path):
+    path = tmp_path / "hparams.yaml"
+    try:
+        with open(path, "w") as f:
+            f.write("a: 1\n")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # what a failed flush or close raises
+    except OSError as err:
+        error = err
+    record = run_summary.RunSummary()
+    assert record.record_failure(error) == "failed"
+    assert str(error).startswith(f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)} while writing {path}; fix: ")
+    assert record.reason == str(error) and "\n" not in record.reason
