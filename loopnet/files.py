@@ -102,3 +102,20 @@ def check_writable(folder: str, option: str) -> None:
     except OSError as err:
         raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
                          f"fix: pass a writable folder with {option} <dir>") from None
+
+
+def check_run_folder(save_dir: str | os.PathLike | None, name: str | None, version: str | int | None,
+                     sub_dir: str | None = None, option: str = "--trainer.logger.init_args") -> None:
+    """Fail before anything is written when a logger's run folder, save_dir/name/version[/sub_dir], would lie
+    outside save_dir: a name, version or sub_dir that is absolute or climbs out with `..` (a config from
+    someone else can otherwise write anywhere the user can). Subfolders that stay inside (`study/a`) are fine."""
+    root = os.path.normpath(os.path.abspath(os.path.expanduser(str(save_dir if save_dir is not None else "."))))
+    for key, value in (("name", name), ("version", version), ("sub_dir", sub_dir)):
+        if value is None or isinstance(value, int) or value == "":
+            continue
+        text = str(value)
+        inside = os.path.normpath(os.path.join(root, text))
+        if os.path.isabs(text) or ".." in Path(text).parts or os.path.commonpath([root, inside]) != root:
+            raise ValueError(f"{option}.{key} {text!r} puts the run folder outside its save_dir {root}; fix: give a "
+                             f"plain {key} (no '..', not absolute), and choose where runs go with "
+                             f"{option}.save_dir <dir>")

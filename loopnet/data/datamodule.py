@@ -38,6 +38,7 @@ from loopnet.data.stream import (
     stream_config_diff,
     val_windows,
 )
+from loopnet.data.textfiles import check_documents
 from loopnet.data.valcache import cache_root, cached_windows
 from loopnet.data.tokenizer import gpt2_encoding
 from loopnet.data.vocab import EOT_ID, N_VOCAB
@@ -174,6 +175,8 @@ class TokenStreamDataModule(L.LightningDataModule):
             gpt2_encoding()  # load once here, before workers fork, and fail early on bad files
             hp = self.hparams
             path = OPENWEBTEXT if self.source == "hub" and self.path is None else self.path
+            if self.source == "files":  # a huge line or file: one line now, not gigabytes in the tokenizer
+                check_documents(resolve_files(path if path is not None else []), hp.sample_by)
             # The commit streamed (hub datasets only): part of the stream identity checked on resume.
             self.revision = hub_revision(path, hp.revision) if is_hub_id(self.source, path) else None
             self.docs, self.layout = open_corpus(self.source, path, text_column=self.text_column, name=hp.name,

@@ -26,6 +26,8 @@ from loopnet.data.errors import LOCAL_ALTERNATIVES, DataConfigError
 
 CONVERSION = "refs/convert/parquet"  # the hub's parquet conversion of every public dataset
 _DATA_EXT = (".parquet", ".arrow", ".json", ".jsonl", ".csv", ".tsv", ".txt", ".json.gz", ".jsonl.gz", ".jsonl.zst")
+# Files of a dataset repository that describe it, not data (a script repository's, a saved dataset's).
+_METADATA = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json", "state.json"}
 _SPLITS = ("train", "validation", "valid", "val", "dev", "test", "eval")
 
 
@@ -77,7 +79,8 @@ def parquet_layout(listing: list[str], *, name: str | None, split: str, where: s
     parquet = sorted(p for p in listing if p.endswith(".parquet"))
     if not parquet:
         scripts = [p for p in listing if p.endswith(".py") and "/" not in p]
-        if script not in listing and any(p.lower().endswith(_DATA_EXT) for p in listing):
+        data = [p for p in listing if p.lower().endswith(_DATA_EXT) and p.rsplit("/", 1)[-1] not in _METADATA]
+        if script not in listing and data:
             return None
         if scripts:
             scripts = [script] if script in listing else scripts

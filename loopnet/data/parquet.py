@@ -21,19 +21,67 @@ groups after `IterableDataset.reshard()`), so parts differ by up to a shard's do
 fewer shards than parts every node reads the whole stream and keeps one document in `parts`.
 
 A position in a part is ``{"epoch", "row"}`` (documents of the part already yielded): all a resume needs.
+
+Failed reads. A transient failure (a dropped connection, a timeout, the hub's rate limit or a server
+error: `transient`) is retried `RETRIES` times after exponential backoff with jitter (64 readers that
+hit a rate limit together do not retry together), the file reopened each time; then, or at once for
+anything else (a corrupt row group whose footer is intact, a file changed or gone), one
+`DataConfigError` line names the file, the row group and the fix.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
-from collections.abc import Iterator
+import random
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from loopnet.data.errors import DataConfigError
+
+RETRIES = 6  # retries of a transient read failure, on top of huggingface_hub's own
+BACKOFF_S = 1.0  # the first retry's wait; doubled at each retry, up to BACKOFF_CAP_S
+BACKOFF_CAP_S = 60.0
+
+# Errors of a connection, not of the data: retried. HTTP errors are judged by their status instead.
+_TRANSIENT_ERRNOS = {errno.EIO, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
+                     errno.ECONNABORTED, errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EPIPE,
+                     errno.ESTALE, errno.EBUSY}
+_TRANSIENT_TYPES = {"TransportError", "TimeoutException", "Timeout", "ConnectTimeout", "ReadTimeout",
+                    "ChunkedEncodingError", "ProtocolError", "IncompleteRead", "ClientConnectionError",
+                    "ClientPayloadError", "ServerDisconnectedError"}  # httpx, requests, urllib3, aiohttp
+_TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+def transient(err: BaseException) -> bool:
+    """Whether a failed read may succeed when tried again: a connection error, a timeout, an HTTP status
+    that says "later" (rate limit, server error). Not corrupt data (pyarrow's OSError carries no errno),
+    nor a missing file or a refused access."""
+    response = getattr(err, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        return status in _TRANSIENT_STATUS
+    if isinstance(err, (ConnectionError, TimeoutError)):
+        return True
+    if any(cls.__name__ in _TRANSIENT_TYPES for cls in type(err).__mro__):
+        return True
+    return isinstance(err, OSError) and err.errno in _TRANSIENT_ERRNOS
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry `attempt` (0-based): BACKOFF_S × 2^attempt, capped, times a random
+    factor in [0.5, 1] so that readers that failed together retry apart."""
+    return min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 class ParquetCorpus:
@@ -51,6 +99,7 @@ class ParquetCorpus:
         if not files:
             raise DataConfigError("No parquet files to read; fix: check `data.path`")
         self.files, self.text_column, self.fs = list(files), text_column, fs
+        self._open: tuple[int, dict[int, Any]] = (os.getpid(), {})  # this process's ParquetFiles, by file
         with ThreadPoolExecutor(min(16, len(self.files))) as pool:  # footers of remote files: one request each
             metas = list(pool.map(self._footer, range(len(self.files))))
         groups = [(f, g, rows) for f, meta in enumerate(metas) for g, rows in enumerate(meta)]
@@ -61,7 +110,6 @@ class ParquetCorpus:
         self.n_docs = int(self.group_start[-1])
         self.identity = identity if identity is not None else [
             (os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
-        self._open: tuple[int, dict[int, Any]] = (os.getpid(), {})  # this process's ParquetFiles, by file
 
     def __getstate__(self) -> dict:  # to spawned workers: no open file travels
         return {**self.__dict__, "_open": (-1, {})}
@@ -79,13 +127,34 @@ class ParquetCorpus:
             handles[f] = pq.ParquetFile(self.fs.open(path, "rb") if self.fs is not None else path)
         return handles[f]
 
+    def _retrying(self, f: int, what: str, read: Callable[[], Any]) -> Any:
+        """`read()`, retried after a transient failure (see the module's docstring) with file `f` reopened;
+        a failure that is not transient is raised as it is."""
+        for attempt in range(RETRIES + 1):
+            try:
+                return read()
+            except Exception as e:
+                self._open[1].pop(f, None)  # a remote file's connection may be broken: reopen it
+                if not transient(e):
+                    raise
+                if attempt == RETRIES:
+                    raise DataConfigError(
+                        f"Cannot read {what} of {self.files[f]}: {RETRIES + 1} attempts failed over "
+                        f"~{sum(min(BACKOFF_CAP_S, BACKOFF_S * 2**k) for k in range(RETRIES)) * 0.75:.0f} s "
+                        f"({_first_line(e)}); fix: "
+                        + ("check the connection or the hub's rate limit (log in with `hf auth login`, or fewer "
+                           "readers: data.num_workers)" if self.fs is not None else "check the disk or the network "
+                           "filesystem it is on") + ", then resume with --ckpt_path last") from e
+                time.sleep(backoff(attempt))
+
     def _footer(self, f: int) -> list[int]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         path = self.files[f]
         try:
-            pf = pq.ParquetFile(self.fs.open(path, "rb") if self.fs is not None else path)
+            pf = self._retrying(f, "the footer", lambda: pq.ParquetFile(
+                self.fs.open(path, "rb") if self.fs is not None else path))
         except (OSError, pa.ArrowInvalid) as e:
             raise DataConfigError(f"{path} is not a readable parquet file ({e}); fix: replace it, or leave it "
                                   f"out of `data.path`") from e
@@ -103,9 +172,22 @@ class ParquetCorpus:
 
     def read_group(self, group: int) -> list[str | None]:
         """The texts of one row group (parquet decodes a column chunk whole)."""
-        pf = self._parquet_file(int(self.group_file[group]))
-        table = pf.read_row_group(int(self.group_index[group]), columns=[self.text_column])
-        return table.column(0).to_pylist()
+        f, g = int(self.group_file[group]), int(self.group_index[group])
+
+        def read() -> list[str | None]:
+            table = self._parquet_file(f).read_row_group(g, columns=[self.text_column])
+            return table.column(0).to_pylist()
+
+        try:
+            return self._retrying(f, f"row group {g}", read)
+        except DataConfigError:
+            raise
+        except Exception as e:  # pyarrow's decoding errors: a damaged row group whose footer is intact
+            first = int(self.group_start[group] - self.group_start[np.searchsorted(self.group_file, f)])
+            raise DataConfigError(
+                f"Row group {g} of {self.files[f]} (its rows {first}-{first + int(self.group_rows[group]) - 1}) "
+                f"cannot be read ({_first_line(e)}); fix: replace the file (download it again), or leave it out "
+                f"of `data.path`") from e
 
     def texts(self, pieces: list[tuple[int, int, int]], start: int = 0) -> Iterator[str | None]:
         """The texts of `pieces` [(group, first row, end row) in the group], skipping the first `start`."""

@@ -313,6 +313,18 @@ def stream_config_diff(saved: dict, now: dict, keys=None) -> dict:
     return {k: (saved.get(k), now.get(k)) for k in keys if saved.get(k) != now.get(k)}
 
 
+def _own_errors(batches: Iterator) -> Iterator:
+    """`batches`, with a `DataConfigError` of a worker process said in its own line: torch re-raises it
+    in the main process with the worker's whole traceback in its message."""
+    try:
+        yield from batches
+    except DataConfigError as err:
+        text = str(err).rstrip()
+        if "\nOriginal Traceback" not in text:
+            raise
+        raise DataConfigError(text.splitlines()[-1].split(": ", 1)[-1]) from None
+
+
 class ResumableLoader(DataLoader):
     """DataLoader over a `TrainStream`: (inputs, targets) LongTensors [batch_size, seq_len], and a
     `state_dict()` that resumes at the next unconsumed batch.
@@ -339,7 +351,7 @@ class ResumableLoader(DataLoader):
     def __iter__(self):
         self._yielded = self._consumed = 0
         self._history.clear()
-        for windows, meta in super().__iter__():
+        for windows, meta in _own_errors(super().__iter__()):
             self._history.append((self._base + self._yielded, meta["slot"], meta["state"]))
             self._yielded += 1
             w = torch.from_numpy(windows).long()
@@ -387,9 +399,11 @@ class ResumableLoader(DataLoader):
         local = ranks[stream.rank]
         diff = stream_config_diff(local["config"], stream.config)
         if diff:
+            moved = diff.get("revision", (None, None))[0]  # the hub branch or tag moved to another commit
             raise DataConfigError(
                 f"The checkpoint's data stream differs from this run's (checkpoint, now): {diff}. "
                 "Exact data resume needs the same data settings, num_workers and devices"
+                + (f"; fix: read the commit it was trained on with `--data.revision {moved}`" if moved else "")
             )
         stream.start = {"next_slot": local["next_slot"], "slots": list(local["slots"])}
         self._base = local["consumed"]

@@ -9,11 +9,14 @@ rename), the others wait on the lock and then read it. A rank that fails while b
 the lock, and the next one tries and fails with the same error itself, so nobody waits forever.
 
 Where: `data.cache_dir`, else $LOOPNET_CACHE_DIR, else $XDG_CACHE_HOME/loopnet (~/.cache/loopnet).
-An unwritable cache folder costs the cache, not the run (one warning, built in memory).
+A cache that cannot be written (an unwritable folder, a full disk, a quota) costs the cache, not the
+run: one warning, the windows built in memory, and nothing of the attempt left behind (no partial
+file, no key file, no lock file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -49,20 +52,49 @@ def cached_windows(key: dict, build: Callable[[], np.ndarray], root: Path) -> tu
     path = cache_path(key, root)
     if path.is_file():
         return np.load(path), path
+    made = [d for d in (path.parent, *path.parent.parents) if not d.exists()]  # folders this call creates
+    lock_file = Path(str(path) + ".lock")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(path) + ".lock")
+        lock = FileLock(str(lock_file))
         lock.acquire()
     except OSError as e:
-        print(f"loopnet: warning: cannot use the validation cache {path.parent} ({e}); building the held-out "
-              f"windows in memory (set data.cache_dir to a writable folder to keep them)", file=sys.stderr)
+        _forget(lock_file, made)
+        _warn(path, e)
         return build(), None
+    written = False
     try:
         if path.is_file():  # another rank built it while this one waited
             return np.load(path), path
         windows = build()
-        atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(key, indent=1, default=str)), binary=False)
-        atomic_write(path, lambda f: np.save(f, windows))
+        try:
+            atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(key, indent=1, default=str)),
+                         binary=False)
+            atomic_write(path, lambda f: np.save(f, windows))
+        except OSError as e:  # atomic_write left no temporary file; its key file goes too
+            with contextlib.suppress(OSError):
+                path.with_suffix(".json").unlink()
+            _warn(path, e)
+            return windows, None
+        written = True
         return windows, path
     finally:
         lock.release()
+        if not written and not path.is_file():
+            # A rank still waiting on this lock file holds it open and takes it next; removing the name
+            # at worst lets two ranks build at once, each writing its file atomically.
+            _forget(lock_file, made)
+
+
+def _warn(path: Path, err: OSError) -> None:
+    print(f"loopnet: warning: cannot use the validation cache {path.parent} ({err}); building the held-out "
+          f"windows in memory (set data.cache_dir to a writable folder with free space to keep them)", file=sys.stderr)
+
+
+def _forget(lock_file: Path, made: list[Path]) -> None:
+    """Remove what a failed cache write made: the lock file, and the folders it created (innermost first)."""
+    with contextlib.suppress(OSError):
+        lock_file.unlink()
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty

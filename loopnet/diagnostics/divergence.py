@@ -32,7 +32,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from .callback import global_norm
-from .summary import SUMMARY_NAME, RunSummary, log_dir
+from .summary import SUMMARY_NAME, RunSummary, log_dir, quiet_event_writer_errors
 
 
 class DivergenceGuard(Callback):
@@ -70,6 +70,7 @@ class DivergenceGuard(Callback):
         self.val_metric = val_metric
         self.summary_name = summary_name
         self._start_fit()
+        quiet_event_writer_errors()  # before the logger's first write, in Lightning's setup
 
     def _start_fit(self, record: Optional[RunSummary] = None) -> None:
         self.record = record or RunSummary()
@@ -175,7 +176,8 @@ class DivergenceGuard(Callback):
                 rank_zero_warn(f"loopnet: the resumed run stopped before its first step ({exception!r}); "
                                f"{path} is kept as it was")
                 return
-            self._write(trainer, pl_module, "diverged" if self.diverged else "interrupted", error=repr(exception))
+            status = self.record.record_failure(exception)  # "failed" for a full disk, its file named
+            self._write(trainer, pl_module, "diverged" if self.diverged else status, error=repr(exception))
         except Exception as err:
             rank_zero_warn(f"could not write the run summary: {err!r}")
 

@@ -9,11 +9,13 @@ Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
 
     {
       "schema": 1,
-      "status": "completed" | "diverged" | "interrupted",
+      "status": "completed" | "diverged" | "interrupted" | "failed",   # failed: the disk (or quota)
+                                          # was full; "reason" names the file
       "diverged_at_step": S | null,      # trainer.global_step of the step whose loss or
                                           # gradient diverged (0-based; the step TensorBoard
                                           # shows that step's train/loss at)
-      "reason": str | null,              # e.g. "non-finite gradient norm (nan)"
+      "reason": str | null,              # e.g. "non-finite gradient norm (nan)"; for a failed run the
+                                          # error's line (the file that could not be written, the fix)
       "global_step": int,                # optimiser steps taken when fit ended
       "max_steps": int | null,
       "final_train_loss": float | null,  # last training loss seen
@@ -38,7 +40,7 @@ Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
       "data": {...} | null,              # what was read (TokenStreamDataModule.summary): source, hub commit,
                                           # files, documents, the split rule, the held-out cache, and for a
                                           # partial parquet conversion "partial": true with its note
-      "error": str | null,               # the exception, for status "interrupted"
+      "error": str | null,               # the exception, for status "interrupted" or "failed"
       "wall_time_s": float               # of the fit, resumed segments included (each up to its last checkpoint)
     }
 """
@@ -46,10 +48,14 @@ Schema (`SCHEMA_VERSION` 1; values that are not finite are written as null):
 from __future__ import annotations
 
 import dataclasses
+import errno
+import io
 import json
 import math
 import os
+import threading
 import time
+import traceback
 import weakref
 from pathlib import Path
 from typing import Any
@@ -58,7 +64,8 @@ from loopnet.files import atomic_write
 
 SUMMARY_NAME = "summary.json"
 SCHEMA_VERSION = 1
-STATUSES = ("completed", "diverged", "interrupted")
+STATUSES = ("completed", "diverged", "interrupted", "failed")
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def jsonable(value: Any) -> Any:
@@ -126,6 +133,56 @@ def _data_summary(trainer) -> dict | None:
     return data.summary() if callable(getattr(data, "summary", None)) else None
 
 
+def _written_file(exception: BaseException) -> str | None:
+    """The file being written when `exception` was raised, found in its traceback: a TensorBoard event file
+    (its writer thread's error, raised again in the main thread at the next write or flush), else the
+    innermost open file a frame holds (e.g. hparams.yaml); None if there is none."""
+    frames = [frame for frame, _ in traceback.walk_tb(exception.__traceback__)]
+    for frame in frames:
+        writer = frame.f_locals.get("self")
+        if hasattr(writer, "add_event") and isinstance(getattr(writer, "_file_name", None), str):
+            return writer._file_name
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                return value.name
+    return None
+
+
+def name_disk_full(exception: BaseException) -> bool:
+    """For an exception that is a full disk or quota: make its line name the file and the fix (TensorBoard's
+    writer thread reports a bare `[Errno 28] No space left on device`), and say True."""
+    if not isinstance(exception, OSError) or exception.errno not in DISK_FULL:
+        return False
+    # An error with a filename names it already (`[Errno 28] ...: 'path'`), as do atomic_write's.
+    file = None if exception.filename is not None else _written_file(exception)
+    if file is not None:
+        exception.strerror = (f"{os.strerror(exception.errno)} while writing {file}; fix: free space there (or log "
+                              f"to another disk with --trainer.logger.init_args.save_dir), then run it again "
+                              f"(`--ckpt_path last` continues from its last checkpoint)")
+        exception.args = (exception.errno, exception.strerror)
+    return True
+
+
+_previous_hook = None
+
+
+def quiet_event_writer_errors() -> None:
+    """TensorBoard's writer thread prints its own traceback of a failed write, and the main thread raises
+    the same error at its next write or flush (`name_disk_full` names the file there): print it once, there."""
+    global _previous_hook
+    if _previous_hook is not None:
+        return
+    _previous_hook = threading.excepthook
+
+    def hook(args):
+        if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+            return
+        _previous_hook(args)
+
+    threading.excepthook = hook
+
+
 class RunSummary:
     """What a fit's summary.json says, gathered while the fit runs (one record per trainer and fit:
     `RunSummary.of(trainer)`). Its history (validations, last loss, wall time) is kept in checkpoints
@@ -166,6 +223,14 @@ class RunSummary:
 
     def record_divergence(self, step: int, reason: str, last_good_checkpoint: str | None) -> None:
         self.diverged_at_step, self.reason, self.last_good_checkpoint = step, reason, last_good_checkpoint
+
+    def record_failure(self, exception: BaseException) -> str:
+        """The status of a fit ended by `exception`: "failed" for a full disk or quota (its line, naming the
+        file and the fix, becomes the reason), else "interrupted"."""
+        if not name_disk_full(exception):
+            return "interrupted"
+        self.reason = str(exception)
+        return "failed"
 
     @property
     def wall_time_s(self) -> float:

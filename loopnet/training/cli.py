@@ -33,7 +33,7 @@ from loopnet.data.preflight import check_hub
 from loopnet.data.vocab import N_VOCAB
 from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import one_line_errors
-from loopnet.files import atomic_write, check_writable
+from loopnet.files import atomic_write, check_run_folder, check_writable
 from loopnet.model import RUN_SETTINGS, LoopConfig
 from loopnet.model.scales import scheme_label
 from loopnet.training.callbacks import AtomicCheckpointIO
@@ -402,6 +402,8 @@ class LoopnetCLI(LightningCLI):
         if isinstance(logger, Namespace) and logger.class_path.endswith("TensorBoardLogger"):
             if logger.init_args.get("name") in (None, "lightning_logs"):
                 logger.init_args.name = run_name(cfg.model.config)
+        if isinstance(logger, Namespace) and logger.class_path.endswith(("TensorBoardLogger", "CSVLogger")):
+            check_run_folder(*(logger.init_args.get(k) for k in ("save_dir", "name", "version", "sub_dir")))
         if isinstance(logger, Namespace) and logger.init_args.get("save_dir") is not None:
             check_writable(logger.init_args.save_dir, "--trainer.logger.init_args.save_dir")
             # Absolute: the same run folder on every node (shared filesystem), and so recorded in config.yaml.
