@@ -38,7 +38,7 @@ from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.errors import OneLineErrors, PeerLost, peer_lost
 from loopnet.training.module import LoopedLM
-from loopnet.training.precheck import check_settings, normalize_argv, precheck
+from loopnet.training.precheck import LINKS, check_settings, normalize_argv, precheck
 from loopnet.training.run_folders import SaveConfigOnStart, check_fresh_version, evaluate_in_run_folder, run_name
 from loopnet.training.shared_folder import ResumeOnEveryRank, absolute
 from loopnet.training.subcommands import EVALUATION, READ_DATA, SUBCOMMANDS
@@ -99,7 +99,8 @@ class LoopnetCLI(LightningCLI):
         return trainer
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("model.config.seq_len", "data.seq_len")
+        for source, target in LINKS:
+            parser.link_arguments(source, target)
         for group, (cls, defaults) in callbacks().items():
             parser.add_lightning_class_args(cls, group)
             parser.set_defaults({f"{group}.{k}": v for k, v in defaults.items()})
@@ -232,6 +233,23 @@ class LoopnetCLI(LightningCLI):
             cfg.weights_only = True
 
 
+def build(args: list[str] | None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> LoopnetCLI:
+    """LightningCLI over loopnet's model and data module with loopnet's settings, on `args` (None: the
+    command line); a `cli_class` that runs nothing (`check.CheckOnly`) only parses and checks."""
+    return cli_class(
+        LoopedLM,
+        TokenStreamDataModule,
+        subclass_mode_model=False,
+        subclass_mode_data=False,
+        trainer_defaults=TRAINER_DEFAULTS,
+        save_config_callback=SaveConfigOnStart,
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,  # LoopedLM.configure_optimizers owns AdamW and the schedule
+        parser_class=OneLineErrorParser,
+        args=args,
+    )
+
+
 def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI, prechecked: bool = False) -> None:
     """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line).
     `prechecked`: `loopnet` (loopnet.commands) already ran the checks that need no Lightning (precheck, the
@@ -248,18 +266,7 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
         with one_line_errors("loopnet", (ValueError, FileNotFoundError, PermissionError), debug=True):
             if settings is not None and cli_class is LoopnetCLI and argv[0] in READ_DATA:
                 check_hub(settings.data, argv)  # `loopnet` itself did before importing Lightning
-            cli_class(
-                LoopedLM,
-                TokenStreamDataModule,
-                subclass_mode_model=False,
-                subclass_mode_data=False,
-                trainer_defaults=TRAINER_DEFAULTS,
-                save_config_callback=SaveConfigOnStart,
-                save_config_kwargs={"overwrite": True},
-                auto_configure_optimizers=False,  # LoopedLM.configure_optimizers owns AdamW and the schedule
-                parser_class=OneLineErrorParser,
-                args=None if args is None else argv,
-            )
+            build(None if args is None else argv, cli_class)
     except PeerLost as err:  # a DDP rank died: one line, not gloo's multi-line traceback
         if os.environ.get("LOOPNET_DEBUG"):
             raise

@@ -51,11 +51,12 @@ NAMES = {"Any": Any, "Literal": Literal, "Optional": Optional, "Union": Union, "
 LINKS = (("model.config.seq_len", "data.seq_len"),)
 # Options of LightningCLI's subcommand parsers beside model, data, the Trainer and the callbacks (Trainer
 # method arguments and the CLI's own): name -> (type, default), per subcommand.
+CKPT_PATH = (Optional[Union[str, Path]], None)
 METHOD_ARGS = {
-    "fit": {"ckpt_path": (Optional[str], None), "weights_only": (Optional[bool], None)},
-    "validate": {"ckpt_path": (Optional[str], None), "verbose": (bool, True), "weights_only": (Optional[bool], None)},
-    "test": {"ckpt_path": (Optional[str], None), "verbose": (bool, True), "weights_only": (Optional[bool], None)},
-    "predict": {"return_predictions": (Optional[bool], None), "ckpt_path": (Optional[str], None),
+    "fit": {"ckpt_path": CKPT_PATH, "weights_only": (Optional[bool], None)},
+    "validate": {"ckpt_path": CKPT_PATH, "verbose": (bool, True), "weights_only": (Optional[bool], None)},
+    "test": {"ckpt_path": CKPT_PATH, "verbose": (bool, True), "weights_only": (Optional[bool], None)},
+    "predict": {"return_predictions": (Optional[bool], None), "ckpt_path": CKPT_PATH,
                 "weights_only": (Optional[bool], None)},
 }
 NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
