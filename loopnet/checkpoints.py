@@ -26,7 +26,8 @@ RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "
 # `--ckpt_path` values that name no file: Lightning resolves them. `last`: the newest last*.ckpt (loopnet
 # looks it up itself, `last_checkpoint`); `best`, `hpc`: a checkpoint of a fit in this same process.
 IN_PROCESS = ("best", "hpc")
-SENTINELS = ("last", *IN_PROCESS)
+LAST = "last"
+SENTINELS = (LAST, *IN_PROCESS)
 
 
 # ----------------------------------------------------------------------------------------- reading

@@ -1,6 +1,6 @@
 """The vocabularies a data module's batches can hold (`data.vocab`), each an object that knows its size,
-how text becomes its ids and back, and whether a model's embedding fits it. Light to import (the
-tokenizer is loaded when text is first encoded).
+how text becomes its ids and back, and whether a model's embedding fits it. Light to import for the
+early checks (NumPy, the tokenizer and the byte table load when a vocabulary is first used).
 
     gpt2     GPT-2's 50257 BPE ids
     compact  the GPT-2 ids that occur in the corpus, renumbered 0..V-1 in GPT-2 order (V known once read)
@@ -12,27 +12,27 @@ from __future__ import annotations
 import hashlib
 from typing import get_args
 
-import numpy as np
-
-from loopnet.data.bytelevel import N_BYTE_VOCAB, ByteVocab
 from loopnet.data.vocab import EOT_ID, N_VOCAB, VocabName, check_fits
 
 
 class Vocabulary:
     """Text <-> the ids a data module's batches hold.
 
-    `SIZE`: the id count when known without reading the corpus (None: known once read). `table`: what
-    the stream maps a document with (`loopnet.data.stream.encode`; None: GPT-2's ids as they are).
-    `reads_corpus`: built from the corpus's documents (so the corpus must be local)."""
+    `table`: what the stream maps a document with (`loopnet.data.stream.encode`; None: GPT-2's ids as
+    they are). `reads_corpus`: built from the corpus's documents (so the corpus must be local)."""
 
     name: str
-    SIZE: int | None = None
     reads_corpus = False
     table = None
 
+    @classmethod
+    def known_size(cls) -> int | None:
+        """The id count when known without reading the corpus (None: known once read)."""
+        return None
+
     @property
     def size(self) -> int:
-        return self.SIZE
+        return self.known_size()
 
     @property
     def cache_key(self) -> str:
@@ -50,7 +50,11 @@ class Vocabulary:
 
 
 class GPT2Vocab(Vocabulary):
-    name, SIZE = "gpt2", N_VOCAB
+    name = "gpt2"
+
+    @classmethod
+    def known_size(cls) -> int:
+        return N_VOCAB
 
     def encode(self, text: str) -> list[int]:
         from loopnet.data.tokenizer import gpt2_encoding
@@ -70,6 +74,8 @@ class CompactVocab(Vocabulary):
     name, reads_corpus = "compact", True
 
     def __init__(self, ids):
+        import numpy as np
+
         self.ids = np.asarray(ids, dtype=np.int32)
         self.table = np.full(N_VOCAB, -1, dtype=np.int32)  # GPT-2 id -> compact id (-1: not in the corpus)
         self.table[self.ids] = np.arange(len(self.ids), dtype=np.int32)
@@ -77,6 +83,8 @@ class CompactVocab(Vocabulary):
     @classmethod
     def of_texts(cls, texts) -> CompactVocab:
         """The vocabulary of documents `texts` (end-of-text always included)."""
+        import numpy as np
+
         gpt2 = GPT2Vocab()
         seen = np.zeros(N_VOCAB, dtype=bool)
         seen[EOT_ID] = True
@@ -94,23 +102,38 @@ class CompactVocab(Vocabulary):
         return "compact-" + hashlib.sha256(self.ids.tobytes()).hexdigest()[:16]
 
     def encode(self, text: str) -> list[int]:
+        import numpy as np
+
         ids = GPT2Vocab().encode(text)
         compact = self.table[np.asarray(ids, dtype=np.int64)] if ids else np.zeros(0, dtype=np.int32)
         return np.where(compact < 0, self.table[EOT_ID], compact).tolist()
 
     def decode(self, ids) -> str:
+        import numpy as np
+
         return GPT2Vocab().decode(self.ids[np.asarray(ids, dtype=np.int64)].tolist())
 
 
 class BytesVocab(Vocabulary):
-    name, SIZE = "bytes", N_BYTE_VOCAB
-    table = ByteVocab()  # the stream reads a document's bytes through it
+    name = "bytes"
+
+    @classmethod
+    def known_size(cls) -> int:
+        from loopnet.data.bytelevel import N_BYTE_VOCAB
+
+        return N_BYTE_VOCAB
+
+    @property
+    def table(self):
+        from loopnet.data.bytelevel import ByteVocab
+
+        return ByteVocab()  # the stream reads a document's bytes through it
 
     def encode(self, text: str) -> list[int]:
-        return ByteVocab.encode(text)
+        return self.table.encode(text)
 
     def decode(self, ids) -> str:
-        return ByteVocab.decode(ids)
+        return self.table.decode(ids)
 
 
 VOCABULARIES: dict[str, type[Vocabulary]] = {cls.name: cls for cls in (GPT2Vocab, CompactVocab, BytesVocab)}
@@ -120,4 +143,4 @@ assert tuple(VOCABULARIES) == get_args(VocabName)
 def known_size(name: str) -> int | None:
     """The id count of vocabulary `name` when known before the corpus is read (None: unknown name, or compact)."""
     cls = VOCABULARIES.get(name)
-    return cls.SIZE if cls is not None else None
+    return cls.known_size() if cls is not None else None

@@ -220,9 +220,9 @@ class LoopnetCLI(LightningCLI):
         if self.subcommand == "fit" and cfg.get("checkpoint") and cfg.checkpoint.get("dirpath"):
             check_writable(cfg.checkpoint.dirpath, "--checkpoint.dirpath")
             cfg.checkpoint.dirpath = absolute(cfg.checkpoint.dirpath)
-        if self.subcommand == "fit" and cfg.ckpt_path == "last":
+        if self.subcommand == "fit" and cfg.ckpt_path == checkpoints.LAST:
             self._resume_last = resume.resolve_fit_last(cfg)  # what this rank found, compared in ResumeOnEveryRank
-        if self.subcommand in EVALUATION and cfg.ckpt_path == "last":
+        if self.subcommand in EVALUATION and cfg.ckpt_path == checkpoints.LAST:
             cfg.ckpt_path = resume.newest_run_checkpoint(cfg, self.subcommand)
         if self.subcommand in EVALUATION:
             evaluate_in_run_folder(cfg, self.subcommand)

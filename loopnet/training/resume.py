@@ -57,7 +57,7 @@ def resolve_fit_last(cfg: Namespace) -> tuple[str | None, str]:
     where = str(folder) if folder is not None else (
         f"{logger.init_args.save_dir}/{logger.init_args.get('name') or ''}" if isinstance(logger, Namespace)
         else "the checkpoint folder")
-    return (None if cfg.ckpt_path == "last" else cfg.ckpt_path), where
+    return (None if cfg.ckpt_path == checkpoints.LAST else cfg.ckpt_path), where
 
 
 def newest_run_checkpoint(cfg: Namespace, subcommand: str) -> str:

@@ -200,3 +200,12 @@ def test_a_bad_value_in_an_included_config_is_refused_before_lightning(folder):
                           capture_output=True, text=True, cwd=folder, timeout=120)
     assert proc.stdout.split() == ["False", "2"], proc.stderr[-3000:]
     assert "LoopConfig.n_rounds must be >= 1, got 0" in proc.stderr
+
+
+def test_the_subcommand_names_are_lightningclis():
+    from lightning.pytorch.cli import LightningCLI
+
+    from loopnet.training.subcommands import EVALUATION, READ_DATA, SUBCOMMANDS
+
+    assert tuple(SUBCOMMANDS) == tuple(LightningCLI.subcommands())
+    assert set(EVALUATION) | set(READ_DATA) == set(SUBCOMMANDS)
