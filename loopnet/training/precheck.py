@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace
+from jsonargparse.typing import Path_fr
 
 from loopnet import checkpoints
 from loopnet.data.sources import Source
@@ -59,6 +60,9 @@ METHOD_ARGS = {
     "predict": {"return_predictions": (Optional[bool], None), "ckpt_path": CKPT_PATH,
                 "weights_only": (Optional[bool], None)},
 }
+# Lightning's option groups (the Trainer's, the callbacks'), taken as given: their keys and values, or a
+# file of them (read by LightningCLI's parser, unchecked here).
+MAPPING = Optional[Union[dict[str, Any], Path_fr]]
 NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
@@ -110,11 +114,11 @@ def parser(subcommand: str) -> PrecheckParser:
     p = PrecheckParser(prog=f"loopnet {subcommand}", exit_on_error=False)
     p.add_argument("-c", "--config", action=ActionConfigFile)
     p.add_argument("--seed_everything", type=Union[bool, int], default=True)
-    p.add_argument("--trainer", type=Optional[dict[str, Any]], default=None)  # Lightning's: checked after its import
+    p.add_argument("--trainer", type=MAPPING, default=None)
     p.add_class_arguments(signature(*MODEL), "model", fail_untyped=False, sub_configs=True)
     p.add_class_arguments(signature(*DATA), "data", fail_untyped=False, sub_configs=True)
     for group in CALLBACK_GROUPS:
-        p.add_argument(f"--{group}", type=Optional[dict[str, Any]], default=None)  # Lightning's callbacks, as trainer
+        p.add_argument(f"--{group}", type=MAPPING, default=None)
     for name, (hint, default) in METHOD_ARGS[subcommand].items():
         p.add_argument(f"--{name}", type=hint, default=default)
     for source, target in LINKS:

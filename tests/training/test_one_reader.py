@@ -34,6 +34,7 @@ FILES = {  # written into the test's working folder
     "bad_data.yaml": "data:\n  batch_size: 0\n",
     "bad_yaml.yaml": "model: [unclosed\n",
     "empty.ckpt": "",
+    "trainer.yaml": "max_steps: 3\n",
 }
 
 BAD = {  # id: the command line (subcommand first)
@@ -74,6 +75,7 @@ GOOD = {
     "options of the Trainer and callbacks": ["fit", *CPU, "--trainer.logger.init_args.version", "3",
                                              "--checkpoint.save_top_k", "0", "--model.optim.betas", "[0.9, 0.99]",
                                              "--model.config.init", "null", "--model.generate.prompt", "ROMEO:"],
+    "the Trainer's options from a file": ["fit", *CPU, "--trainer", "trainer.yaml"],
     "max_steps -1 (no limit)": ["fit", *CPU, "--trainer.max_steps", "-1", "--trainer.max_epochs", "1"],
 }
 CASES = {**BAD, **GOOD}
@@ -141,7 +143,7 @@ def test_the_early_checks_and_lightningcli_give_the_same_verdict(folder, case):
         assert early_got.model.as_dict() == cli_got.model.as_dict()
         assert early_got.data.as_dict() == cli_got.data.as_dict()
         assert early_got.ckpt_path == cli_got.ckpt_path
-        steps = (early_got.trainer or {}).get("max_steps")
+        steps = early_got.trainer.get("max_steps") if isinstance(early_got.trainer, dict) else None
         assert steps is None or steps == cli_got.trainer.max_steps
 
 
