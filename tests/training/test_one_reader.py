@@ -130,6 +130,7 @@ def lightning_verdict(argv: list[str]):
     return True, got["cfg"]
 
 
+@pytest.mark.slow  # ~70 LightningCLI parses: a minute or two on 2 cores
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_early_checks_and_lightningcli_give_the_same_verdict(folder, case):
     argv = CASES[case]
@@ -161,6 +162,7 @@ def test_the_signatures_read_from_source_are_the_classes_own():
             assert param.annotation == hints[name], name
 
 
+@pytest.mark.slow
 def test_the_two_parsers_define_the_same_options(folder):
     """Every option of the early parser is LightningCLI's with the same type and default; the Trainer's and
     the callbacks' options, Lightning's own, are the only ones it takes as a mapping."""
