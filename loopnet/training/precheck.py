@@ -182,6 +182,29 @@ def check_settings(subcommand: str | None, cfg: Namespace) -> None:
         check_fits(_get(cfg, "model", "config", "vocab_size"), known_size(vocab), vocab)
 
 
+def _name_invalid_yaml(argv: list[str]) -> None:
+    """Raise ValueError naming the first config file of `argv` (or one it includes) that is not valid YAML,
+    with the line; nothing when each is."""
+    import yaml
+
+    files = [value for key, value in zip(argv, argv[1:]) if key in ("-c", "--config")]
+    files += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    while files:
+        path = Path(files.pop(0))
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"the config file {path} is not valid YAML ({problem}{where}); "
+                             "fix its syntax there (brackets, quotes, indentation with spaces)") from None
+        except (OSError, UnicodeDecodeError):
+            continue
+        included = loaded.get("config") if isinstance(loaded, dict) else None
+        files += [str(path.parent / name) for name in ([included] if isinstance(included, str) else included or [])]
+
+
 def precheck(argv: list[str]) -> Namespace | None:
     """Check `loopnet <argv>` (a Trainer subcommand first) as far as that needs no Lightning; raises
     ValueError / FileNotFoundError with the one-line error (problem and fix). Returns the settings read
@@ -193,6 +216,8 @@ def precheck(argv: list[str]) -> Namespace | None:
     try:
         cfg = p.parse_args(normalize_argv(argv[1:]))
     except ArgumentError as err:
+        if "Problems parsing config" in str(err):
+            _name_invalid_yaml(argv)  # jsonargparse does not say which file
         raise ValueError(p.one_line(str(err), err)) from None
     for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig)):
         cls(**cfg.model[group].as_dict())  # each checks its values: ValueError with the fix
