@@ -23,13 +23,6 @@ from typing import Any
 RUNTIME_FIELDS = frozenset({"dropout", "checkpoint_rounds", "truncate_rounds", "loss_rounds"})
 
 
-# `--ckpt_path` values that name no file: Lightning resolves them. `last`: the newest last*.ckpt (loopnet
-# looks it up itself, `last_checkpoint`); `best`, `hpc`: a checkpoint of a fit in this same process.
-IN_PROCESS = ("best", "hpc")
-LAST = "last"
-SENTINELS = (LAST, *IN_PROCESS)
-
-
 # ----------------------------------------------------------------------------------------- reading
 SHARDED_META = "meta.pt"  # in a sharded (FSDP, state_dict_type: sharded) checkpoint folder: all but the tensors
 
@@ -142,6 +135,13 @@ def model_weights(ckpt: dict, path) -> tuple[dict, dict]:
 
 
 # ----------------------------------------------------------------------------------------- finding
+# `--ckpt_path` values that name no file: Lightning resolves them. `last`: the newest last*.ckpt (loopnet
+# looks it up itself, `last_checkpoint`); `best`, `hpc`: a checkpoint of a fit in this same process.
+IN_PROCESS = ("best", "hpc")
+LAST = "last"
+SENTINELS = (LAST, *IN_PROCESS)
+
+
 def version_folder(logger_args) -> Path:
     """The TensorBoard logger's version folder (`logger_args`: its init_args, version pinned);
     version "" for sweep cells: no version level."""
