@@ -170,7 +170,7 @@ def test_the_two_parsers_define_the_same_options(folder):
     from loopnet.training.cli import build
     from loopnet.training.defaults import CALLBACK_GROUPS
 
-    for subcommand in ("fit", "predict"):
+    for subcommand in ("fit", "validate", "test", "predict"):
         got = {}
 
         class Capture(CheckOnly):
