@@ -198,7 +198,7 @@ def _name_invalid_yaml(argv: list[str]) -> None:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
             raise ValueError(f"the config file {path} is not valid YAML ({problem}{where}); "
-                             "fix its syntax there (brackets, quotes, indentation with spaces)") from None
+                             "fix: correct its syntax there (brackets, quotes, indentation with spaces)") from None
         except (OSError, UnicodeDecodeError):
             continue
         included = loaded.get("config") if isinstance(loaded, dict) else None

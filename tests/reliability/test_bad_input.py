@@ -42,7 +42,7 @@ def unchanged(prior):
 
 def test_malformed_yaml(unchanged):
     res = loopnet("fit", *SHORT, "--config", "malformed.yaml", cwd=unchanged)
-    check(res, "the config file malformed.yaml is not valid YAML", "fix its syntax")
+    check(res, "the config file malformed.yaml is not valid YAML", "fix: correct its syntax")
     assert "line 3" in res.last_err_line  # where the flow sequence breaks
 
 
