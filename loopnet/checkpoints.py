@@ -1,6 +1,7 @@
 """A run's checkpoints: read one with torch's restricted unpickler, find the one `--ckpt_path last`
 means, check that one fits the run that loads it. Light to import (torch only where a checkpoint is
-read), for every command's checks (`loopnet fit/test/...` and `loopnet eval`).
+read), for every command's checks (`loopnet fit/test/...` and `loopnet eval`); the Trainer's writer,
+`AtomicCheckpointIO`, is built on first use (it subclasses Lightning's).
 
 The layout `loopnet fit` writes: ``<save_dir>/<run name>/<version>/checkpoints/{last,best-*}.ckpt``,
 beside the version's ``summary.json`` and ``config.yaml``. What a checkpoint's data loader saved is
@@ -10,6 +11,7 @@ the data module's to read (`TokenStreamDataModule.saved_config`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pickle
@@ -129,6 +131,13 @@ def model_weights(ckpt: dict, path) -> tuple[dict, dict]:
 
 
 # ----------------------------------------------------------------------------------------- finding
+# `--ckpt_path` values that name no file: Lightning resolves them. `last`: the newest last*.ckpt (loopnet
+# looks it up itself, `last_checkpoint`); `best`, `hpc`: a checkpoint of a fit in this same process.
+IN_PROCESS = ("best", "hpc")
+LAST = "last"
+SENTINELS = (LAST, *IN_PROCESS)
+
+
 def version_folder(logger_args) -> Path:
     """The TensorBoard logger's version folder (`logger_args`: its init_args, version pinned);
     version "" for sweep cells: no version level."""
@@ -261,3 +270,39 @@ def release_version_locks() -> None:
                 folder.rmdir()
             except OSError:  # not empty (the run's files), or gone
                 break
+
+
+# ----------------------------------------------------------------------------------------- writing
+@functools.cache
+def _atomic_checkpoint_io() -> type:
+    import torch
+    from lightning.fabric.plugins import TorchCheckpointIO
+
+    from loopnet.files import atomic_write
+
+    class AtomicCheckpointIO(TorchCheckpointIO):
+        """Write a checkpoint so that a crash or kill at any moment leaves either the previous file or
+        the complete new one, never a partial one: into a temporary file in the same folder, flushed
+        and fsynced, then renamed over the target (`os.replace`), then the folder fsynced.
+
+        Lightning's default goes through fsspec, which writes the temporary file in the system's temp
+        folder; when that is another filesystem than the checkpoint folder (tmpfs, a local disk under
+        network storage), the final move is a copy, and a kill during it leaves a truncated checkpoint.
+        Remote paths (s3://, gs://, ...) still go through Lightning's default.
+        """
+
+        def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
+            if storage_options is not None or "://" in str(path):
+                return super().save_checkpoint(checkpoint, path, storage_options)
+            atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+    AtomicCheckpointIO.__module__, AtomicCheckpointIO.__qualname__ = __name__, "AtomicCheckpointIO"  # pickles by name
+    return AtomicCheckpointIO
+
+
+def __getattr__(name: str):
+    # `AtomicCheckpointIO` subclasses Lightning's TorchCheckpointIO: built when first asked for, so that
+    # the checks that import this module (before Lightning loads) stay light.
+    if name == "AtomicCheckpointIO":
+        return _atomic_checkpoint_io()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

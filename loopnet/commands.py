@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import sys
 
-# The Trainer entry points (LightningCLI's subcommands, `loopnet.training.cli`).
-TRAINER_COMMANDS = {
-    "fit": "train: loopnet fit --config configs/deeploop_r6.yaml [--config configs/cpu.yaml]",
-    "validate": "validation loss of a checkpoint (--ckpt_path FILE or last)",
-    "test": "held-out loss of a checkpoint at its R and at each --model.eval_rounds R'",
-    "predict": "generate text from a checkpoint (--model.generate.prompt \"ROMEO:\")",
-}
+from loopnet.training.subcommands import READ_DATA, SUBCOMMANDS
+
 
 def _sweep(argv: list[str]) -> None:
     from loopnet.study.sweep import main
@@ -64,7 +59,7 @@ TOOLS = {
 
 
 def usage() -> str:
-    rows = [*TRAINER_COMMANDS.items(), *((name, text) for name, (_, text) in TOOLS.items())]
+    rows = [*SUBCOMMANDS.items(), *((name, text) for name, (_, text) in TOOLS.items())]
     lines = ["usage: loopnet <command> [options]   (`loopnet <command> --help` lists the command's options)", "",
              "Train and study looped Transformers.", "", "commands:"]
     lines += [f"  {name:<9} {text}" for name, text in rows]
@@ -87,16 +82,16 @@ def main(args: list[str] | None = None) -> None:
         fail("loopnet", "no command given; fix: give one of the commands above, e.g. "
              "`loopnet fit --config configs/deeploop_r6.yaml`")
     from loopnet.env import one_line_errors
-    from loopnet.training.precheck import normalize_argv, precheck
+    from loopnet.training.precheck import precheck
 
     with one_line_errors("loopnet", (ValueError, FileNotFoundError)):
-        precheck(normalize_argv(argv))  # a typo reported in a second, not after Lightning's import
-    if argv[0] in ("fit", "validate", "test"):  # an unreachable hub said in seconds, not after Lightning's import
+        settings = precheck(argv)  # a typo reported in a second, not after Lightning's import
+    if settings is not None and argv[0] in READ_DATA:  # an unreachable hub said in seconds, not after Lightning's
         from loopnet.data.errors import DataConfigError
         from loopnet.data.preflight import check_hub
 
         with one_line_errors("loopnet", (DataConfigError,)):
-            check_hub(argv)
+            check_hub(settings.data, argv)
     from loopnet.training.cli import main as trainer
 
     trainer(args, prechecked=True)  # args None: LightningCLI reads sys.argv itself

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import sys
 import weakref
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import lightning as L
 import numpy as np
@@ -14,13 +13,13 @@ import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
-from loopnet.data.bytelevel import N_BYTE_VOCAB, ByteVocab
 from loopnet.data.errors import DataConfigError
 from loopnet.data.parquet import ParquetCorpus
 from loopnet.data.sources import (
     HUB_VAL_FRACTION,
     OPENWEBTEXT,
     SHAKESPEARE_VAL_FRACTION,
+    Source,
     ValSelector,
     builder_for,
     check_revision,
@@ -33,7 +32,6 @@ from loopnet.data.stream import (
     ResumableLoader,
     TrainStream,
     WindowBatches,
-    encode,
     pack_windows,
     stream_config_diff,
     val_windows,
@@ -41,7 +39,9 @@ from loopnet.data.stream import (
 from loopnet.data.textfiles import check_documents
 from loopnet.data.valcache import cache_root, cached_windows
 from loopnet.data.tokenizer import gpt2_encoding
-from loopnet.data.vocab import EOT_ID, N_VOCAB
+from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
+from loopnet.data.vocab import VocabName
+from loopnet.data.vocabulary import VOCABULARIES, CompactVocab, Vocabulary
 
 
 class TokenStreamDataModule(L.LightningDataModule):
@@ -107,7 +107,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         batch_size: int,
         num_workers: int = 0,
         seed: int = 1337,
-        source: Literal["shakespeare", "files", "hub"] = "shakespeare",
+        source: Source = "shakespeare",
         path: str | list[str] | None = None,
         name: str | None = None,
         split: str = "train",
@@ -117,7 +117,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         val_fraction: float | None = None,
         val_max_tokens: int | None = None,
         shuffle_buffer: int = 1024,
-        vocab: Literal["gpt2", "compact", "bytes"] = "gpt2",
+        vocab: VocabName = DEFAULT_VOCAB,
         cache_dir: str | None = None,
     ):
         super().__init__()
@@ -135,16 +135,16 @@ class TokenStreamDataModule(L.LightningDataModule):
                 raise DataConfigError(f"{arg} must be an integer ≥ {low}, got {value!r}")
         if val_max_tokens is not None and val_max_tokens < 1:
             raise DataConfigError(f"val_max_tokens must be ≥ 1 or None, got {val_max_tokens!r}")
-        if source not in ("shakespeare", "files", "hub"):
-            raise DataConfigError(f"Unknown source {source!r}; choose shakespeare, files or hub")
+        if source not in get_args(Source):
+            raise DataConfigError(f"Unknown source {source!r}; choose {', '.join(get_args(Source))}")
         if source == "files":
             builder_for(resolve_files(path if path is not None else []))  # fail now on a bad path or type
         check_revision(source, path, revision)
-        if vocab not in ("gpt2", "compact", "bytes"):
-            raise DataConfigError(f"data.vocab={vocab!r} is not known; choose gpt2, compact or bytes")
-        if vocab == "compact" and source == "hub":
-            raise DataConfigError("data.vocab: compact reads the whole corpus to find its tokens, so it needs a "
-                                  "local corpus; fix: use source shakespeare or files, or vocab: gpt2")
+        if vocab not in VOCABULARIES:
+            raise DataConfigError(f"data.vocab={vocab!r} is not known; choose {', '.join(VOCABULARIES)}")
+        if VOCABULARIES[vocab].reads_corpus and source == "hub":
+            raise DataConfigError(f"data.vocab: {vocab} reads the whole corpus to find its tokens, so it needs a "
+                                  f"local corpus; fix: use source shakespeare or files, or vocab: {DEFAULT_VOCAB}")
         if val_fraction is None:
             val_fraction = SHAKESPEARE_VAL_FRACTION if source == "shakespeare" else HUB_VAL_FRACTION
         self.val = ValSelector(val_fraction)
@@ -158,8 +158,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         self._val_windows: torch.Tensor | None = None
         self._val_for: tuple[int, int] | None = None  # the (rank, world size) _val_windows were cut for
         self.vocab = vocab
-        self.vocab_ids: np.ndarray | None = None  # compact: the GPT-2 id of each compact id
-        self._table: np.ndarray | None = None  # compact: GPT-2 id -> compact id (-1: not in the corpus)
+        # Built here, or from the corpus in setup() (compact).
+        self._vocabulary: Vocabulary | None = None if VOCABULARIES[vocab].reads_corpus else VOCABULARIES[vocab]()
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -184,60 +184,51 @@ class TokenStreamDataModule(L.LightningDataModule):
                                                  asked=hp.revision)
             if self.layout is not None and self.layout.partial and self._rank_world()[0] == 0:
                 print(f"loopnet: warning: {self.partial_note()}", file=sys.stderr)
-            if self.vocab == "compact":
-                self._build_compact_vocab()
-            elif self.vocab == "bytes":
-                self._table = ByteVocab()
+            if self._vocabulary is None:
+                self._vocabulary = self._corpus_vocabulary()
 
-    def _build_compact_vocab(self) -> None:
+    def _corpus_vocabulary(self) -> Vocabulary:
         """The corpus's own GPT-2 ids (all documents, so held-out tokens have a row too)."""
-        seen = np.zeros(N_VOCAB, dtype=bool)
-        seen[EOT_ID] = True
         if isinstance(self.docs, ParquetCorpus):
             texts = self.docs.texts(self.docs.range_pieces(0, self.docs.n_docs))
         else:
             texts = (doc.get(self.text_column) for doc in self.docs)
         try:
-            for text in texts:
-                if text:
-                    seen[encode(text)] = True
+            return CompactVocab.of_texts(texts)
         except UnicodeDecodeError as e:  # named as the GPT-2 path names it (stream.documents)
             raise DataConfigError(f"A data file of data.path {self.path!r} is not valid UTF-8 ({e}). "
                                   "Fix: re-encode it as UTF-8 (e.g. with iconv)") from e
-        self.vocab_ids = np.flatnonzero(seen).astype(np.int32)
-        self._table = np.full(N_VOCAB, -1, dtype=np.int32)
-        self._table[self.vocab_ids] = np.arange(len(self.vocab_ids), dtype=np.int32)
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The ids the batches hold (`data.vocab`); a compact one is read from the corpus on first use."""
+        if self._vocabulary is None:
+            self.setup("fit")
+        return self._vocabulary
 
     @property
     def vocab_size(self) -> int:
-        """Token ids the batches use: GPT-2's 50257, or the corpus's own count with `vocab: compact`."""
-        if self.vocab == "gpt2":
-            return N_VOCAB
-        if self.vocab == "bytes":
-            return N_BYTE_VOCAB
-        self.setup("fit")
-        return len(self.vocab_ids)
+        """Token ids the batches use: GPT-2's 50257, 257 bytes, or the corpus's own count with `vocab: compact`."""
+        return self.vocabulary.size
+
+    @property
+    def vocab_ids(self) -> np.ndarray | None:
+        """compact: the GPT-2 id of each compact id."""
+        return getattr(self.vocabulary, "ids", None)
+
+    @property
+    def _table(self):
+        """What the stream maps documents with (None: GPT-2's ids as they are)."""
+        return None if self._vocabulary is None else self._vocabulary.table
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` as this module's batches hold them (a token outside a compact
         vocabulary becomes end-of-text)."""
-        if self.vocab == "bytes":
-            return ByteVocab.encode(text)
-        ids = gpt2_encoding().encode_ordinary(text)
-        if self.vocab == "gpt2":
-            return ids
-        self.setup("fit")
-        compact = self._table[np.asarray(ids, dtype=np.int64)] if ids else np.zeros(0, dtype=np.int32)
-        return np.where(compact < 0, self._table[EOT_ID], compact).tolist()
+        return self.vocabulary.encode(text)
 
     def decode(self, ids: list[int]) -> str:
         """Text of token ids as this module's batches hold them."""
-        if self.vocab == "bytes":
-            return ByteVocab.decode(ids)
-        if self.vocab == "compact":
-            self.setup("fit")
-            ids = self.vocab_ids[np.asarray(ids, dtype=np.int64)].tolist()
-        return gpt2_encoding().decode(ids)
+        return self.vocabulary.decode(ids)
 
     @property
     def num_slots(self) -> int:
@@ -261,7 +252,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         config = {k: hp[k] for k in keys} | {"val_fraction": self.val.fraction}
         if self.revision is not None:  # absent otherwise: checkpoints from before `revision` still resume
             config["revision"] = self.revision
-        if self.vocab != "gpt2":  # likewise
+        if self.vocab != DEFAULT_VOCAB:  # likewise
             config["vocab"] = self.vocab
         if isinstance(self.docs, ParquetCorpus):  # the split rule (the hash rule, absent, as before it existed)
             config["val_rule"] = f"last {self.n_held_out} of {self.docs.n_docs} documents"
@@ -383,8 +374,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         docs, n_val = self.docs, self.n_held_out
         max_tokens = self.hparams.val_max_tokens
         key = {"corpus": docs.identity, "text_column": self.text_column, "split_rule": self._config()["val_rule"],
-               "tokenizer": "gpt2" if self._table is None
-               else "compact-" + hashlib.sha256(self.vocab_ids.tobytes()).hexdigest()[:16],
+               "tokenizer": self.vocabulary.cache_key,
                "seq_len": self.seq_len, "max_tokens": max_tokens}
 
         def build() -> np.ndarray:

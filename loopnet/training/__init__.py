@@ -1,5 +1,7 @@
-"""Training wiring: the LightningModule, the callbacks and the defaults `loopnet fit` runs with, the
-LightningCLI (`cli`) and its check-only mode (`check`)."""
+"""Training wiring: the LightningModule (`module`), the callbacks (`callbacks/`) and the defaults
+(`defaults`) `loopnet fit` runs with; the LightningCLI (`cli`), the checks it runs before Lightning
+loads (`precheck`), its run folders (`run_folders`), the checkpoint a command loads (`resume`), how it
+says an error (`errors`), and its check-only mode (`check`)."""
 
 from loopnet.lazy import lazy_attributes
 

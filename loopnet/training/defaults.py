@@ -29,6 +29,10 @@ TRAINER_DEFAULTS = {
 }
 
 
+# The option groups of the callbacks `loopnet fit` adds, in the CLI's order (`callbacks`).
+CALLBACK_GROUPS = ("checkpoint", "interrupt", "lr_monitor", "throughput", "diagnostics", "divergence", "host_memory")
+
+
 def callbacks() -> dict[str, tuple[type, dict]]:
     """Option group -> (the callback class, the CLI's defaults for it), in the CLI's order."""
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -36,15 +40,15 @@ def callbacks() -> dict[str, tuple[type, dict]]:
     from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
     from loopnet.training.callbacks import GracefulInterrupt, HostMemory, TokenThroughput
 
-    return {
-        "checkpoint": (ModelCheckpoint, CHECKPOINT_DEFAULTS),
-        "interrupt": (GracefulInterrupt, {}),  # after "checkpoint": uses its folder
-        "lr_monitor": (LearningRateMonitor, {"logging_interval": "step"}),
-        "throughput": (TokenThroughput, {}),
-        "diagnostics": (VisitDiagnostics, {}),
-        "divergence": (DivergenceGuard, {}),
-        "host_memory": (HostMemory, {}),
-    }
+    return dict(zip(CALLBACK_GROUPS, [
+        (ModelCheckpoint, CHECKPOINT_DEFAULTS),
+        (GracefulInterrupt, {}),  # after "checkpoint": uses its folder
+        (LearningRateMonitor, {"logging_interval": "step"}),
+        (TokenThroughput, {}),
+        (VisitDiagnostics, {}),
+        (DivergenceGuard, {}),
+        (HostMemory, {}),
+    ], strict=True))
 
 
 def default_callbacks(**overrides: dict | None) -> list:

@@ -19,7 +19,8 @@ from torchmetrics import MeanMetric
 
 from loopnet.checkpoints import check_checkpoint_config
 from loopnet.data import gpt2_encoding
-from loopnet.data.vocab import EOT_ID, N_VOCAB
+from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
+from loopnet.data.vocab import EOT_ID, N_VOCAB, check_fits
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.training.options import GenerateConfig, OptimConfig
 
@@ -155,11 +156,8 @@ class LoopedLM(L.LightningModule):
     def setup(self, stage: str) -> None:
         """The data's ids must fit the embedding (else an IndexError deep inside the first step)."""
         dm = self._tokens()
-        if dm is not None and dm.vocab_size > self.config.vocab_size:
-            raise ValueError(
-                f"model.config.vocab_size={self.config.vocab_size} is smaller than the data's {dm.vocab_size} "
-                f"token ids (data.vocab: {getattr(dm, 'vocab', 'gpt2')}); fix: set model.config.vocab_size to at least "
-                f"{dm.vocab_size} (a multiple of 64 is fastest, e.g. {-(-dm.vocab_size // 64) * 64})")
+        if dm is not None:
+            check_fits(self.config.vocab_size, dm.vocab_size, getattr(dm, "vocab", DEFAULT_VOCAB))
 
     # ----------------------------------------------------------------------------- train
     def on_train_batch_start(self, batch, batch_idx):

@@ -1,32 +1,68 @@
 """The checks of a Trainer command's input (`loopnet fit/validate/test/predict`) that need no Lightning,
-run before its import (seconds under load) so that a typo is reported at once: the config files (exist,
-valid YAML), the keys and values of the model's typed configs (`LoopConfig`, `OptimConfig`,
-`GenerateConfig`), the batch size, `--trainer.max_steps` and the `--ckpt_path` file. Light to import
-(yaml and loopnet's dataclasses only). What it cannot see (the Trainer's and the callbacks' options,
-types of other groups) LightningCLI's parser checks after the import, as before; nothing here refuses
-what that parser accepts.
+run before its import (seconds, tens under load) so that a typo is refused at once.
+
+They read the command line with the parser LightningCLI builds, less Lightning: jsonargparse, from the
+same signatures. `model` and `data` are the arguments of `LoopedLM.__init__` and
+`TokenStreamDataModule.__init__`, read from their source files (`signature`) rather than imported (their
+modules import Lightning); the typed configs they take (`LoopConfig`, `OptimConfig`, `GenerateConfig`) and
+the names of the data sources and vocabularies are imported as they are. So config files, their
+`config:` includes, option names, types and defaults are read as LightningCLI reads them. The Trainer's
+and the callbacks' options (Lightning's signatures) are taken as they come (a mapping); LightningCLI's
+own parser checks them after the import. Nothing here refuses what that parser accepts
+(tests/training/test_one_reader.py).
 
     normalize_argv   `--key -1e-3` -> `--key=-1e-3` (argparse takes `-1e-3` for an option)
-    precheck         raises ValueError (`<problem>; fix: <what to do>`) for the first problem found
+    parser           the Lightning-free parser of a subcommand
+    precheck         parse and check; raises ValueError (`<problem>; fix: <what to do>`) for the first problem
+    check_settings   the checks of parsed settings that LightningCLI runs too (`before_instantiate_classes`)
 """
 
 from __future__ import annotations
 
-import difflib
-import os
+import ast
+import functools
+import inspect
 import re
-import typing
-from typing import Any, Literal, Union
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
 
-import yaml
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace
+from jsonargparse.typing import Path_fr
 
 from loopnet import checkpoints
+from loopnet.data.sources import Source
+from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
+from loopnet.data.vocab import VocabName, check_fits
+from loopnet.data.vocabulary import known_size
 from loopnet.model.config import LoopConfig
+from loopnet.training.defaults import CALLBACK_GROUPS
+from loopnet.training.errors import OneLineErrors
 from loopnet.training.options import GenerateConfig, OptimConfig
+from loopnet.training.subcommands import EVALUATION, SUBCOMMANDS
 
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# The typed groups checked here: option prefix -> dataclass.
-GROUPS = {"model.config": LoopConfig, "model.optim": OptimConfig, "model.generate": GenerateConfig}
+PACKAGE = Path(__file__).resolve().parent.parent
+# The classes LightningCLI builds `model` and `data` from: (source file, class name).
+MODEL = (PACKAGE / "training" / "module.py", "LoopedLM")
+DATA = (PACKAGE / "data" / "datamodule.py", "TokenStreamDataModule")
+# What their signatures' annotations and defaults name (each module imports these under these names).
+NAMES = {"Any": Any, "Literal": Literal, "Optional": Optional, "Union": Union, "LoopConfig": LoopConfig,
+         "OptimConfig": OptimConfig, "GenerateConfig": GenerateConfig, "Source": Source, "VocabName": VocabName,
+         "DEFAULT_VOCAB": DEFAULT_VOCAB}
+# Arguments one takes from another (LightningCLI's `link_arguments` too): (source, target).
+LINKS = (("model.config.seq_len", "data.seq_len"),)
+# Options of LightningCLI's subcommand parsers beside model, data, the Trainer and the callbacks (Trainer
+# method arguments and the CLI's own): name -> (type, default), per subcommand.
+CKPT_PATH = (Optional[Union[str, Path]], None)
+METHOD_ARGS = {
+    "fit": {"ckpt_path": CKPT_PATH, "weights_only": (Optional[bool], None)},
+    "validate": {"ckpt_path": CKPT_PATH, "verbose": (bool, True), "weights_only": (Optional[bool], None)},
+    "test": {"ckpt_path": CKPT_PATH, "verbose": (bool, True), "weights_only": (Optional[bool], None)},
+    "predict": {"return_predictions": (Optional[bool], None), "ckpt_path": CKPT_PATH,
+                "weights_only": (Optional[bool], None)},
+}
+# Lightning's option groups (the Trainer's, the callbacks'), taken as given: their keys and values, or a
+# file of them (read by LightningCLI's parser, unchecked here).
+MAPPING = Optional[Union[dict[str, Any], Path_fr]]
 NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
@@ -42,36 +78,52 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def _load_yaml(path: str) -> Any:
-    """A config file's YAML; a file that is not valid YAML gets one line naming it and the line."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"the config file {path} is not valid YAML ({problem}{where}); "
-                         "fix its syntax there (brackets, quotes, indentation with spaces)") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"the config file {path} is not UTF-8 text; fix: give a YAML file") from None
+@functools.cache
+def signature(path: Path, name: str) -> type:
+    """A stand-in for class `name` of the file `path` whose `__init__` has that class's signature (names,
+    annotations, defaults, read from the source with `ast`, evaluated with `NAMES`) and whose docstring
+    is the class's: what jsonargparse reads from the class itself, without importing its module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+    init = next(node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    args = init.args.args
+    defaults = [None] * (len(args) - len(init.args.defaults)) + list(init.args.defaults)
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD)]
+    for arg, default in zip(args[1:], defaults[1:]):
+        params.append(P(arg.arg, P.POSITIONAL_OR_KEYWORD, annotation=eval(ast.unparse(arg.annotation), dict(NAMES)),
+                        default=P.empty if default is None else eval(ast.unparse(default), dict(NAMES))))
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    __init__.__signature__ = inspect.Signature(params)
+    # Named apart from the class itself: jsonargparse looks a class up by its import path, and
+    # `loopnet.training.LoopedLM` would import the module (and Lightning) on first use.
+    return type(name, (), {"__init__": __init__, "__doc__": ast.get_docstring(cls), "__module__": __name__,
+                           "__qualname__": f"{name}Signature"})
 
 
-def _options(argv: list[str]) -> list[tuple[str, str]]:
-    """(key, value) of the `--key value` / `--key=value` / `-c value` options, in order."""
-    out, i = [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--") and "=" in arg:
-            key, value = arg[2:].split("=", 1)
-            out.append((key, value))
-        elif arg in ("-c", "--config") or (arg.startswith("--") and i + 1 < len(argv)
-                                           and not argv[i + 1].startswith("-")):
-            if i + 1 < len(argv):
-                out.append(("config" if arg == "-c" else arg[2:], argv[i + 1]))
-            i += 1
-        i += 1
-    return out
+class PrecheckParser(OneLineErrors, ArgumentParser):
+    """jsonargparse's parser; errors said as LightningCLI's parser says them (`OneLineErrors`)."""
+
+
+@functools.cache
+def parser(subcommand: str) -> PrecheckParser:
+    """The options of `loopnet <subcommand>` as LightningCLI's parser has them, built without Lightning."""
+    p = PrecheckParser(prog=f"loopnet {subcommand}", exit_on_error=False)
+    p.add_argument("-c", "--config", action=ActionConfigFile)
+    p.add_argument("--seed_everything", type=Union[bool, int], default=True)
+    p.add_argument("--trainer", type=MAPPING, default=None)
+    p.add_class_arguments(signature(*MODEL), "model", fail_untyped=False, sub_configs=True)
+    p.add_class_arguments(signature(*DATA), "data", fail_untyped=False, sub_configs=True)
+    for group in CALLBACK_GROUPS:
+        p.add_argument(f"--{group}", type=MAPPING, default=None)
+    for name, (hint, default) in METHOD_ARGS[subcommand].items():
+        p.add_argument(f"--{name}", type=hint, default=default)
+    for source, target in LINKS:
+        p.link_arguments(source, target)
+    return p
 
 
 def max_steps_problem(subcommand: str | None, max_steps: Any) -> str | None:
@@ -87,171 +139,93 @@ def max_steps_problem(subcommand: str | None, max_steps: Any) -> str | None:
     return None
 
 
-def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
-    """(True, value as `hint` holds it) when `value` fits the type, (False, None) when it does not;
-    a type this check does not know counts as fitting (the parser decides)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Union:
-        if value is None and type(None) in args:
-            return True, None
-        for arg in (a for a in args if a is not type(None)):
-            ok, got = _coerce(value, arg)
-            if ok:
-                return True, got
-        return False, None
-    if origin is Literal:
-        return True, value  # the dataclass names the allowed values itself
-    if hint is bool:
-        return (True, value) if isinstance(value, bool) else (False, None)
-    if hint is int:
-        if isinstance(value, str):
-            try:
-                return True, int(value)
-            except ValueError:
-                return False, None
-        return (True, value) if isinstance(value, int) and not isinstance(value, bool) else (False, None)
-    if hint is float:
-        if isinstance(value, str):
-            try:
-                return True, float(value)
-            except ValueError:
-                return False, None
-        return (True, float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else (False, None)
-    if hint is str:
-        return (True, value) if isinstance(value, str) else (False, None)
-    if origin is tuple and isinstance(value, (list, tuple)) and len(value) == len(args):
-        items = [_coerce(v, a) for v, a in zip(value, args)]
-        return (True, tuple(v for _, v in items)) if all(ok for ok, _ in items) else (False, None)
-    if origin is tuple:
-        return False, None
-    return True, value
+def ckpt_path_problem(subcommand: str, path: Any) -> str | None:
+    """Why `--ckpt_path` cannot work for `subcommand` whatever the files hold, or None: an evaluation
+    needs one, and one that names a checkpoint in this process (`best`, `hpc`) only a fit has."""
+    if subcommand in EVALUATION and not path:
+        return (f"`loopnet {subcommand}` needs --ckpt_path: without one it would run the model with its random "
+                f"initial weights; fix: --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt (or a best-*.ckpt), "
+                f"or 'last' for the newest last.ckpt of this config's run")
+    if subcommand in EVALUATION and path in checkpoints.IN_PROCESS:
+        return (f"--ckpt_path {path} names a checkpoint of a fit in this process, which `loopnet {subcommand}` "
+                f"does not have; fix: give the .ckpt file (runs/<run>/version_N/checkpoints/best-*.ckpt) or 'last'")
+    return None
 
 
-def _nested(config: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(config, dict) or part not in config:
+def _get(cfg: Any, *keys: str) -> Any:
+    """cfg[k1][k2]... of a Namespace or dict (the Trainer's options are a dict here), None when absent."""
+    for key in keys:
+        if not isinstance(cfg, (Namespace, dict)):
             return None
-        config = config[part]
-    return config
+        cfg = cfg.get(key)
+    return cfg
 
 
-def _set(config: dict, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        if not isinstance(config.get(part), dict):
-            config[part] = {}
-        config = config[part]
-    if isinstance(value, dict) and isinstance(config.get(leaf), dict):
-        _merge(config[leaf], value)
-    else:
-        config[leaf] = value
-
-
-def _merge(into: dict, new: dict) -> None:
-    for key, value in new.items():
-        _set(into, key, value)
-
-
-def _typed_leaf(key: str) -> Any:
-    """The type of option `key` when it is a field of a group checked here, else None."""
-    group, _, field = key.rpartition(".")
-    cls = GROUPS.get(group)
-    return typing.get_type_hints(cls).get(field) if cls else None
-
-
-def _read(argv: list[str]) -> tuple[dict, dict]:
-    """The config that the command line `argv` (after the subcommand) gives, files and options merged in
-    order as jsonargparse does, as far as this check reads it; and where each checked key came from."""
-    config: dict = {}
-    where: dict[str, str] = {}
-    for key, value in _options(argv):
-        if key == "config":
-            if os.path.isfile(value):
-                loaded = _load_yaml(value)
-            else:
-                loaded = yaml.safe_load(value) if ("\n" in value or ":" in value) else None
-                if not isinstance(loaded, dict):
-                    raise FileNotFoundError(f"the config file {value} does not exist; fix: check the path given with "
-                                            f"--config (relative paths start from the current folder)")
-            if isinstance(loaded, dict):
-                _merge(config, loaded)
-                for group in GROUPS:
-                    for field in _nested(loaded, group) or {}:
-                        where[f"{group}.{field}"] = f"in the config file {value}"
-            continue
-        hint = _typed_leaf(key)
-        if hint is str or (typing.get_origin(hint) is Union and str in typing.get_args(hint)):
-            parsed = value  # a prompt such as "ROMEO:" is text, not YAML
-        elif key in (*GROUPS, "model", "data", "trainer", "data.batch_size", "trainer.max_steps",
-                     "trainer.enable_checkpointing", "ckpt_path") or hint:
-            try:
-                parsed = yaml.safe_load(value)
-            except yaml.YAMLError:
-                parsed = value
-        elif any(key.startswith(group + ".") for group in GROUPS):
-            parsed = value  # an unknown key of a checked group: reported below
-        else:
-            continue  # an option this check does not read
-        _set(config, key, parsed)
-        where[key] = f"on the command line: {key} {value}"
-    return config, where
-
-
-def _check_group(subcommand: str, config: dict, where: dict, group: str, cls: type) -> Any:
-    """The dataclass `cls` built from its options `config[group]`: unknown keys, types and its own checks."""
-    given = _nested(config, group)
-    if given is None:
-        return cls()
-    if not isinstance(given, dict):
-        return None  # a class_path or other form: the parser's
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for key, value in given.items():
-        name = f"{group}.{key}"
-        if key not in hints:
-            close = difflib.get_close_matches(key, list(hints), n=1, cutoff=0.75)
-            hint = f"did you mean '{group}.{close[0]}'? " if close else "check the key's spelling and nesting; "
-            source = where.get(name, "in a config file")
-            problem = (f"unrecognized arguments: --{source.split(': ', 1)[1]}" if source.startswith("on the command line")
-                       else f"--{name} ({source}) is not an option of `loopnet {subcommand}`")  # as the parser says it
-            raise ValueError(f"{problem}; fix: {hint}`loopnet {subcommand} --help` lists every option and its type")
-        ok, values[key] = _coerce(value, hints[key])
-        if not ok:
-            raise ValueError(f"--{name} {value!r} ({where.get(name, 'in a config file').split(':')[0]}) is not of the type "
-                             f"{_type_name(hints[key])}; fix: give the option a value of the expected type; "
-                             f"`loopnet {subcommand} --help` lists every option and its type")
-    return cls(**values)  # its __post_init__ checks the values: ValueError with the fix
-
-
-def _type_name(hint: Any) -> str:
-    text = str(hint).replace("typing.", "").replace("NoneType", "None")
-    return re.sub(r"<class '(\w+)'>", r"\1", text)
-
-
-def precheck(argv: list[str]) -> None:
-    """Check `loopnet <argv>` (a Trainer subcommand first) as far as that needs no Lightning; raises
-    ValueError / FileNotFoundError with the one-line error (problem and fix)."""
-    if not argv or argv[0] not in SUBCOMMANDS or any(a in ("-h", "--help") or a.startswith("--print_config")
-                                                     for a in argv):
-        return
-    subcommand = argv[0]
-    config, where = _read(normalize_argv(argv[1:]))
-    for group, cls in GROUPS.items():
-        _check_group(subcommand, config, where, group, cls)
-    batch_size = _nested(config, "data.batch_size")
-    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size < 1:
-        raise ValueError(f"--data.batch_size {batch_size} gives no sequence to a step; fix: give data.batch_size ≥ 1 "
-                         f"(sequences per step and device, e.g. 8)")
-    problem = max_steps_problem(subcommand, _nested(config, "trainer.max_steps"))
+def check_settings(subcommand: str | None, cfg: Namespace) -> None:
+    """Settings that cannot work, refused before anything is built or written: the same checks on
+    this module's parse and on LightningCLI's (`cfg`: one subcommand's settings)."""
+    problem = max_steps_problem(subcommand, _get(cfg, "trainer", "max_steps"))
     if problem:
         raise ValueError(problem)
-    if subcommand == "fit" and _nested(config, "trainer.enable_checkpointing") is False:
+    if subcommand == "fit" and _get(cfg, "trainer", "enable_checkpointing") is False:
         # loopnet fit's ModelCheckpoint is part of the run (resume, interruption, best); Lightning refuses
         # the pair with a MisconfigurationException traceback after its import.
         raise ValueError("--trainer.enable_checkpointing false: loopnet fit always keeps last.ckpt (resume, "
                          "interruption) and the best checkpoint; fix: drop the option (to write fewer files, "
                          "--checkpoint.save_top_k 0 keeps no best checkpoint)")
-    ckpt_path = _nested(config, "ckpt_path")
-    if isinstance(ckpt_path, str) and ckpt_path not in ("last", "best", "hpc"):
-        checkpoints.check_checkpoint_file(ckpt_path)
+    batch_size = _get(cfg, "data", "batch_size")
+    if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size < 1:
+        raise ValueError(f"--data.batch_size {batch_size} gives no sequence to a step; fix: give data.batch_size ≥ 1 "
+                         f"(sequences per step and device, e.g. 8)")
+    vocab = _get(cfg, "data", "vocab") or DEFAULT_VOCAB
+    if _get(cfg, "data") is not None and known_size(vocab) is not None:  # a compact one's size is known later
+        check_fits(_get(cfg, "model", "config", "vocab_size"), known_size(vocab), vocab)
+
+
+def _name_invalid_yaml(argv: list[str]) -> None:
+    """Raise ValueError naming the first config file of `argv` (or one it includes) that is not valid YAML,
+    with the line; nothing when each is."""
+    import yaml
+
+    files = [value for key, value in zip(argv, argv[1:]) if key in ("-c", "--config")]
+    files += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    while files:
+        path = Path(files.pop(0))
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"the config file {path} is not valid YAML ({problem}{where}); "
+                             "fix: correct its syntax there (brackets, quotes, indentation with spaces)") from None
+        except (OSError, UnicodeDecodeError):
+            continue
+        included = loaded.get("config") if isinstance(loaded, dict) else None
+        files += [str(path.parent / name) for name in ([included] if isinstance(included, str) else included or [])]
+
+
+def precheck(argv: list[str]) -> Namespace | None:
+    """Check `loopnet <argv>` (a Trainer subcommand first) as far as that needs no Lightning; raises
+    ValueError / FileNotFoundError with the one-line error (problem and fix). Returns the settings read
+    (the Trainer's and callbacks' as given), or None for a command this does not check (help)."""
+    if not argv or argv[0] not in SUBCOMMANDS or any(a in ("-h", "--help") or a.startswith("--print_config")
+                                                     for a in argv):
+        return None
+    subcommand, p = argv[0], parser(argv[0])
+    try:
+        cfg = p.parse_args(normalize_argv(argv[1:]))
+    except ArgumentError as err:
+        if "Problems parsing config" in str(err):
+            _name_invalid_yaml(argv)  # jsonargparse does not say which file
+        raise ValueError(p.one_line(str(err), err)) from None
+    for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig)):
+        cls(**cfg.model[group].as_dict())  # each checks its values: ValueError with the fix
+    check_settings(subcommand, cfg)
+    problem = ckpt_path_problem(subcommand, cfg.ckpt_path)
+    if problem:
+        raise ValueError(problem)
+    if cfg.ckpt_path and cfg.ckpt_path not in checkpoints.SENTINELS:
+        checkpoints.check_checkpoint_file(cfg.ckpt_path)
+    return cfg
 

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = "deeploop_carry_k2_r2_d32_h2_ctx32"  # the run folder name of TINY's model (cli.run_name)
+RUN = "deeploop_carry_k2_r2_d32_h2_ctx32"  # the run folder name of TINY's model (run_folders.run_name)
 # A seconds-long CPU run: the DeepLoop method config, the CPU overlay, a 2-round model of width 32.
 TINY = [
     "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),

@@ -42,7 +42,7 @@ def unchanged(prior):
 
 def test_malformed_yaml(unchanged):
     res = loopnet("fit", *SHORT, "--config", "malformed.yaml", cwd=unchanged)
-    check(res, "the config file malformed.yaml is not valid YAML", "fix its syntax")
+    check(res, "the config file malformed.yaml is not valid YAML", "fix: correct its syntax")
     assert "line 3" in res.last_err_line  # where the flow sequence breaks
 
 
@@ -93,7 +93,7 @@ def test_corrupt_last_checkpoint(prior, tmp_path):
 
 
 def test_checkpoint_from_another_config(unchanged):
-    # Another width names another run folder (cli.run_name): pinned to the prior run's, `last` finds its checkpoint.
+    # Another width names another run folder (run_folders.run_name): pinned to the prior run's, `last` finds its checkpoint.
     res = loopnet("fit", *SHORT, "--model.config.d_model", "64", "--trainer.logger.init_args.name", RUN,
                   "--ckpt_path", "last", cwd=unchanged)
     check(res, "another model config (d_model: checkpoint 32 vs config 64)", "run with the config saved beside it")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from loopnet import files
-from loopnet.training.callbacks import AtomicCheckpointIO
+from loopnet.checkpoints import AtomicCheckpointIO
 
 from .helpers import TINY, loopnet
 

@@ -1,6 +1,6 @@
-"""Issue 23: a Trainer command's input is checked before Lightning's import wherever that needs no
-Lightning (loopnet.training.precheck): each bad input below gets one line with the fix, exit status 2,
-in a fresh interpreter that never imported Lightning, and no folder is written."""
+"""A Trainer command's input is checked before Lightning's import wherever that needs no Lightning
+(loopnet.training.precheck): each bad input below gets one line with the fix, exit status 2, in a fresh
+interpreter that never imported Lightning, and no folder is written."""
 
 import sys
 
@@ -24,9 +24,10 @@ except SystemExit as e:
 BAD = {  # id: (arguments after `fit` SHORT, problem, fix)
     "unknown key": (["--model.config.n_raunds", "3"], "unrecognized arguments: --model.config.n_raunds 3",
                     "did you mean 'model.config.n_rounds'?"),
-    "unknown key in a file": (["--config", "typo.yaml"], "--model.optim.warmup_step (in the config file typo.yaml)",
+    "unknown key in a file": (["--config", "typo.yaml"], "Group 'model' does not accept option 'optim.warmup_step'",
                               "did you mean 'model.optim.warmup_steps'?"),
-    "wrong type": (["--model.config.n_rounds", "many"], "--model.config.n_rounds 'many'", "of the expected type"),
+    "wrong type": (["--model.config.n_rounds", "many"], "\"model.config.n_rounds\": Expected a <class 'int'>. Got "
+                   "value: many", "of the expected type"),
     "max_steps -5": (["--trainer.max_steps", "-5"], "--trainer.max_steps -5 is not a step count",
                      "fix: give max_steps ≥ 1"),
     "lr -1e-3": (["--model.optim.lr", "-1e-3"], "model.optim.lr=-0.001 must be >= 0", "fix: give a positive"),
@@ -45,14 +46,17 @@ BAD = {  # id: (arguments after `fit` SHORT, problem, fix)
                           "fix: give a .ckpt file in it"),
     "empty checkpoint": (["--ckpt_path", "empty.ckpt"], "empty.ckpt is empty (0 bytes), not a checkpoint",
                          "fix: pass another one with --ckpt_path"),
-    "missing config": (["--config", "nope.yaml"], "the config file nope.yaml does not exist",
-                       "fix: check the path given with --config"),
+    "missing config": (["--config", "nope.yaml"], "File does not exist", "fix: check the path given with --config"),
+    "bad value in an included config": (["--config", "outer.yaml"], "LoopConfig.n_rounds must be >= 1, got 0",
+                                        "fix: set model.config.n_rounds to a positive integer"),
 }
 
 
 @pytest.fixture
 def inputs(tmp_path):
     (tmp_path / "typo.yaml").write_text("model:\n  optim:\n    warmup_step: 5\n")
+    (tmp_path / "bad_base.yaml").write_text("model:\n  config:\n    n_rounds: 0\n")
+    (tmp_path / "outer.yaml").write_text("config: bad_base.yaml\ntrainer:\n  max_steps: 3\n")
     (tmp_path / "empty.ckpt").write_bytes(b"")
     (tmp_path / "runs").mkdir()
     return tmp_path
@@ -65,7 +69,8 @@ def test_bad_input_fails_before_lightning_is_imported(inputs, case):
     assert proc.stdout.split() == ["False", "2"], (proc.stdout, proc.stderr[-3000:])
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("loopnet: error: ") and problem in line and fix in line, line
-    assert sorted(p.name for p in inputs.iterdir()) == ["empty.ckpt", "runs", "typo.yaml"]  # nothing written
+    assert sorted(p.name for p in inputs.iterdir()) == ["bad_base.yaml", "empty.ckpt", "outer.yaml", "runs",
+                                                        "typo.yaml"]  # nothing written
     assert not any((inputs / "runs").iterdir())
 
 
@@ -86,9 +91,10 @@ def test_negative_numbers_are_values_not_options():
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
 def test_every_shipped_config_passes_the_early_checks(config):
-    """Nothing the full parser accepts is refused early: each config, alone and with the CPU overlays."""
+    """Nothing the full parser accepts is refused early: each config on a method config (an overlay such as
+    fsdp.yaml holds no data settings of its own), and with the CPU overlays."""
     configs = ROOT / "configs"
-    precheck(["fit", "--config", str(configs / config)])
+    precheck(["fit", "--config", str(configs / "deeploop_r6.yaml"), "--config", str(configs / config)])
     precheck(["fit", "--config", str(configs / "deeploop_r6.yaml"), "--config", str(configs / "cpu.yaml"),
               "--config", str(configs / config), "--model.generate.prompt", "ROMEO:", "--model.optim.betas",
               "[0.9, 0.99]", "--model.config.init", "null", "--model.optim.lr", "1e-3"])

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from loopnet.training.callbacks import AtomicCheckpointIO
+from loopnet.checkpoints import AtomicCheckpointIO
 from tests.helpers import Watch
 
 from .helpers import (RUN, TINY, KillDuringSave, Progress, SlowInterruptSave, callbacks, env, event_files, finish, load,

@@ -68,10 +68,10 @@ def test_trainer_loads_with_weights_only_by_default(evil, tmp_path, monkeypatch)
     the CLI passes weights_only=True to fit/validate/test/predict unless told otherwise."""
     import pickle
 
-    import loopnet.training.cli as cli
+    import loopnet.training.resume as resume
 
     path, marker = evil
-    monkeypatch.setattr(cli.LoopnetCLI, "_check_checkpoint", staticmethod(lambda *args: None))
+    monkeypatch.setattr(resume, "check_checkpoint", lambda *args: None)
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         loopnet("test", *SHORT, "--ckpt_path", str(path), cwd=tmp_path)
     assert not marker.exists()

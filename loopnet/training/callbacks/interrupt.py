@@ -1,4 +1,4 @@
-"""Default callbacks of the loopnet application, configured from YAML by the CLI."""
+"""Ctrl-C and SIGTERM stop a fit cleanly, between steps, with a resumable checkpoint."""
 
 from __future__ import annotations
 
@@ -7,104 +7,14 @@ import os
 import signal
 import sys
 import threading
-import warnings
-from typing import Any, Optional
+from typing import Any
 
-import torch
-from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import Callback, Checkpoint, ThroughputMonitor
-from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loops.evaluation_loop import RestartStage
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from loopnet.files import atomic_write, remove_stale_temporaries
+from loopnet.files import remove_stale_temporaries
 from loopnet.training.console import pipe_broken, send_broken_output_to
-
-
-def _sequences(batch) -> int:
-    return batch[0].size(0)
-
-
-def _tokens(batch) -> int:
-    return batch[0].numel()
-
-
-# Dense (no sparsity) bf16 (= fp16) peak FLOP/s per GPU; the first key found in the device name
-# counts. Lightning's table has no entry that "NVIDIA H200" matches, and lists the with-sparsity
-# figures for H200 and H100 NVL. "HBM2e": the H100 PCIe as some clouds name it.
-GPU_BF16_PEAK = [
-    ("H100 PCIe", 756e12), ("H100 80GB HBM2e", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12),
-    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
-]
-
-
-def gpu_bf16_peak(device_name: str) -> float | None:
-    """Dense bf16 peak FLOP/s of a GPU by its `torch.cuda.get_device_name`, None if unknown."""
-    return next((flops for key, flops in GPU_BF16_PEAK if key in device_name), None)
-
-
-class TokenThroughput(ThroughputMonitor):
-    """Lightning's ThroughputMonitor for (inputs, targets) token batches: reports sequences/s,
-    tokens/s and, where the device's peak is known, MFU from `LoopedLM.flops_per_batch`
-    (bf16/fp16 on GPUs in `GPU_BF16_PEAK`: that dense peak; otherwise Lightning's table).
-
-    Args:
-        window_size: Number of batches the rolling averages cover.
-    """
-
-    def __init__(self, window_size: int = 50):
-        super().__init__(batch_size_fn=_sequences, length_fn=_tokens, window_size=window_size)
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        device, peak = trainer.strategy.root_device, None
-        if device.type == "cuda" and _plugin_to_compute_dtype(trainer.precision_plugin) in (torch.bfloat16, torch.half):
-            peak = gpu_bf16_peak(torch.cuda.get_device_name(device))
-        with warnings.catch_warnings():
-            if peak is not None:  # Lightning's table misses the device and says so; loopnet's has it
-                warnings.filterwarnings("ignore", message="FLOPs not found for")
-            super().setup(trainer, pl_module, stage)
-        if peak is not None:
-            self.available_flops = peak
-            for throughput in self._throughputs.values():
-                throughput.available_flops = peak
-
-
-class HostMemory(Callback):
-    """On CPU, make glibc keep freed memory for the next step instead of page-faulting the step's
-    large activations in again (`loopnet.training.host_memory`): +17% tokens/s on the CPU
-    benchmark, 1.5x on `make fit`; resident memory then stays at the run's peak.
-
-    Args:
-        keep_freed: apply it when the Trainer runs on CPU (False: glibc's defaults).
-    """
-
-    def __init__(self, keep_freed: bool = True):
-        self.keep_freed = keep_freed
-        self.applied = False
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        from loopnet.training.host_memory import keep_freed_memory
-
-        if self.keep_freed and isinstance(trainer.accelerator, CPUAccelerator):
-            self.applied = keep_freed_memory()  # in every process of the run: each rank calls setup
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write a checkpoint so that a crash or kill at any moment leaves either the previous file or
-    the complete new one, never a partial one: into a temporary file in the same folder, flushed
-    and fsynced, then renamed over the target (`os.replace`), then the folder fsynced.
-
-    Lightning's default goes through fsspec, which writes the temporary file in the system's temp
-    folder; when that is another filesystem than the checkpoint folder (tmpfs, a local disk under
-    network storage), the final move is a copy, and a kill during it leaves a truncated checkpoint.
-    Remote paths (s3://, gs://, ...) still go through Lightning's default.
-    """
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None or "://" in str(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        atomic_write(path, lambda f: torch.save(checkpoint, f))
 
 
 class GracefulInterrupt(Checkpoint):
