@@ -131,7 +131,7 @@ def test_bad_settings_are_refused_in_one_line_with_the_fix(overrides, words):
 
 
 def test_run_name_names_a_non_default_rule_only():
-    from loopnet.training.cli import run_name
+    from loopnet.training.run_folders import run_name
 
     base = dict(residual="preln", wiring="carry", n_blocks=2, n_rounds=6, d_model=128)
     assert "branch" not in run_name(base)

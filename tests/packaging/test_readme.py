@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loopnet.commands import TOOLS, TRAINER_COMMANDS
+from loopnet.commands import TOOLS
+from loopnet.training.subcommands import SUBCOMMANDS
 from loopnet.study.grid import SWEEP_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def test_every_relative_link_resolves(page):
 
 @pytest.mark.parametrize("page", PAGES, ids=ids(PAGES))
 def test_every_loopnet_command_named_exists(page):
-    known = set(TRAINER_COMMANDS) | set(TOOLS)
+    known = set(SUBCOMMANDS) | set(TOOLS)
     named = commands(text(page), "loopnet")
     assert named <= known, f"{page.relative_to(ROOT)} names unknown commands {sorted(named - known)}"
 

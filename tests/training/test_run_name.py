@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from loopnet.model import RUN_SETTINGS, LoopConfig
-from loopnet.training.cli import run_name
+from loopnet.training.run_folders import run_name
 from tests.reliability.helpers import ROOT, SHORT, loopnet
 
 CPU = ["--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml")]
