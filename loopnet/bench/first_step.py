@@ -15,7 +15,7 @@ gloo processes) and reports the seconds from the command's start to the first tr
 rank 0's training step (Lightning's `on_train_batch_start`; the sanity validation, which needs the
 held-out windows, comes before it) and to the end of that step, read from a probe callback. Runs:
 this checkout with a cold validation cache, the same again (warm: a restart), and each --repo (e.g. a
-checkout of main) with the same command, so that the figures sit side by side from one session.
+checkout of main) with the same command, so that the figures sit side by side from one run.
 """
 
 from __future__ import annotations

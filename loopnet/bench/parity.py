@@ -6,7 +6,7 @@ GPT (`loopnet.bench.nanogpt`), in one run, on the same batches, with the same tr
 
 Both models: K = L blocks of width d, R = 1, learned positions, tied head, no dropout; loopnet's
 Pre-LN with its defaults (RMSNorm, e fed in as it is, N(0, 0.02²) init) and, as a control, with
-`input_norm: true` (Norm(e) as the input: the setting that cost ~0.3 nat before issue 14). Same
+`input_norm: true` (Norm(e) as the input: with a tied head it costs Pre-LN ~0.3 nat at small scale, docs/model.md). Same
 AdamW (β = 0.9, 0.95, weight decay 0.1 on ≥ 2-D tensors), linear warm-up then cosine to lr/10,
 gradient clipping 1.0, the embedded corpus with the compact vocabulary, the same training batches
 and the same held-out windows. Prints validation loss per model and seed, mean ± std, and the

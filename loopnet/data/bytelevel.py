@@ -1,7 +1,7 @@
 """A byte-level vocabulary (`data.vocab: bytes`): every UTF-8 byte of a document is a token (ids
 0-255), end-of-text is 256, so V = 257 and no BPE is involved.
 
-For the CPU proxy of the stability study (issue 22): with GPT-2's ids even the corpus's own 19,083
+For the CPU proxy of the stability study (docs/results/map/): with GPT-2's ids even the corpus's own 19,083
 (`vocab: compact`) make the tied head most of a small model's parameters and of its step; with 257
 the blocks carry the model. What it changes: a token is a byte (~3.0 bytes per GPT-2 token in the
 embedded corpus), so losses are in nats per *byte*, not comparable to GPT-2-token losses, and a

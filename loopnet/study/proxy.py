@@ -5,7 +5,7 @@
 
 A stability study on CPU uses a small proxy of the model it speaks for; the proxy should spend its
 parameters and its step in the blocks, which the residual schemes act on, not in the embeddings and the
-head (issue 22: at d = 64 with a 19,136-way tied head the blocks held ~7% of the parameters and ~40% of a
+head (at d = 64 with a 19,136-way tied head the blocks held ~7% of the parameters and ~40% of a
 step). For the config given (the `loopnet fit` options, parsed by the CLI's own parser) it measures, on
 one thread and on the config's real training batches:
 
