@@ -39,30 +39,55 @@ def start_fresh(cmd: list[str], log_path, env: dict[str, str], threads: int, spa
 
 
 class ForkedFit:
-    """A fit forked from the server (a multiprocessing.Process) behind Popen's interface."""
+    """A fit forked from the server (a multiprocessing.Process) behind Popen's interface. The server
+    reports the fit's exit; should the server itself die first (exit report 255), the fit is followed by
+    its pid until it ends."""
 
     def __init__(self, process):
         self.process, self.pid = process, process.pid
 
     @property
     def returncode(self) -> int | None:
-        return self.process.exitcode  # negative: killed by that signal, as Popen's
+        return self.poll()
 
     def poll(self) -> int | None:
-        return self.process.exitcode
+        code = self.process.exitcode  # negative: killed by that signal, as Popen's
+        if code == 255 and running(self.pid):  # the server's report was lost, not the fit
+            return None
+        return code
 
     def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
         self.process.join(timeout)
-        if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired(f"fit pid {self.pid}", timeout)
-        return self.process.exitcode
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"fit pid {self.pid}", timeout)
+            time.sleep(0.1)
+        return self.poll()
 
     def send_signal(self, signum: int) -> None:
-        if self.process.exitcode is None:
+        if self.poll() is None:
             os.kill(self.pid, signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    if os.path.isdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+        except FileNotFoundError:
+            return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 class ForkServer:
@@ -117,6 +142,7 @@ def run_command(cmd: list[str], log_path: str, env: dict[str, str], threads: int
     try:
         if args[:1] == ["-m"]:
             sys.argv = [args[1], *args[2:]]
+            sys.modules.pop(args[1], None)  # preloaded as a module: run afresh as __main__, as `python -m` does
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(args)
