@@ -90,7 +90,7 @@ class SweepRunner:
     """Runs the unfinished cells of a sweep, at most `jobs` at a time, and logs what happens."""
 
     def __init__(self, sweep: Sweep, cells: list[Cell], jobs: int = 1, threads: int | None = None,
-                 max_cells: int | None = None, resume: str = "restart", echo=print, start: str = "fresh"):
+                 max_cells: int | None = None, resume: str = "restart", echo=print, start: str = "forkserver"):
         if jobs < 1:
             raise SweepError(f"--jobs must be >= 1, got {jobs}")
         self.sweep, self.cells, self.jobs = sweep, cells, jobs
@@ -103,13 +103,11 @@ class SweepRunner:
             raise SweepError(f"--start must be one of {STARTS}, got {start!r}")
         self.server = launch.ForkServer() if start == "forkserver" else None
         self.stop_signal: int | None = None  # the first stop signal received (the handler only notes it)
-        self.signals = 0
 
     def on_signal(self, signum, frame) -> None:
         """The stop signals' handler: it only notes the stop; the loop acts on it between starts
         (raising here could land between a fit's start and its registration, orphaning the fit)."""
         self.stop_signal = self.stop_signal or signum
-        self.signals += 1
 
     # ------------------------------------------------------------------------------ records
     def log(self, event: str, cell: Cell | None, **extra) -> None:
@@ -255,7 +253,8 @@ class SweepRunner:
         and its summary) and log each as "stopped", unless it finished by itself first. Further signals
         meanwhile are only noted: the fits' checkpoints are being written."""
         if self.stop_signal:
-            self.log("signal", None, signal=signal.Signals(self.stop_signal).name, running=[c.id for c, _, _ in running.values()])
+            self.log("signal", None, signal=signal.Signals(self.stop_signal).name,
+                     running=[cell.id for cell, _, _ in running.values()])
         if running:
             self.echo(f"loopnet sweep: stopping {len(running)} running cell(s)")
         for proc in running:
