@@ -96,7 +96,7 @@ class SweepRunner:
         self.sweep, self.cells, self.jobs = sweep, cells, jobs
         # Share the cores between concurrent fits: N processes each using every core thrash.
         self.threads = threads or max(1, (os.cpu_count() or 1) // jobs)
-        self.max_cells, self.resume, self.echo = max_cells, resume, echo
+        self.max_cells, self.resume, self.echo = max_cells, resume, never_raising(echo)
         self.out = sweep.out
         self.results: dict[str, str] = {}  # cell id -> skipped | completed | diverged | failed | busy
         if start not in STARTS:
@@ -285,6 +285,15 @@ class SweepRunner:
                       f"file gives now; delete {self.out / cell.id} to rerun it")
 
 
+def never_raising(echo):
+    """`echo` that ignores a reader gone away (`loopnet sweep | tee log` and Ctrl-C: tee ends first): the
+    sweep's bookkeeping, above all stopping its fits, goes on without its output."""
+    def say(line: str) -> None:
+        with contextlib.suppress(OSError):
+            echo(line)
+    return say
+
+
 def fit_lock_holder(cell_dir: Path) -> str | None:
     """The pid of a live fit that holds the run folder's lock (`loopnet.checkpoints.lock_version`), or None."""
     from loopnet.checkpoints import LOCK_NAME
@@ -367,7 +376,7 @@ def check_cells(sweep, cells: list[Cell]) -> None:
 
 def run(argv: list[str], echo=None) -> int:
     """`loopnet sweep` without exiting: returns 0 when every selected cell is finished, 1 otherwise."""
-    echo = echo or (lambda line: print(line, flush=True))  # flushed: sweeps run for hours under nohup
+    echo = never_raising(echo or (lambda line: print(line, flush=True)))  # flushed: sweeps run for hours under nohup
     args = parser().parse_args(argv)
     sweep = load_sweep(args.sweep_file, out=args.out)
     cells = every_cell = expand(sweep)

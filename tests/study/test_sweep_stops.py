@@ -177,3 +177,16 @@ def test_a_cell_whose_fit_outlived_its_sweep_is_left_to_it(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_stop_after_the_output_reader_went_away_still_stops_every_fit(tmp_path):
+    """`loopnet sweep | tee log`, then Ctrl-C: tee ends first, and the sweep's next line meets a broken pipe.
+    Its bookkeeping goes on: the running fits are stopped and logged, none outlives the sweep."""
+    sweep_file, out = write_sweep(tmp_path, cells=4), tmp_path / "sweep"
+    proc = sweep_process(sweep_file, "--start", "fresh", fit_seconds=30)
+    wait_until(lambda: any(e["event"] == "started" for e in events(out)), proc, "the first cell started")
+    proc.stdout.close()  # the reader goes away
+    proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: proc.poll() is not None, proc, "the sweep ended")
+    assert not fits_alive(out)
+    assert [e["event"] for e in events(out)] == ["started", "signal", "stopped"]
