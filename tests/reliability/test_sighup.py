@@ -14,6 +14,8 @@ from tests.helpers import Watch
 
 from .helpers import RUN, TINY, Progress, callbacks, env, finish, load, spawn
 
+pytestmark = pytest.mark.slow  # real fits
+
 ARGS = [*TINY, "--trainer.max_steps", "1000", "--trainer.val_check_interval", "3"]
 
 

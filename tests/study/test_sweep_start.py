@@ -10,6 +10,8 @@ from loopnet.study.sweep import run
 from .test_sweep_stops import events
 from .test_sweep_report import TINY, write_sweep
 
+pytestmark = pytest.mark.slow  # real fits
+
 
 def test_a_cell_gives_the_same_losses_either_way(tmp_path):
     runs = {}

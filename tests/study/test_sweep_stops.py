@@ -22,6 +22,9 @@ from loopnet.study.sweep import LOG, is_finished
 from tests.helpers import communicate, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # sweeps of many fits (fake ones, a fraction of a second each)
+
 # `loopnet sweep` with the fake fit as every cell's command, no Lightning check of the cells, and a fork
 # server that preloads only what the fake imports.
 DRIVER = """
