@@ -79,6 +79,26 @@ def load_checkpoint_meta(path: str) -> dict:
     return ckpt
 
 
+def newer_than_kept(path: str | None, trainer) -> bool:
+    """Whether the checkpoint at `path` (the interruption checkpoint) holds a later step than every
+    checkpoint the fit `trainer` keeps (its ModelCheckpoints' last and best): then removing it would lose
+    the newest weights (a resume with max_steps at or below the stopped step runs no step past it)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def step(p) -> int | None:
+        try:
+            return int(load_checkpoint_meta(str(p))["global_step"]) if p and os.path.exists(p) else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    own = step(path)
+    if own is None:
+        return False
+    kept = [step(p) for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)
+            for p in (cb.last_model_path, cb.best_model_path)]
+    return all(s is None or s < own for s in kept)
+
+
 # ----------------------------------------------------------------------------------------- compatibility
 def check_checkpoint_config(saved: Any, current: dict) -> None:
     """Raise a clear error when a checkpoint's model config (a dict or a LoopConfig) differs from the current one."""

@@ -13,11 +13,22 @@ from scratch by default, or from its last checkpoint with ``--resume ckpt``. A c
 (nonzero exit without a final summary) is reported and does not stop the others.
 
 Several sweep processes may share one folder (e.g. one per GPU, each with its own
-CUDA_VISIBLE_DEVICES): a per-cell lock in ``<out>/.locks/`` gives every cell to one process only.
+CUDA_VISIBLE_DEVICES): a per-cell lock in ``<out>/.locks/`` gives every cell to one process only. A
+cell whose fit still holds its run folder's lock (a fit that outlived its sweep) is left to that fit,
+never deleted under it.
+
+Fits start as forks of a server that imported torch and Lightning once (``--start forkserver``, the
+default; `loopnet.study.launch`) or as fresh processes (``--start fresh``); either way each fit is a
+process of its own, with the same per-step losses.
+
+SIGTERM, SIGINT (Ctrl-C) and SIGHUP (a closed terminal; not under nohup) stop the sweep: it stops its
+running fits as SIGTERM stops a fit (each saves last-interrupted.ckpt and its summary), logs each as
+"stopped", and exits; rerunning the same command continues.
 
 The sweep folder also holds ``sweep.json`` (the manifest: the sweep file, every cell's grid
 values and command, how the sweep was invoked), ``sweep.yaml`` (a copy of the sweep file) and
-``sweep_log.jsonl`` (one line per cell started, finished, failed or stopped, across invocations).
+``sweep_log.jsonl`` (one line per cell started, finished, failed or stopped, and one per stop signal
+received, across invocations).
 """
 
 from __future__ import annotations
@@ -41,13 +52,15 @@ from typing import Any
 from loopnet.diagnostics import SUMMARY_NAME, read_summary
 from loopnet.env import machine, one_line_errors
 
+from . import launch
 from .grid import CLI, Cell, Sweep, SweepError, expand, load_sweep
 
 FINAL_STATUSES = ("completed", "diverged")
 MANIFEST = "sweep.json"
 LOG = "sweep_log.jsonl"
 CELL_FILE = "cell.json"  # the cell's grid values and command, written when it starts
-spawn = subprocess.Popen  # how a cell's fit is started (a test replaces it)
+spawn = subprocess.Popen  # how `--start fresh` starts a cell's fit (a test replaces it)
+STARTS = ("forkserver", "fresh")
 
 
 def now() -> str:
@@ -77,20 +90,30 @@ class SweepRunner:
     """Runs the unfinished cells of a sweep, at most `jobs` at a time, and logs what happens."""
 
     def __init__(self, sweep: Sweep, cells: list[Cell], jobs: int = 1, threads: int | None = None,
-                 max_cells: int | None = None, resume: str = "restart", echo=print):
+                 max_cells: int | None = None, resume: str = "restart", echo=print, start: str = "forkserver"):
         if jobs < 1:
             raise SweepError(f"--jobs must be >= 1, got {jobs}")
         self.sweep, self.cells, self.jobs = sweep, cells, jobs
         # Share the cores between concurrent fits: N processes each using every core thrash.
         self.threads = threads or max(1, (os.cpu_count() or 1) // jobs)
-        self.max_cells, self.resume, self.echo = max_cells, resume, echo
+        self.max_cells, self.resume, self.echo = max_cells, resume, never_raising(echo)
         self.out = sweep.out
-        self.results: dict[str, str] = {}  # cell id -> skipped | completed | diverged | failed
+        self.results: dict[str, str] = {}  # cell id -> skipped | completed | diverged | failed | busy
+        if start not in STARTS:
+            raise SweepError(f"--start must be one of {STARTS}, got {start!r}")
+        self.server = launch.ForkServer() if start == "forkserver" else None
+        self.stop_signal: int | None = None  # the first stop signal received (the handler only notes it)
+
+    def on_signal(self, signum, frame) -> None:
+        """The stop signals' handler: it only notes the stop; the loop acts on it between starts
+        (raising here could land between a fit's start and its registration, orphaning the fit)."""
+        self.stop_signal = self.stop_signal or signum
 
     # ------------------------------------------------------------------------------ records
-    def log(self, event: str, cell: Cell, **extra) -> None:
+    def log(self, event: str, cell: Cell | None, **extra) -> None:
+        """One line of sweep_log.jsonl (`cell` None: an event of the whole sweep)."""
         with open(self.out / LOG, "a") as f:
-            f.write(json.dumps({"time": now(), "event": event, "cell": cell.id, **extra}) + "\n")
+            f.write(json.dumps({"time": now(), "event": event, "cell": cell.id if cell else None, **extra}) + "\n")
 
     def write_manifest(self, argv: list[str], every_cell: list[Cell] | None = None) -> None:
         """sweep.json: the sweep file, how it was invoked, and *every* cell of the file (`every_cell`,
@@ -122,7 +145,9 @@ class SweepRunner:
             shutil.copyfile(self.sweep.path, self.out / "sweep.yaml")
 
     # ------------------------------------------------------------------------------ one cell
-    def start(self, cell: Cell) -> subprocess.Popen:
+    def start(self, cell: Cell):
+        """Start the cell's fit (a Popen-like handle). Called with the stop signals blocked, so that the
+        "started" record, the fit and its registration by the caller come all or none."""
         cell_dir = self.out / cell.id
         cmd = list(cell.command)
         if self.resume == "ckpt" and any(cell_dir.glob("checkpoints/last*.ckpt")):
@@ -132,12 +157,10 @@ class SweepRunner:
         cell_dir.mkdir(parents=True, exist_ok=True)
         (cell_dir / CELL_FILE).write_text(json.dumps({"id": cell.id, "params": cell.params,
                                                       "command": shell_command(cmd)}, indent=2) + "\n")
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
-        log = open(cell_dir / "fit.log", "ab")
         self.log("started", cell, command=shell_command(cmd))
-        proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()  # the child holds its own descriptor
-        return proc
+        if self.server is not None:
+            return self.server.start(cmd, cell_dir / "fit.log", dict(os.environ), self.threads)
+        return launch.start_fresh(cmd, cell_dir / "fit.log", dict(os.environ), self.threads, spawn=spawn)
 
     def finish(self, cell: Cell, rc: int, seconds: float, done: int, total: int) -> None:
         summary = cell_summary(self.out / cell.id)
@@ -182,11 +205,15 @@ class SweepRunner:
         total = len(todo) if self.max_cells is None else min(len(todo), self.max_cells)
         self.echo(f"loopnet sweep: {len(self.cells)} cells in {self.out}: {skipped} finished (skipped), "
                   f"{total} to run, {self.jobs} at a time, {self.threads} thread(s) each")
-        running: dict[subprocess.Popen, tuple[Cell, float, Any]] = {}
+        if self.server is not None and todo and not self.stop_signal:
+            self.echo(f"loopnet sweep: fit server ready ({self.server.warm():.1f} s: torch and Lightning imported "
+                      "once for every fit)")
+        running: dict[Any, tuple[Cell, float, Any]] = {}
         launched = done = 0
         try:
-            while todo or running:
-                while todo and len(running) < self.jobs and (self.max_cells is None or launched < self.max_cells):
+            while (todo or running) and not self.stop_signal:
+                while (todo and len(running) < self.jobs and (self.max_cells is None or launched < self.max_cells)
+                       and not self.stop_signal):
                     cell = todo.pop(0)
                     lock = self.try_lock(cell)
                     if lock is None:
@@ -197,31 +224,54 @@ class SweepRunner:
                         lock.close()
                         self.results[cell.id] = "skipped"
                         continue
-                    running[self.start(cell)] = (cell, time.monotonic(), lock)
+                    holder = fit_lock_holder(self.out / cell.id)
+                    if holder is not None:  # a fit that outlived its sweep: its folder is never deleted under it
+                        lock.close()
+                        self.results[cell.id] = "busy"
+                        self.echo(f"loopnet sweep: {cell.id} is still being run by an earlier fit (pid {holder}) "
+                                  f"that outlived its sweep; left to it (fix: wait for it, or stop it with `kill "
+                                  f"{holder}`, then rerun)")
+                        continue
+                    with blocked(launch.STOP_SIGNALS):  # the record, the fit and its registration: all or none
+                        running[self.start(cell)] = (cell, time.monotonic(), lock)
                     launched += 1
                 if self.max_cells is not None and launched >= self.max_cells:
                     todo = []
-                time.sleep(0.2)
+                if not self.stop_signal:
+                    time.sleep(0.2)
                 for proc in [p for p in running if p.poll() is not None]:
                     cell, t0, lock = running.pop(proc)
                     done += 1
                     self.finish(cell, proc.returncode, time.monotonic() - t0, done, total)
                     lock.close()
         finally:
-            if running:  # interrupted: stop the fits cleanly (each saves last-interrupted.ckpt and its summary)
-                self.echo(f"loopnet sweep: stopping {len(running)} running cell(s)")
-                for proc in running:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.send_signal(signal.SIGTERM)
-                for proc, (cell, _, lock) in running.items():
-                    try:
-                        proc.wait(timeout=120)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
-                    self.log("stopped", cell, rc=proc.returncode)
-                    lock.close()
+            self.stop(running, done, total)
         return self.results
+
+    def stop(self, running: dict, done: int, total: int) -> None:
+        """After a stop signal (or an error): stop the running fits cleanly (each saves last-interrupted.ckpt
+        and its summary) and log each as "stopped", unless it finished by itself first. Further signals
+        meanwhile are only noted: the fits' checkpoints are being written."""
+        if self.stop_signal:
+            self.log("signal", None, signal=signal.Signals(self.stop_signal).name,
+                     running=[cell.id for cell, _, _ in running.values()])
+        if running:
+            self.echo(f"loopnet sweep: stopping {len(running)} running cell(s)")
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc, (cell, t0, lock) in running.items():
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.returncode == 0 and is_finished(self.out / cell.id):  # it completed before the stop reached it
+                done += 1
+                self.finish(cell, proc.returncode, time.monotonic() - t0, done, total)
+            else:
+                self.log("stopped", cell, rc=proc.returncode)
+            lock.close()
 
     def warn_if_changed(self, cell: Cell) -> None:
         """A finished cell run with another command (the sweep file changed) is kept, but said."""
@@ -235,8 +285,55 @@ class SweepRunner:
                       f"file gives now; delete {self.out / cell.id} to rerun it")
 
 
-def _sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt  # so that the runner's `finally` stops its children cleanly
+def never_raising(echo):
+    """`echo` that ignores a reader gone away (`loopnet sweep | tee log` and Ctrl-C: tee ends first): the
+    sweep's bookkeeping, above all stopping its fits, goes on without its output."""
+    def say(line: str) -> None:
+        with contextlib.suppress(OSError):
+            echo(line)
+    return say
+
+
+def fit_lock_holder(cell_dir: Path) -> str | None:
+    """The pid of a live fit that holds the run folder's lock (`loopnet.checkpoints.lock_version`), or None."""
+    from loopnet.checkpoints import LOCK_NAME
+
+    try:
+        fd = os.open(cell_dir / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released with the descriptor below
+        return None
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def blocked(signals):
+    """The signals held back (delivered at the end) while the block runs."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def stop_signals(handler):
+    """`handler` for SIGTERM, SIGINT and SIGHUP while the sweep runs; one the sweep was started with ignored
+    (SIGHUP under nohup, SIGINT in a background job) stays ignored."""
+    previous = {}
+    for signum in launch.STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -252,6 +349,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", metavar="GLOB", help="run only cells whose id matches (repeatable)")
     p.add_argument("--resume", choices=("restart", "ckpt"), default="restart",
                    help="an unfinished cell reruns from scratch (restart, default) or from its last checkpoint (ckpt)")
+    p.add_argument("--start", choices=STARTS, default="forkserver",
+                   help="how a fit starts: forked from a server that imported torch and Lightning once (forkserver, "
+                        "default), or as a fresh process that imports them itself (fresh)")
     p.add_argument("--dry_run", action="store_true", help="list the cells, their state and commands; run nothing")
     return p
 
@@ -276,7 +376,7 @@ def check_cells(sweep, cells: list[Cell]) -> None:
 
 def run(argv: list[str], echo=None) -> int:
     """`loopnet sweep` without exiting: returns 0 when every selected cell is finished, 1 otherwise."""
-    echo = echo or (lambda line: print(line, flush=True))  # flushed: sweeps run for hours under nohup
+    echo = never_raising(echo or (lambda line: print(line, flush=True)))  # flushed: sweeps run for hours under nohup
     args = parser().parse_args(argv)
     sweep = load_sweep(args.sweep_file, out=args.out)
     cells = every_cell = expand(sweep)
@@ -291,13 +391,13 @@ def run(argv: list[str], echo=None) -> int:
     check_cells(sweep, cells)
     sweep.out.mkdir(parents=True, exist_ok=True)
     runner = SweepRunner(sweep, cells, jobs=args.jobs, threads=args.threads, max_cells=args.max_cells,
-                         resume=args.resume, echo=echo)
+                         resume=args.resume, echo=echo, start=args.start)
     runner.write_manifest(argv, every_cell)
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
+    with stop_signals(runner.on_signal):
         results = runner.run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    if runner.stop_signal:
+        echo(f"loopnet sweep: stopped by {signal.Signals(runner.stop_signal).name}")
+        raise KeyboardInterrupt  # `main` says how to continue, and exits 130
     failed = sorted(c for c, r in results.items() if r == "failed")
     unfinished = [c.id for c in cells if not is_finished(sweep.out / c.id)]
     counts = {k: sum(1 for r in results.values() if r == k) for k in ("completed", "diverged", "skipped", "failed", "busy")}

@@ -98,3 +98,22 @@ def test_fit_without_ckpt_path_never_resumes(interrupted, tmp_path):
     assert res.code == 0, res.err[-3000:]
     assert event_files(tmp_path / "runs" / RUN / "version_0") == before
     assert sorted(scalars(tmp_path / "runs" / RUN / "version_1")) == [0, 1]
+
+
+def test_a_resume_with_no_step_left_keeps_the_newer_interruption_checkpoint(tmp_path):
+    """Stopped at step 6 (last.ckpt at step 4), resumed with max_steps 6: no step runs, and the fit that
+    completes keeps last-interrupted.ckpt, the newest weights, and its summary names it."""
+    cwd = tmp_path
+    res = loopnet("fit", *ARGS, *callbacks((SignalAt, {"step": 6})), cwd=cwd)
+    assert res.code == 0 and "stopped at step 6" in res.err, res.err[-3000:]
+    ckpts = cwd / "runs" / RUN / "version_0" / "checkpoints"
+    res = loopnet("fit", *ARGS, "--trainer.max_steps", "6", "--ckpt_path", "last", cwd=cwd)
+    assert res.code == 0, res.err[-3000:]
+    assert load(ckpts / "last-interrupted.ckpt")["global_step"] == 6 and load(ckpts / "last.ckpt")["global_step"] == 4
+    summary = json.loads((cwd / "runs" / RUN / "version_0" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["global_step"] == 6
+    assert summary["last_checkpoint"] == str(ckpts / "last-interrupted.ckpt")
+    # Resumed to the end, the fit passes it (last.ckpt at step 8), and removes it.
+    res = loopnet("fit", *ARGS, "--ckpt_path", "last", cwd=cwd)
+    assert res.code == 0, res.err[-3000:]
+    assert not (ckpts / "last-interrupted.ckpt").exists() and load(ckpts / "last.ckpt")["global_step"] == 8

@@ -257,7 +257,7 @@ class FakeFit:
 
     calls: list = []
 
-    def __init__(self, cmd, stdout=None, stderr=None, env=None):
+    def __init__(self, cmd, stdout=None, stderr=None, env=None, preexec_fn=None):
         from loopnet.diagnostics import write_summary
 
         FakeFit.calls.append((cmd, env))
@@ -278,7 +278,8 @@ def test_resume_from_checkpoint_and_threads_per_job(tmp_path, monkeypatch):
     out = tmp_path / "sweep"
     (out / "s2" / "checkpoints").mkdir(parents=True)
     (out / "s2" / "checkpoints" / "last.ckpt").write_bytes(b"x")  # an interrupted cell with a checkpoint
-    assert run([str(sweep_file), "--jobs", "3", "--threads", "1", "--resume", "ckpt"], echo=lambda _: None) == 0
+    assert run([str(sweep_file), "--jobs", "3", "--threads", "1", "--resume", "ckpt", "--start", "fresh"],
+               echo=lambda _: None) == 0
     by_cell = {c[c.index("--trainer.logger.init_args.name") + 1]: (c, env) for c, env in FakeFit.calls}
     assert set(by_cell) == {"s1", "s2", "s3"}
     assert by_cell["s2"][0][-2:] == ["--ckpt_path", "last"] and "--ckpt_path" not in by_cell["s1"][0]
@@ -292,8 +293,8 @@ def test_max_cells_stops_after_that_many(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep_mod, "spawn", FakeFit)
     FakeFit.calls = []
     sweep_file = write_sweep(tmp_path, {"seed_everything": [1, 2, 3]})
-    assert run([str(sweep_file), "--max_cells", "1"], echo=lambda _: None) == 0
-    assert run([str(sweep_file), "--max_cells", "1"], echo=lambda _: None) == 0
+    assert run([str(sweep_file), "--max_cells", "1", "--start", "fresh"], echo=lambda _: None) == 0
+    assert run([str(sweep_file), "--max_cells", "1", "--start", "fresh"], echo=lambda _: None) == 0
     names = [c[c.index("--trainer.logger.init_args.name") + 1] for c, _ in FakeFit.calls]
     assert names == ["s1", "s2"]
 

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loops.evaluation_loop import RestartStage
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from loopnet import checkpoints
 from loopnet.files import remove_stale_temporaries
 from loopnet.training.console import pipe_broken, send_broken_output_to
 
@@ -88,6 +89,8 @@ class GracefulInterrupt(Checkpoint):
     def _install_sigterm(self) -> None:
         if self._armed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)  # Lightning's teardown restores the original
+            if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # a closed terminal stops as SIGTERM (not under nohup)
+                signal.signal(signal.SIGHUP, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
         self._pending = True
@@ -207,7 +210,13 @@ class GracefulInterrupt(Checkpoint):
         # After a fit that completed, a stale interruption checkpoint is removed (by rank 0)
         # so that `--ckpt_path last` means last.ckpt; other stages never touch files.
         if stage == "fit" and self._armed:
-            trainer.strategy.remove_checkpoint(self.ckpt_path)
+            if checkpoints.newer_than_kept(self.ckpt_path, trainer):  # a resume that ran no step past it: kept
+                if trainer.is_global_zero:
+                    from loopnet.diagnostics.summary import RunSummary
+
+                    RunSummary.of(trainer).name_last_checkpoint(self.ckpt_path)
+            else:
+                trainer.strategy.remove_checkpoint(self.ckpt_path)
         self._armed = False
         self._restore_sigint()
 
