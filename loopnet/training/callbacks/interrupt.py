@@ -19,7 +19,8 @@ from loopnet.training.console import pipe_broken, send_broken_output_to
 
 
 class GracefulInterrupt(Checkpoint):
-    """Make Ctrl-C (SIGINT) and SIGTERM stop training cleanly with a resumable checkpoint.
+    """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP (a closed terminal; not under nohup) stop training cleanly
+    with a resumable checkpoint.
 
     Lightning already turns SIGTERM into a stop at the end of the current batch; the first
     SIGINT is routed to that same path (a second one aborts at once, without a checkpoint: it may
@@ -27,7 +28,8 @@ class GracefulInterrupt(Checkpoint):
     further Ctrl-C only prints that it is, so the checkpoint is completed). The checkpoint,
     `last-interrupted.ckpt` beside `last.ckpt`, is written only for these stops between steps, never
     for a crash; being named `last*`, Lightning's `--ckpt_path last` picks the newer of the two. The process exits with
-    status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint.
+    status 0 (Lightning's SIGTERM path); a completed fit removes the stale interruption checkpoint unless
+    it is newer than every checkpoint the fit keeps (a resume that ran no step past it).
     At fit start, temporary files that a kill during an earlier checkpoint write left in the
     checkpoint folder are removed. A reader of the run's output that goes away (`| tee` and Ctrl-C)
     neither breaks the run nor loses the checkpoint: the output goes to a file in the run folder and the
