@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import LoopConfig
 from .injection import make_injection
-from .kernels import LinearCrossEntropy
+from .kernels import LinearCrossEntropy, z_loss_term
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
 from .scales import BETA_SCALED
 from .visits import SUBLAYERS, Visit, VisitObserver
@@ -87,6 +87,10 @@ class LoopedTransformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.observer: VisitObserver | None = None
+        # z-loss coefficient c: the training loss adds c·mean((log Z)²) (set from `OptimConfig.z_loss`); after a
+        # forward with targets, `z_term` holds the mean (log Z)² of its loss rounds (detached), else None.
+        self.z_loss = 0.0
+        self.z_term: torch.Tensor | None = None
         self._compiled_head = None
         # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
         self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
@@ -178,7 +182,8 @@ class LoopedTransformer(nn.Module):
         self._compiled_head = torch.compile(self._head, *args, **kwargs)
 
     def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
-        """Logits of the final state x and, with targets, their cross-entropy. Training in fp32 eager
+        """(logits, loss, mean (log Z)² or None) of the final state x: with targets, the loss is their
+        cross-entropy plus the z-loss c·mean((log Z)²) when c = `self.z_loss` > 0. Training in fp32 eager
         takes the loss through `LinearCrossEntropy` (the same numbers, fewer passes over the N×V
         logits), which returns the logits without grad: the loss carries the gradient."""
         h = self.final_norm(x)
@@ -186,12 +191,16 @@ class LoopedTransformer(nn.Module):
         if (targets is not None and torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
                 and h.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type)
                 and not torch.compiler.is_compiling()):  # compiled, inductor fuses the loss itself
-            loss, logits = LinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.flatten())
-            return logits.view(*h.shape[:-1], -1), loss
+            loss, logits, *z = LinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.flatten(), self.z_loss)
+            return logits.view(*h.shape[:-1], -1), loss, (z[0] if z else None)
         logits = self.lm_head(h)
         if targets is None:
-            return logits, None
-        return logits, lm_loss(logits, targets)
+            return logits, None, None
+        loss, z = lm_loss(logits, targets), None
+        if self.z_loss:
+            z = z_loss_term(logits, targets)
+            loss = loss + self.z_loss * z
+        return logits, loss, z
 
     # ----------------------------------------------------------------------------- probes
     def attach_observer(self, observer: VisitObserver | None) -> None:
@@ -303,6 +312,11 @@ class LoopedTransformer(nn.Module):
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None, alpha: float | None = None):
         """(logits, loss or None) of a loop state x: the coda (skip scale `alpha`, default α), then the
         final Norm, LM head and loss, compiled with the model."""
+        logits, loss, _ = self._readout(x, targets, alpha)
+        return logits, loss
+
+    def _readout(self, x: torch.Tensor, targets: torch.Tensor | None, alpha: float | None = None):
+        """`head`, with the z term: (logits, loss or None, mean (log Z)² or None)."""
         return (self._head if self._compiled_head is None else self._compiled_head)(self.finish(x, alpha), targets)
 
     def finish(self, x: torch.Tensor, alpha: float | None = None) -> torch.Tensor:
@@ -319,14 +333,17 @@ class LoopedTransformer(nn.Module):
         see `iter_rounds` (a training step with sampled rounds passes its draw)."""
         R = self.config.n_rounds if rounds is None else rounds
         loss_rounds = self.loss_round_indices(R) if targets is not None else range(R, R + 1)
-        losses, logits = [], None
+        losses, logits, z_terms = [], None, []
         for r, x in self.iter_rounds(idx, R, grad_rounds, alpha):
             if r in loss_rounds:
-                logits, loss = self.head(x, targets, alpha)
+                logits, loss, z = self._readout(x, targets, alpha)
+                if z is not None:
+                    z_terms.append(z.detach())
                 if self.observer is not None and hasattr(self.observer, "on_logits"):
                     self.observer.on_logits(r, logits)
                 if loss is not None:
                     losses.append(loss)
+        self.z_term = torch.stack(z_terms).mean() if z_terms else None
         if not losses:
             return logits, None
         # One loss round (the default): the loss itself, no stack and mean to run forward and back.
