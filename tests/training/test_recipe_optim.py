@@ -3,6 +3,8 @@ AdamW on the rest."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -130,3 +132,40 @@ def test_a_fit_with_muon_schedules_both_rates_and_lowers_the_loss(tmp_path):
     assert opt.adamw.param_groups[0]["lr"] == pytest.approx(3e-4)
     losses = [m["train/loss"] for *_, m, _ in rows]
     assert losses[-1] < losses[0]
+
+
+# ------------------------------------------------------------------------------ loopnet probe --groups with Muon
+@pytest.mark.parametrize("rounds", [1, 4])
+def test_muon_beta_scaled_ratio_at_init_follows_the_sign_step_theory(rounds):
+    """Muon's step is an orthogonalised matrix whose size does not follow the gradient's, like AdamW's sign-like
+    first step, so the DeepNorm/DeepLoop ratio of the β-scaled matrices' output change is (β/α)'s, 2√N, within
+    the tolerance `tests/study/test_update_groups.py` derives for AdamW (2·β²/α of DeepNorm at this N)."""
+    from loopnet.model.scales import residual_scales
+    from loopnet.study import update_groups as ug
+    from tests.study.test_update_groups import TINY, _ratio
+
+    n = TINY.n_blocks * rounds
+    alpha, beta = residual_scales("deepnorm", n)
+    ratio, changes = _ratio("muon", rounds, 1e-3)
+    assert ug.theory_ratio("muon", n) == 2 * math.sqrt(n)
+    assert abs(ratio / (2 * math.sqrt(n)) - 1) <= 2 * beta ** 2 / alpha, ratio
+    assert all(changes[s]["VOfc"] > 0 for s in changes)
+
+
+@pytest.mark.slow
+def test_probe_groups_prints_muons_ratio_beside_adamws_and_sgds(tmp_path, capsys):
+    from loopnet.study import probe
+    from tests.study.test_update_groups import REPO
+
+    args = ["--config", str(REPO / "configs/deeploop_r6.yaml"), "--config", str(REPO / "configs/cpu.yaml"),
+            "--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "16",
+            "--data.batch_size", "2"]
+    out = tmp_path / "probe"
+    probe.main([*args, "--groups", "--optimizers", "adamw", "sgd", "muon", "--rounds", "2", "--schemes", "deepnorm",
+                "deeploop", "--seeds", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    for kind in ("adamw", "sgd", "muon"):
+        assert f"DeepNorm/DeepLoop {kind:>5}" in printed
+    md = (out / "report.md").read_text()
+    assert "## Muon (+ AdamW on the rest): output change per group" in md
+    assert "| muon | init | 2 | 4 | 4.0 (2√N) |" in md
