@@ -45,4 +45,5 @@ def test_recipe_config_fits_on_cpu(tmp_path, recipe, expect):
     if recipe == "parcae_style":
         decay = scalars(run, "injection/spectral_norm")
         assert sorted(decay) == [0, 1, 2] and all(0 < a < 1 for a in decay.values())
-        assert all(0 < a <= decay[s] for s, a in scalars(run, "injection/contraction").items())
+        # the mean decay is at most the largest (up to fp32's rounding of the mean: at init every decay is √(1/5))
+        assert all(0 < a <= decay[s] * (1 + 1e-6) for s, a in scalars(run, "injection/contraction").items())
