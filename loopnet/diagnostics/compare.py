@@ -52,12 +52,14 @@ def read_visits(path: Path) -> tuple[list[Visit], dict[int, dict[str, float]]]:
         raise ValueError(f"{path} has no per-visit scalars (visits/...); fix: train with diagnostics on "
                          f"(--diagnostics.every_n_steps N, N > 0)")
     visits = {parse_tag(t)[2] for t in tags}
-    n_blocks, n_rounds = max(v.block for v in visits), max(v.round for v in visits)
+    count = lambda part, field: max((getattr(v, field) for v in visits if v.part == part), default=0)  # noqa: E731
+    # With sampled rounds, steps ran different R: the order covers the most; a step's missing rounds are nan.
+    n_blocks, n_rounds = count("loop", "block"), count("loop", "round")
     by_step: dict[int, dict[str, float]] = {}
     for tag in tags:
         for event in acc.Scalars(tag):
             by_step.setdefault(event.step, {})[tag] = event.value
-    return visit_order(n_blocks, n_rounds), by_step
+    return visit_order(n_blocks, n_rounds, count("prelude", "block"), count("coda", "block")), by_step
 
 
 def nearest(step: int, logged: list[int]) -> int:
