@@ -33,7 +33,7 @@ def lookup(cfg, dotted: str):
     node = cfg
     for part in dotted.split("."):
         node = node[part]
-    return node
+    return list(node) if isinstance(node, tuple) else node  # a typed tuple (betas) read from a YAML list
 
 
 def test_the_shipped_configs_include_base():
