@@ -213,3 +213,44 @@ def test_preln_state_is_the_stream_and_truncated_rounds_have_no_gradient():
             assert float(probe.visit_grad_sq(v)) == 0.0 and probe.act_grad_norm(v).isnan()
         else:
             assert float(probe.visit_grad_sq(v)) > 0 and probe.act_grad_norm(v) > 0
+
+
+def test_micro_batches_average_the_forward_values_and_the_output_is_read_off_the_logits():
+    """Two micro-batches A and B of one size, same weights: every per-visit forward value and activation
+    gradient norm is the mean of A's and B's alone, the attention maxima their maximum; the output's
+    mean log Z and max |logit| are those of the logits themselves."""
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config(residual="deeploop"))
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, VOCAB, (2, T), generator=g), torch.randint(0, VOCAB, (2, T), generator=g)) for _ in "AB"]
+    alone = []
+    for idx, tgt in batches:
+        probe = VisitProbe()
+        model.attach_observer(probe)
+        logits, loss = model(idx, tgt)
+        model.attach_observer(None)
+        loss.backward()
+        alone.append(probe)
+        out = probe.output_quantities()
+        assert float(out["log_z"]) == pytest.approx(float(torch.logsumexp(logits.float(), -1).mean()), rel=1e-5)
+        assert float(out["logit_absmax"]) == pytest.approx(float(logits.abs().max()), rel=1e-6)
+    both = VisitProbe(keep_grads=True)
+    for idx, tgt in batches:
+        model.attach_observer(both)
+        _, loss = model(idx, tgt)
+        model.attach_observer(None)
+        loss.backward()
+    a, b = alone
+    for v in both.visits:
+        assert torch.allclose(both.forward_stats(v), (a.forward_stats(v) + b.forward_stats(v)) / 2, rtol=1e-5), v
+        assert float(both.act_grad_norm(v)) == pytest.approx(float(a.act_grad_norm(v) + b.act_grad_norm(v)) / 2, rel=1e-5)
+        qa, qb, q = a.attention_quantities(v), b.attention_quantities(v), both.attention_quantities(v)
+        if v.sublayer == "attn":
+            assert float(q["attn_logit_max"]) == max(float(qa["attn_logit_max"]), float(qb["attn_logit_max"]))
+            assert float(q["attn_log_z"]) == pytest.approx(float(qa["attn_log_z"] + qb["attn_log_z"]) / 2, rel=1e-5)
+        else:
+            assert q == {}
+    out, oa, ob = both.output_quantities(), a.output_quantities(), b.output_quantities()
+    assert float(out["log_z"]) == pytest.approx(float(oa["log_z"] + ob["log_z"]) / 2, rel=1e-5)
+    assert float(out["logit_absmax"]) == max(float(oa["logit_absmax"]), float(ob["logit_absmax"]))
+    assert VisitProbe().output_quantities() == {} and torch.isnan(VisitProbe().act_grad_norm(both.visits[0]))
