@@ -31,6 +31,11 @@ WIRINGS = {
 }
 
 
+class Watcher:
+    def on_visit(self, visit, trace):
+        pass
+
+
 def round_ends(model: LoopedTransformer, idx: torch.Tensor, rounds: int) -> list[torch.Tensor]:
     """x_end of every round, by the definitions above."""
     cfg, T = model.config, idx.size(1)
@@ -77,6 +82,9 @@ def test_each_wiring_is_its_definition(name, positions):
         logits, _ = model(idx)
         want = model.lm_head(model.final_norm(ends[-1]))
         assert torch.allclose(logits, want, rtol=1e-5, atol=1e-5), name
+        model.attach_observer(Watcher())  # observed, each visit reads its weights through views: same function
+        assert torch.allclose(model(idx)[0], want, rtol=1e-5, atol=1e-5), name
+        model.attach_observer(None)
         for r, x in model.iter_rounds(idx):
             assert torch.allclose(x, ends[r - 1], rtol=1e-5, atol=1e-5), (name, r)
         # Another round count runs the same definition (α of the training depth).
