@@ -115,3 +115,4 @@ def test_last_third_of_six_rounds_is_rounds_five_and_six():
     model = LoopedTransformer(tiny_config(loss_rounds="last_third", n_rounds=6))
     assert list(model.loss_round_indices(6)) == [5, 6] and list(model.loss_round_indices(3)) == [3]
     assert list(model.loss_round_indices(9)) == [7, 8, 9] and list(model.loss_round_indices(1)) == [1]
+    assert list(model.loss_round_indices(12)) == [9, 10, 11, 12]  # ⌈12/3⌉ = 4 rounds
