@@ -89,7 +89,8 @@ map-smoke: $(STAMP)
 # modules where a silent bug corrupts the science, and runs on each mutant the quick tests of MUTANT_TESTS that
 # reach the changed function. In a scratch copy of the tree (MUTANTS_DIR): the source here is never touched.
 # torch.compile does not trace through mutmut's trampolines: the compile tests are left out.
-# The paths live here only. ~30 min on 2 cores; `make mutants MUTATE=loopnet/model/scales.py` runs one module.
+# The paths live here only. Hours on a loaded 2-core machine (docs/testing.md); one module at a time:
+# `make mutants MUTATE=loopnet/model/scales.py MUTANT_TESTS=tests/model/test_scales_direct.py`.
 MUTANTS_DIR ?= /tmp/loopnet-mutants
 MUTATE ?= loopnet/model/scales.py loopnet/model/transformer.py loopnet/diagnostics/probe.py \
           loopnet/diagnostics/callback.py loopnet/data/datamodule.py loopnet/data/stream.py \
@@ -110,7 +111,7 @@ mutants: $(STAMP)
 	cd $(MUTANTS_DIR) && OMP_NUM_THREADS=1 $(abspath $(PY)) -m mutmut run --max-children $(MUTANT_JOBS) > mutmut-run.log 2>&1; \
 	  status=$$?; tail -5 mutmut-run.log; exit $$status
 	cd $(MUTANTS_DIR) && $(abspath $(PY)) -m mutmut results --all true > results.txt; \
-	  awk -F': ' '{ split($$1, p, ".x"); m = p[1]; n[m]++; if ($$2 == "killed" || $$2 == "timeout") k[m]++; \
+	  awk -F': ' '{ split($$1, p, /\.x/); m = p[1]; n[m]++; if ($$2 == "killed" || $$2 == "timeout") k[m]++; \
 	    if ($$2 == "survived" || $$2 == "no tests") s[m] = s[m] " " $$1 } \
 	    END { for (m in n) printf "%-32s %4d mutants  %4d killed  %5.1f%%\n", m, n[m], k[m], 100 * k[m] / n[m] }' results.txt | sort
 	@echo "survivors: grep -v -e killed -e timeout $(MUTANTS_DIR)/results.txt; one: cd $(MUTANTS_DIR) && $(abspath $(PY)) -m mutmut show NAME"
