@@ -89,3 +89,29 @@ def test_a_fit_steps_the_schedule_once_per_step_over_max_steps(tmp_path):
                         callbacks=[record])
     trainer.fit(module, data)
     assert record.lr == pytest.approx([expected_lr(s, LR, warmup, steps, M) for s in range(steps)], rel=1e-12)
+
+
+def test_adamw_takes_its_settings_from_optim_and_decays_matrices_only():
+    module = LoopedLM(config=tiny_config(), optim=OptimConfig(lr=LR, weight_decay=0.3, betas=(0.8, 0.9), eps=1e-6,
+                                                              warmup_steps=1, decay_steps=5))
+    optimizer = module.configure_optimizers()["optimizer"]
+    decay, no_decay = optimizer.param_groups
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.3, 0.0)
+    assert all(g["betas"] == (0.8, 0.9) and g["eps"] == 1e-6 for g in optimizer.param_groups)
+    matrices = {id(m.weight) for m in module.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
+    assert {id(p) for p in decay["params"]} == matrices  # norms' gains and biases: not decayed
+    assert {id(p) for p in no_decay["params"]} == {id(p) for p in module.parameters()} - matrices
+
+
+def test_a_decay_of_one_step_and_no_length_at_all():
+    optimizer, scheduler = schedule(lr=LR, warmup_steps=3, decay_steps=4, min_lr_ratio=M)  # D − W = 1
+    assert lrs(optimizer, scheduler, 6) == pytest.approx([expected_lr(s, LR, 3, 4, M) for s in range(6)], rel=1e-12)
+    assert expected_lr(4, LR, 3, 4, M) == pytest.approx(M * LR)
+    optimizer, scheduler = schedule(lr=LR, warmup_steps=0, decay_steps=1, min_lr_ratio=M)  # the shortest: 1 step
+    assert lrs(optimizer, scheduler, 3) == pytest.approx([LR, M * LR, M * LR], rel=1e-12)
+    module = LoopedLM(config=tiny_config(), optim=OptimConfig(decay_steps=None))
+    module.trainer = L.Trainer(max_steps=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                               enable_model_summary=False)
+    with pytest.raises(ValueError, match=r"^set trainer\.max_steps \(or model\.optim\.decay_steps\) so the cosine "
+                                         r"schedule has a length$"):
+        module.configure_optimizers()
