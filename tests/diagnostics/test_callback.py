@@ -19,6 +19,7 @@ from loopnet.training.module import LoopedLM
 from tests.helpers import wait_until
 
 from .helpers import random_tokens, tiny_module, trainer
+from .reference import expected_values, visit_gradients
 
 K, R, EVERY, STEPS, CLIP = 2, 3, 2, 5, 1e-4
 
@@ -78,6 +79,12 @@ def test_event_files_hold_every_expected_tag(fitted):
 def test_logged_values_are_sane(fitted):
     _, _, diagnostics, acc = fitted
     last = lambda tag: acc.Scalars(tag)[-1].value  # noqa: E731
+    # Step 0 against the model unrolled by hand, from the same initial weights and first batch: every
+    # per-visit gradient norm, κ̂ per sublayer and model-wide, the sublayer and global gradient norms.
+    grads, others = visit_gradients(tiny_module().model, list(random_tokens())[:1])
+    for tag, value in expected_values(grads, others).items():
+        assert acc.Scalars(tag)[0].step == 0
+        assert acc.Scalars(tag)[0].value == pytest.approx(value, rel=1e-4), tag  # fp32 sums vs float64
     for j in ("k1_attn", "k1_ffn", "k2_attn", "k2_ffn"):
         assert 0 < last(f"sublayers/kappa/{j}") <= R + 1e-4
         assert last(f"sublayers/update_ratio/{j}") > 0
@@ -239,6 +246,12 @@ def test_gradient_accumulation(tmp_path):
     diagnostics = VisitDiagnostics(every_n_steps=1, histograms=False)
     t = trainer(tmp_path, [diagnostics], max_steps=2, accumulate_grad_batches=2, limit_val_batches=0)
     t.fit(module, random_tokens(16))
+    # Step 0: two micro-batches, each loss scaled by ½ (as Lightning does), per-visit gradients summed.
+    acc = EventAccumulator(t.log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    grads, others = visit_gradients(tiny_module().model, list(random_tokens(16))[:2], scale=0.5)
+    for tag, value in expected_values(grads, others).items():
+        assert acc.Scalars(tag)[0].step == 0 and acc.Scalars(tag)[0].value == pytest.approx(value, rel=1e-4), tag
     stats = diagnostics.last_stats
     assert stats["step"] == 1 and len(stats["visits"]) == 2 * K * R
     assert all(0 < v <= R + 1e-4 for v in stats["kappa"].values())

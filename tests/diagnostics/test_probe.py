@@ -1,5 +1,7 @@
 """VisitProbe and the κ̂_R estimator, on the real LoopedTransformer and on toy visits."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -9,6 +11,7 @@ from loopnet.diagnostics.callback import physical_sublayers
 from loopnet.model import LoopedTransformer, Visit, VisitTrace, visit_order
 
 from .helpers import VOCAB, T, tiny_config
+from .reference import expected_values, visit_gradients
 
 
 def step(model, probe, seed=0, backward=True):
@@ -37,18 +40,30 @@ def test_per_visit_contributions_sum_to_weight_grad():
             assert err <= 1e-6, (j, name, err)
 
 
-def test_kappa_from_norms_equals_kappa_from_kept_gradients():
-    kappas = []
+@pytest.mark.parametrize("residual", ["postln", "preln", "deeploop"])
+def test_kappa_from_norms_equals_kappa_from_kept_gradients(residual):
+    """κ̂_R per sublayer and model-wide, and every ‖g_{r,j}‖², with and without kept gradients, against
+    the model unrolled by hand (each visit its own copy of the weights: plain autograd, no probe)."""
+    torch.manual_seed(0)
+    base = LoopedTransformer(tiny_config(residual=residual))
+    g = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, VOCAB, (2, T), generator=g), torch.randint(0, VOCAB, (2, T), generator=g)
+    expected = expected_values(visit_gradients(base, [batch])[0])
     for keep in (False, True):
-        torch.manual_seed(0)
-        model = LoopedTransformer(tiny_config(residual="postln"))
+        model = copy.deepcopy(base)
         probe = VisitProbe(keep_grads=keep)
         step(model, probe)
-        kappas.append(probe.kappa(physical_sublayers(model)))
-    assert kappas[0].keys() == kappas[1].keys() == {"k1_attn", "k1_ffn", "k2_attn", "k2_ffn", "model"}
-    for j in kappas[0]:
-        assert 0 <= kappas[0][j] <= 3 + 1e-5
-        assert torch.allclose(kappas[0][j], kappas[1][j], rtol=1e-5)
+        kappa = probe.kappa(physical_sublayers(model))
+        assert kappa.keys() == {"k1_attn", "k1_ffn", "k2_attn", "k2_ffn", "model"}
+        for j, value in kappa.items():
+            want = expected["grad/kappa_model" if j == "model" else f"sublayers/kappa/{j}"]
+            assert float(value) == pytest.approx(want, rel=1e-4), (keep, j)  # fp32 sums vs float64
+        for v in probe.visits:
+            assert float(probe.visit_grad_sq(v)) == pytest.approx(expected[f"visits/param_grad_norm/{v.tag}"] ** 2,
+                                                                  rel=1e-4), (keep, v)
+    if residual == "preln":  # here the pooled ratio is not the mean of the sublayers' κ̂: either would not pass
+        mean = sum(expected[f"sublayers/kappa/{j}"] for j in ("k1_attn", "k1_ffn", "k2_attn", "k2_ffn")) / 4
+        assert abs(expected["grad/kappa_model"] - mean) > 1e-3 * mean
 
 
 def test_gradient_accumulation_sums_micro_batches():
@@ -116,6 +131,48 @@ def test_toy_visits_kappa(case, expected):
         assert abs(float(kappa["model"]) - expected) < 1e-5
 
 
+class TwoSublayerToy(nn.Module):
+    """Two shared weights, each read by R visits through views: sublayer k1_attn (W1) sees orthogonal
+    inputs e_r, sublayer k1_ffn (W2) the same input 2·e_1 at every visit; loss Σ_r c1·(W1 x_r) + c2·(W2 x'_r)."""
+
+    def __init__(self, rounds: int):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(5, rounds)), nn.Parameter(torch.randn(3, rounds))
+        self.observer = None
+
+    def forward(self, c1, c2):
+        R, loss = self.w1.size(1), 0.0
+        eye = torch.eye(R)
+        for r in range(1, R + 1):
+            for sublayer, w, x, c in (("attn", self.w1, eye[r - 1], c1), ("ffn", self.w2, 2.0 * eye[0], c2)):
+                view = w.view_as(w)
+                y = view @ x
+                self.observer.on_visit(Visit(r, 1, sublayer), VisitTrace(x, 1.0, y, y, y, {"weight": view}))
+                loss = loss + (y * c).sum()
+        return loss
+
+
+def test_model_kappa_is_the_pooled_ratio_not_the_mean_of_the_sublayers():
+    """g_{r} = c ⊗ x_r. Orthogonal visits: ‖Σ_r g_r‖² = R‖c1‖², Σ_r ‖g_r‖² = R‖c1‖² (κ̂ = 1). Identical
+    visits 2·e_1: ‖Σ_r g_r‖² = 4R²‖c2‖², Σ_r ‖g_r‖² = 4R‖c2‖² (κ̂ = R). Model-wide, pooled:
+    κ̂ = (R‖c1‖² + 4R²‖c2‖²) / (R‖c1‖² + 4R‖c2‖²), which is not (1 + R)/2."""
+    R = 4
+    torch.manual_seed(0)
+    toy = TwoSublayerToy(R)
+    c1, c2 = torch.tensor([1.0, -2.0, 0.5, 3.0, 1.0]), torch.tensor([4.0, 2.0, -2.0])
+    a, b = float(c1.square().sum()), float(c2.square().sum())
+    pooled = (R * a + 4 * R**2 * b) / (R * a + 4 * R * b)
+    assert abs(pooled - (1 + R) / 2) > 0.5  # the two readings are far apart here
+    for keep in (False, True):
+        toy.zero_grad()
+        toy.observer = probe = VisitProbe(keep_grads=keep)
+        toy(c1, c2).backward()
+        kappa = probe.kappa({"k1_attn": {"weight": toy.w1}, "k1_ffn": {"weight": toy.w2}})
+        assert float(kappa["k1_attn"]) == pytest.approx(1.0, rel=1e-6)
+        assert float(kappa["k1_ffn"]) == pytest.approx(R, rel=1e-6)
+        assert float(kappa["model"]) == pytest.approx(pooled, rel=1e-6)
+
+
 def test_alignment_edge_cases():
     assert float(alignment(0.0, 0.0)) == 0.0  # no gradient flowed (e.g. truncated rounds)
     assert float(alignment(9.0, 3.0)) == 3.0
@@ -156,3 +213,44 @@ def test_preln_state_is_the_stream_and_truncated_rounds_have_no_gradient():
             assert float(probe.visit_grad_sq(v)) == 0.0 and probe.act_grad_norm(v).isnan()
         else:
             assert float(probe.visit_grad_sq(v)) > 0 and probe.act_grad_norm(v) > 0
+
+
+def test_micro_batches_average_the_forward_values_and_the_output_is_read_off_the_logits():
+    """Two micro-batches A and B of one size, same weights: every per-visit forward value and activation
+    gradient norm is the mean of A's and B's alone, the attention maxima their maximum; the output's
+    mean log Z and max |logit| are those of the logits themselves."""
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config(residual="deeploop"))
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, VOCAB, (2, T), generator=g), torch.randint(0, VOCAB, (2, T), generator=g)) for _ in "AB"]
+    alone = []
+    for idx, tgt in batches:
+        probe = VisitProbe()
+        model.attach_observer(probe)
+        logits, loss = model(idx, tgt)
+        model.attach_observer(None)
+        loss.backward()
+        alone.append(probe)
+        out = probe.output_quantities()
+        assert float(out["log_z"]) == pytest.approx(float(torch.logsumexp(logits.float(), -1).mean()), rel=1e-5)
+        assert float(out["logit_absmax"]) == pytest.approx(float(logits.abs().max()), rel=1e-6)
+    both = VisitProbe(keep_grads=True)
+    for idx, tgt in batches:
+        model.attach_observer(both)
+        _, loss = model(idx, tgt)
+        model.attach_observer(None)
+        loss.backward()
+    a, b = alone
+    for v in both.visits:
+        assert torch.allclose(both.forward_stats(v), (a.forward_stats(v) + b.forward_stats(v)) / 2, rtol=1e-5), v
+        assert float(both.act_grad_norm(v)) == pytest.approx(float(a.act_grad_norm(v) + b.act_grad_norm(v)) / 2, rel=1e-5)
+        qa, qb, q = a.attention_quantities(v), b.attention_quantities(v), both.attention_quantities(v)
+        if v.sublayer == "attn":
+            assert float(q["attn_logit_max"]) == max(float(qa["attn_logit_max"]), float(qb["attn_logit_max"]))
+            assert float(q["attn_log_z"]) == pytest.approx(float(qa["attn_log_z"] + qb["attn_log_z"]) / 2, rel=1e-5)
+        else:
+            assert q == {}
+    out, oa, ob = both.output_quantities(), a.output_quantities(), b.output_quantities()
+    assert float(out["log_z"]) == pytest.approx(float(oa["log_z"] + ob["log_z"]) / 2, rel=1e-5)
+    assert float(out["logit_absmax"]) == max(float(oa["logit_absmax"]), float(ob["logit_absmax"]))
+    assert VisitProbe().output_quantities() == {} and torch.isnan(VisitProbe().act_grad_norm(both.visits[0]))

@@ -1,0 +1,85 @@
+"""Through the data module itself: its training stream never yields a held-out document, and reads
+every other one (parquet: the last documents held out; text files: the hash rule); a resumed stream
+starts at the first batch not consumed (counted, with batches prefetched but not consumed)."""
+
+import itertools
+import math
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from loopnet.data import EOT_ID, TokenStreamDataModule, gpt2_encoding
+
+from .conftest import make_docs
+
+N_DOCS, WORDS, SEQ, BATCH = 60, 30, 16, 2
+TEXTS = make_docs(N_DOCS, words=WORDS)  # document i repeats "doc{i} word{j}" WORDS times
+DOC = re.compile(r"\bdoc(\d+) word")
+
+
+def doc_ids(windows: torch.Tensor) -> set[int]:
+    """The documents whose text shows in any of `windows` (each names its document ~WORDS times, so a
+    document that is read at all shows whole "doc<i> word" inside some window of SEQ tokens)."""
+    enc = gpt2_encoding()
+    return {int(m) for row in windows.tolist() for m in DOC.findall(enc.decode([t for t in row if t != EOT_ID]))}
+
+
+def training_windows(dm: TokenStreamDataModule, epochs: float) -> torch.Tensor:
+    """The training stream's windows for about `epochs` passes over the corpus."""
+    enc = gpt2_encoding()
+    tokens = sum(len(enc.encode_ordinary(t)) + 1 for t in TEXTS)
+    n = math.ceil(epochs * tokens / (BATCH * (SEQ + 1)))
+    return torch.cat([x for x, _ in itertools.islice(iter(dm.train_dataloader()), n)])
+
+
+def parquet_source(tmp_path):
+    for k in range(3):
+        pq.write_table(pa.table({"text": TEXTS[k * 20:(k + 1) * 20]}), tmp_path / f"{k}.parquet", row_group_size=6)
+    return dict(source="files", path=str(tmp_path / "*.parquet"))
+
+
+def text_source(tmp_path):
+    d = tmp_path / "txt"
+    d.mkdir()
+    for i, t in enumerate(TEXTS):
+        (d / f"f{i:02d}.txt").write_text(t, encoding="utf-8")
+    return dict(source="files", path=str(d / "*.txt"))
+
+
+@pytest.mark.parametrize("make_source", [parquet_source, text_source], ids=["parquet", "text"])
+def test_training_never_reads_a_held_out_document(tmp_path, make_source):
+    dm = TokenStreamDataModule(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1, shuffle_buffer=4,
+                               cache_dir=str(tmp_path / "cache"), **make_source(tmp_path))
+    held = doc_ids(dm.val_windows())
+    trained = doc_ids(training_windows(dm, epochs=2.5))  # past two epoch boundaries
+    assert held and not held & trained, sorted(held & trained)
+    assert held | trained == set(range(N_DOCS))  # and every other document is trained on
+    if make_source is parquet_source:  # the split rule: the last ⌈0.1·60⌉ = 6 documents
+        assert dm.n_held_out == 6 and held == set(range(N_DOCS - 6, N_DOCS))
+
+
+def test_resume_starts_at_the_first_batch_not_consumed(tmp_path):
+    """Under Lightning the loader yields a batch ahead of the one trained on (prefetch): the state
+    counts consumed batches only, and a resumed loader yields batch k next, not k + 1."""
+    kw = dict(seq_len=SEQ, batch_size=BATCH, seed=5, val_fraction=0.2, shuffle_buffer=7, **text_source(tmp_path))
+    full = [x for x, _ in itertools.islice(iter(TokenStreamDataModule(**kw).train_dataloader()), 60)]
+    assert all(not torch.equal(a, b) for a, b in zip(full, full[1:]))  # a shift by one shows
+    for k in (1, 17, 45):
+        loader = TokenStreamDataModule(**kw).train_dataloader()
+        loader.count_consumed = True  # as under a Trainer
+        it = iter(loader)
+        head = [next(it)[0] for _ in range(k + 1)]  # k consumed, one more prefetched
+        for _ in range(k):
+            loader.mark_consumed()
+        state = loader.state_dict()
+        assert state["ranks"][0]["consumed"] == k
+        resumed = TokenStreamDataModule(**kw).train_dataloader()
+        resumed.load_state_dict(state)
+        tail = [x for x, _ in itertools.islice(iter(resumed), 60 - k)]
+        assert len(head[:k] + tail) == 60
+        for i, (x, f) in enumerate(zip(head[:k] + tail, full)):
+            assert torch.equal(x, f), (k, i)
+        assert resumed.state_dict()["ranks"][0]["consumed"] == 60  # counts on from k
