@@ -29,7 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .cache import KVCache
 from .config import LoopConfig
+from .exit import ExitCriterion, check_exit
 from .kernels import LinearCrossEntropy
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
 from .scales import BETA_SCALED
@@ -56,9 +58,16 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = No
 
 @dataclass
 class Generation:
-    """What `LoopedTransformer.generate` returns: the new token ids of each prompt, in prompt order."""
+    """What `LoopedTransformer.generate` returns: the new token ids of each prompt, in prompt order, and
+    the rounds each new token ran (R' for every token unless an exit criterion stops it earlier)."""
 
     tokens: list[list[int]]
+    rounds: list[list[int]]
+
+    def mean_rounds(self) -> float:
+        """Mean rounds per generated token (nan when none was generated)."""
+        counts = [r for row in self.rounds for r in row]
+        return sum(counts) / len(counts) if counts else float("nan")
 
 
 class LoopedTransformer(nn.Module):
@@ -180,9 +189,12 @@ class LoopedTransformer(nn.Module):
         ``on_logits(round, logits)`` method also sees the logits of every head evaluation. None detaches."""
         self.observer = observer
 
-    def _block(self, r: int, k: int, block: Block, x, q_src):
+    def _block(self, r: int, k: int, block: Block, x, q_src, kv: KVCache | None = None):
         """Block k's visits of round r: one call of the block (FSDP's unit, checkpointed as one), whose
-        two sublayer visits the observer, when attached, then sees in order."""
+        two sublayer visits the observer, when attached, then sees in order. With `kv` (a cached
+        generation) its attention reads and extends the cache of visit (r, k)."""
+        if kv is not None:
+            return block(x, self.alpha, q_src, self.rotary, kv=kv.slot(("core", r, k)))
         if self.observer is None:
             return block(x, self.alpha, q_src, self.rotary)
         x, traces = block(x, self.alpha, q_src, self.rotary, observe=True)
@@ -191,7 +203,7 @@ class LoopedTransformer(nn.Module):
         return x
 
     # ----------------------------------------------------------------------------- forward
-    def _round(self, r: int, x, h):
+    def _round(self, r: int, x, h, kv: KVCache | None = None):
         """Round r from its start x; h = Norm(x_end of round r-1), None in round 1."""
         cfg = self.config
         injecting = h is not None and cfg.wiring in ("inject", "flt")
@@ -204,7 +216,7 @@ class LoopedTransformer(nn.Module):
                     q_src = h
                 elif every:  # FLT_res; LT_i injected at the round's start (`_round_start`)
                     x = unit_rms(x + h)
-            x = self._block(r, k, block, x, q_src)
+            x = self._block(r, k, block, x, q_src, kv)
         return x
 
     def _round_start(self, r: int, e, x0, x, h):
@@ -230,9 +242,21 @@ class LoopedTransformer(nn.Module):
             return range(rounds - max(1, math.ceil(rounds / 3)) + 1, rounds + 1)
         return range(rounds, rounds + 1)
 
-    def iter_rounds(self, idx: torch.Tensor, rounds: int | None = None):
+    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None):
+        """(e, x0): the embedding of token ids `idx` at positions 0..T-1 (or `positions`, [B, T]) and
+        the round-1 input x0 (e, or Norm(e) with `input_norm`)."""
+        cfg = self.config
+        e = self.wte(idx)
+        if self.wpe is not None:
+            e = e + self.wpe(torch.arange(idx.size(1), device=idx.device) if positions is None else positions)
+        e = self.drop(e)
+        return e, (unit_rms(e) if cfg.input_norm else e)
+
+    def iter_rounds(self, idx: torch.Tensor, rounds: int | None = None, *, positions: torch.Tensor | None = None,
+                    kv: KVCache | None = None):
         """Run the loop on token ids `idx`, yielding (r, x_end of round r) for r = 1..R'.
-        The one loop of the model: `forward` and the update-size diagnostic read it."""
+        The one loop of the model: `forward`, `generate` and the update-size diagnostic read it.
+        A cached generation passes the new tokens' `positions` [B, T] and its `kv` cache."""
         cfg = self.config
         R = cfg.n_rounds if rounds is None else rounds
         if R < 1:
@@ -241,12 +265,8 @@ class LoopedTransformer(nn.Module):
         if T > cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds the position table (LoopConfig.seq_len={cfg.seq_len}); "
                              f"shorten the input or train with a larger seq_len")
-        e = self.wte(idx)
-        if self.wpe is not None:
-            e = e + self.wpe(torch.arange(T, device=idx.device))
-        e = self.drop(e)
-        x0 = unit_rms(e) if cfg.input_norm else e
-        use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled()
+        e, x0 = self.embed(idx, positions)
+        use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled() and kv is None
         x, h = x0, None
         for r in range(1, R + 1):
             if r > 1 and cfg.wiring != "carry":  # h = Norm(x_end): only for a next round whose wiring reads it
@@ -256,7 +276,7 @@ class LoopedTransformer(nn.Module):
                 if use_ckpt and r > cfg.truncate_rounds:
                     x = checkpoint(self._round, r, start, h, use_reentrant=False)
                 else:
-                    x = self._round(r, start, h)
+                    x = self._round(r, start, h, kv)
             yield r, x
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
@@ -286,42 +306,114 @@ class LoopedTransformer(nn.Module):
     def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
                  rounds: int | None = None, temperature: float = 0.0, top_k: int | None = None,
                  n_vocab: int | None = None, window: int | None = None,
-                 stop: Callable[[int, list[int]], bool] | None = None) -> Generation:
+                 stop: Callable[[int, list[int]], bool] | None = None, cache: bool = True,
+                 exit: str = "none", exit_threshold: float | None = None,
+                 max_rounds: int | None = None) -> Generation:
         """Continue each prompt (token ids; a [B, T] tensor is B prompts) by up to `max_new_tokens` tokens
         at R' = `rounds`, with `sample_next(temperature, top_k)` over the first `n_vocab` ids (default all).
 
-        There is no KV cache: each step runs the model on the last `window` tokens (default seq_len) of
-        every sequence, as nanoGPT does. Prompts of unequal length are right-padded; attention is causal
-        and positions count from 0, so the padding cannot change the logits at a sequence's own
-        positions. A prompt is done when `stop(i, its new tokens)` is true; it then leaves the batch.
-        Dropout follows the module's mode: call `eval()` first."""
+        Context: each sequence reads at most its last `window` tokens (default seq_len). Prompts of
+        unequal length are right-padded; attention is causal and positions count from 0, so the padding
+        cannot change the logits at a sequence's own positions. A prompt is done when `stop(i, its new
+        tokens)` is true; it then leaves the batch. Dropout follows the module's mode: call `eval()` first.
+
+        `cache` (default): the prompt runs once through every round, its keys and values kept per
+        (round, block) (`KVCache`); each new token then runs its rounds over its own position only.
+        Greedy output equals the recompute's (`cache=False`: the whole window through the model for
+        every token, as nanoGPT does). Past the window the context is cropped to its last `window`
+        tokens and the cache rebuilt from them: in a looped model every key past round 1's first block
+        depends on the tokens before it, so a cache cannot slide; each token past the window therefore
+        costs a full forward pass over the window, as without the cache.
+
+        `exit` (`loopnet.model.exit`): a token stops after the first round r ≤ `max_rounds` (default
+        R') at which the criterion holds (threshold `exit_threshold`, None: Huginn's default), and its
+        next token is drawn from round r's logits. With the cache, its keys and values of round r stand
+        in for the rounds it skipped (`KVCache.fill_later_rounds`). The prompt (and a rebuilt context)
+        runs every round at every position; at its last position the criterion picks the round the
+        first token is drawn from. Without the cache the window runs every round and the criterion
+        picks the round of the last position only. `Generation.rounds` holds the rounds each token used."""
         cfg = self.config
         W = cfg.seq_len if window is None else window
         if not 1 <= W <= cfg.seq_len:
             raise ValueError(f"window must be in [1, seq_len={cfg.seq_len}], got {W}; fix: give a shorter window")
+        check_exit(exit, exit_threshold)
+        R = (rounds or cfg.n_rounds) if exit == "none" or max_rounds is None else max_rounds
+        if R < 1:
+            raise ValueError(f"rounds must be >= 1, got {R}; fix: give a round count R' >= 1")
         V = cfg.vocab_size if n_vocab is None else min(n_vocab, cfg.vocab_size)
         device = self.wte.weight.device
         sequences = [list(p) for p in (prompts.tolist() if torch.is_tensor(prompts) else prompts)]
         if not all(sequences):
             raise ValueError("every prompt needs at least one token; fix: start an empty prompt with <|endoftext|>")
         new: list[list[int]] = [[] for _ in sequences]
+        used: list[list[int]] = [[] for _ in sequences]
         active = list(range(len(sequences)))
+        kv: KVCache | None = None
         for _ in range(max_new_tokens):
             if not active:
                 break
-            windows = [sequences[i][-W:] for i in active]
-            batch = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
-            for row, w in enumerate(windows):
-                batch[row, : len(w)] = torch.tensor(w)
-            logits, _ = self(batch.to(device), rounds=rounds)
-            ends = torch.tensor([len(w) - 1 for w in windows], device=device)
-            last = logits[torch.arange(len(windows), device=device), ends]
-            tokens = sample_next(last[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
+            if cache and kv is not None and max(len(sequences[i]) for i in active) <= W:
+                # decode: each sequence's newest token at its own next position
+                inputs = torch.tensor([[sequences[i][-1]] for i in active], device=device)
+                positions = kv.lengths[:, None].clone()
+                last = torch.zeros(len(active), dtype=torch.long, device=device)
+                prefill = False
+            else:  # the (cropped) window of every sequence, right-padded; with the cache, a new one
+                windows = [sequences[i][-W:] for i in active]
+                inputs = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
+                for row, w in enumerate(windows):
+                    inputs[row, : len(w)] = torch.tensor(w)
+                inputs = inputs.to(device)
+                positions = torch.arange(inputs.size(1), device=device).expand_as(inputs)
+                last = torch.tensor([len(w) - 1 for w in windows], device=device)
+                kv = KVCache(len(active), W, device) if cache else None
+                prefill = True
+            if kv is not None:
+                kv.begin(positions)
+            logits, exit_round = self._next_logits(inputs, positions if cache else None, last, kv, R, exit,
+                                                   exit_threshold, may_stop=not (cache and prefill))
+            if kv is not None:
+                at = positions[torch.arange(len(active), device=device), last]
+                kv.end(at)
+                kv.fill_later_rounds(exit_round, R, cfg.n_blocks, at)
+            tokens = sample_next(logits[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
             still = []
-            for i, token in zip(active, tokens, strict=True):
+            for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
                 sequences[i].append(token)
                 new[i].append(token)
+                used[i].append(int(exit_round[row]))
                 if stop is None or not stop(i, new[i]):
-                    still.append(i)
-            active = still
-        return Generation(new)
+                    still.append(row)
+            if kv is not None and len(still) < len(active):
+                kv.keep(still)
+            active = [active[row] for row in still]
+        return Generation(new, used)
+
+    def _next_logits(self, inputs, positions, last, kv, R: int, exit: str, threshold, may_stop: bool):
+        """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]).
+        Runs up to R rounds; stops early once every row exited when `may_stop` (nothing else needs the
+        later rounds)."""
+        B = inputs.size(0)
+        rows = torch.arange(B, device=inputs.device)
+        exit_round = torch.full((B,), R, dtype=torch.long, device=inputs.device)
+        if exit == "none":
+            *_, (_, x) = self.iter_rounds(inputs, R, positions=positions, kv=kv)
+            return self.head(x[rows, last][:, None])[0][:, 0], exit_round
+        criterion = ExitCriterion(exit, threshold)
+        pos = None if positions is None else positions[rows, last][:, None]
+        criterion.start(self.embed(inputs[rows, last][:, None], pos)[1][:, 0])
+        done = torch.zeros(B, dtype=torch.bool, device=inputs.device)
+        chosen = None
+        for r, x in self.iter_rounds(inputs, R, positions=positions, kv=kv):
+            x_last = x[rows, last]
+            logits = self.head(x_last[:, None])[0][:, 0] if criterion.needs_logits or r == R else None
+            exits, _ = criterion.step(x_last, logits)
+            newly = exits & ~done if r < R else ~done
+            if newly.any():
+                logits = self.head(x_last[:, None])[0][:, 0] if logits is None else logits
+                chosen = logits.clone() if chosen is None else torch.where(newly[:, None], logits, chosen)
+                exit_round[newly] = r
+                done |= newly
+            if may_stop and bool(done.all()):
+                break
+        return chosen, exit_round
