@@ -61,7 +61,7 @@ class ExitCriterion:
         logp = F.log_softmax(logits.float(), dim=-1)
         if self.kind == "kl":
             prev = self.prev_logp if self.prev_logp is not None else torch.full_like(logp, -math.log(logp.size(-1)))
-            value = (prev.exp() * (prev - logp)).sum(-1)
+            value = (prev.exp() * (prev - logp)).sum(-1).clamp_min(0)  # ≥ 0; rounding can dip below
             self.prev_logp = logp
             return value < self.threshold, value
         if self.kind == "entropy":
