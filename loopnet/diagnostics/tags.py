@@ -144,4 +144,6 @@ def custom_scalars_layout(n_rounds: int) -> dict:
     quantities = VISIT_QUANTITIES + ATTN_QUANTITIES
     rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"^visits/{q}/r{r:02d}_"]] for q in quantities}
               for r in range(1, n_rounds + 1)}
-    return {"training": train, **rounds, "sublayers": sublayers}
+    fixed_point = {f"{q} per round": ["Multiline", [rf"^fixed_point/{q}/r\d+$"]]  # validation's, one line per round
+                   for q in ("loss", "latent_change", "kl", "sigma_max")}
+    return {"training": train, **rounds, "sublayers": sublayers, "fixed point": fixed_point}
