@@ -1,6 +1,7 @@
 """Training throughput, MFU and memory of loopnet's training variants, as ratios measured in one run.
 
     loopnet bench [--smoke] [--out bench.md] [--json bench.json] [--steps 10] [--reps 3] ...
+    loopnet bench generation ...   generation with and without the KV cache (`loopnet.bench.generation`)
     python -m loopnet.bench ...
 
 All variants train the same model on the same batches, in this process (all but one, which needs a
@@ -320,6 +321,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["generation"]:  # generation with and without the KV cache (`loopnet.bench.generation`)
+        from loopnet.bench.generation import main as generation
+
+        return generation(argv[1:])
     args, s = parse(argv)
     # As `loopnet fit` on CPU runs (the system-malloc row is the contrast).
     if args.system_malloc and s.cuda:
