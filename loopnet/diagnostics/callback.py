@@ -55,9 +55,22 @@ def find_looped_model(pl_module: torch.nn.Module):
 
 def physical_sublayers(model) -> dict[str, dict[str, torch.nn.Parameter]]:
     """Physical sublayer j (named by ``Visit.physical``) -> its parameters, by the names the
-    model's visits use in ``VisitTrace.params``."""
-    return {Visit(1, k, s).physical: dict(getattr(block, s).named_parameters())
-            for k, block in enumerate(model.blocks, start=1) for s in SUBLAYERS}
+    model's visits use in ``VisitTrace.params``: the loop's tied sublayers, then the prelude's and the
+    coda's untied ones (visited once each, so their κ̂ is 1 by definition)."""
+    parts = [("loop", 1, model.blocks), ("prelude", 0, getattr(model, "prelude_blocks", [])),
+             ("coda", 0, getattr(model, "coda_blocks", []))]
+    return {Visit(r, k, s, part).physical: dict(getattr(block, s).named_parameters())
+            for part, r, blocks in parts for k, block in enumerate(blocks, start=1) for s in SUBLAYERS}
+
+
+def step_draw(pl_module, step: int):
+    """(rounds, alpha) that training step `step` runs (`LoopedLM.draw`); (None, None), the model's own,
+    for a module that draws nothing."""
+    draw = getattr(pl_module, "draw", None)
+    if draw is None:
+        return None, None
+    d = draw(step)
+    return d.rounds, d.alpha
 
 
 def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -166,6 +179,7 @@ class VisitDiagnostics(Callback):
         self._weights_before: dict[str, list[torch.Tensor]] = {}
         self._inputs: torch.Tensor | None = None  # the step's first micro-batch, for update_size
         self._outputs_before: list[torch.Tensor] | None = None
+        self._draw: tuple = (None, None)
 
     def _looped(self, pl_module):
         if self._model is None:
@@ -190,10 +204,11 @@ class VisitDiagnostics(Callback):
             self.update_size = False
         if not self.every_n_steps or not trainer.is_global_zero:
             return
-        rounds = self._model.config.n_rounds
+        cfg = self._model.config  # a category per round up to the most a step runs (max_rounds with sampling)
+        layout = custom_scalars_layout(cfg.round_cap, untied=bool(cfg.n_prelude or cfg.n_coda))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_custom_scalars(custom_scalars_layout(rounds))
+                logger.experiment.add_custom_scalars(layout)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not self._due(trainer):
@@ -207,7 +222,8 @@ class VisitDiagnostics(Callback):
             self._step = trainer.global_step
             if self.update_size:  # before the forward: the weights the step starts from
                 self._inputs = batch[0]
-                self._outputs_before = round_outputs(self._looped(pl_module), self._inputs)
+                self._draw = step_draw(pl_module, trainer.global_step)  # the rounds this step runs
+                self._outputs_before = round_outputs(self._looped(pl_module), self._inputs, *self._draw)
         self._looped(pl_module).attach_observer(self._probe)
 
     def _due(self, trainer) -> bool:
@@ -263,7 +279,7 @@ class VisitDiagnostics(Callback):
         named["grad/global_norm"] = side["global_norm"]
         named["grad/kappa_model"] = kappa["model"]
         if self._outputs_before is not None:
-            after = round_outputs(self._looped(pl_module), self._inputs)
+            after = round_outputs(self._looped(pl_module), self._inputs, *self._draw)
             named.update(relative_changes(self._outputs_before, after))
         values = torch.stack([t.to(device=device, dtype=torch.float32) for t in named.values()]).tolist()
         scalars = dict(zip(named, values))

@@ -31,11 +31,13 @@ QUANTITIES = ("loss", "latent_change", "kl", "sigma_max")
 def round_map(model, idx: torch.Tensor, r: int):
     """The function x_{r−1} ↦ x_r of round r ≥ 2 on token ids `idx` (embedding fixed)."""
     cfg = model.config
-    e, x0 = model.embed(idx)
+    e = model.embed(idx)
+    x0 = unit_rms(e) if cfg.input_norm else e
+    reads_h = cfg.wiring != "carry" and model.injection is None  # as `iter_rounds` has it
 
     def step(x: torch.Tensor) -> torch.Tensor:
-        h = unit_rms(x) if cfg.wiring != "carry" else None
-        return model._round(r, model._round_start(r, e, x0, x, h), h)
+        h = unit_rms(x) if reads_h else None
+        return model._round(r, model._round_start(r, e, x0, x, h), h, model.alpha)
 
     return step
 

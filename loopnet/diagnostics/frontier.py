@@ -38,14 +38,15 @@ class FrontierMeter:
     def update(self, model, idx: torch.Tensor, targets: torch.Tensor) -> None:
         valid = targets != -1
         criteria = [ExitCriterion(self.exit, t) for t in self.thresholds]
-        x0 = model.embed(idx)[1]
-        for c in criteria:
-            c.start(x0)
         n = len(criteria)
         loss = torch.zeros(n, *idx.shape, device=idx.device)
         used = torch.full((n, *idx.shape), self.max_rounds, dtype=torch.long, device=idx.device)
         done = torch.zeros(n, *idx.shape, dtype=torch.bool, device=idx.device)
-        for r, x in model.iter_rounds(idx, self.max_rounds):
+        for r, x in model.iter_rounds(idx, self.max_rounds, start=True):
+            if r == 0:  # the round-1 input
+                for c in criteria:
+                    c.start(x)
+                continue
             logits = model.head(x)[0].float()
             ce = F.cross_entropy(logits.flatten(0, 1), targets.clamp_min(0).flatten(), reduction="none").view_as(targets)
             for i, c in enumerate(criteria):

@@ -145,7 +145,7 @@ class VisitProbe:
             ])
             self.fwd[visit] = self.fwd[visit] + stats if visit in self.fwd else stats
             self.n_fwd[visit] += 1
-            if self.hist_samples:
+            if self.hist_samples and visit.looped:  # histograms are per round of the loop
                 self._sample_for_histograms(visit, stream, state)
             if trace.qk is not None:
                 self.attn[visit] = _combine(self.attn.get(visit), attention_logit_stats(*trace.qk), maxima=(0, 1))

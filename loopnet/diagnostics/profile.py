@@ -63,11 +63,16 @@ def draw_depth(ax, visits: list[Visit], lines: list[tuple[list[float], dict]], l
             ax.plot(*zip(*points), **{"marker": ".", "linewidth": 1.6, "markersize": 4, **style})
     if log and ax.lines:
         ax.set_yscale("log")
+    # A light line where each round (and the prelude's end, the coda) starts; labels r1, r2, … (a few
+    # only), P and C for the prelude and the coda.
     starts = [i for i, v in enumerate(visits, start=1) if v.block == 1 and v.sublayer == "attn"]
     for i in starts[1:]:
         ax.axvline(i - 0.5, color="0.85", linewidth=0.8, zorder=0)
-    every = max(1, math.ceil(len(starts) / 4))  # at most 4-5 round labels
-    ax.set_xticks(starts[::every], [f"r{visits[i - 1].round}" for i in starts[::every]])
+    rounds = [i for i in starts if visits[i - 1].looped]
+    every = max(1, math.ceil(len(rounds) / 4))  # at most 4-5 round labels
+    ticks = sorted(set(rounds[::every]) | {i for i in starts if not visits[i - 1].looped})
+    label = lambda v: f"r{v.round}" if v.looped else v.part[0].upper()  # noqa: E731
+    ax.set_xticks(ticks, [label(visits[i - 1]) for i in ticks])
     ax.set_xlim(0.5, len(visits) + 0.5)
     ax.tick_params(labelsize=font - 1, length=3, pad=2)
     _few_y_ticks(ax, log)

@@ -3,7 +3,8 @@
 Every tag is ``<group>/<quantity>/<name>`` (TensorBoard groups its charts by the first part):
 
     visits/<quantity>/<visit.tag>        one value per sublayer visit i = (r, j), e.g.
-                                         visits/resid_norm/r03_k1_attn
+                                         visits/resid_norm/r03_k1_attn; a prelude or coda visit
+                                         is p<k>_<s> or c<k>_<s>, e.g. visits/resid_norm/p1_attn
         resid_norm       RMS of the pre-Norm stream α·x + f(x) (Pre-LN: the new stream x + f)
         state_norm_dev   RMS of the visit's output minus 1: the state after the Norm has RMS ≈ 1 by
                          construction (exactly 1 with unit gains), so only its deviation is shown
@@ -19,7 +20,8 @@ Every tag is ``<group>/<quantity>/<name>`` (TensorBoard groups its charts by the
                            heads and queries
     sublayers/<quantity>/<visit.physical>   one value per physical sublayer j, e.g.
                                          sublayers/kappa/k1_attn
-        kappa            κ̂_R(j) = ‖Σ_r g_{r,j}‖² / Σ_r ‖g_{r,j}‖² (1 = orthogonal visits, R = aligned)
+        kappa            κ̂_R(j) = ‖Σ_r g_{r,j}‖² / Σ_r ‖g_{r,j}‖² (1 = orthogonal visits, R = aligned);
+                         1 by definition for a prelude or coda sublayer (p1_attn, c1_ffn: one visit)
         grad_norm        ‖Σ_r g_{r,j}‖, the sublayer's gradient norm (before clipping)
         update_ratio     ‖ΔW_j‖ / ‖W_j‖ of the optimiser step (W_j: all the sublayer's parameters)
     grad/global_norm     global gradient norm of all parameters, before clipping
@@ -104,11 +106,13 @@ def parse_tag(tag: str) -> tuple[str, str, Visit | str | None]:
     raise ValueError(f"{tag!r} is not a loopnet diagnostics tag (see loopnet.diagnostics.tags)")
 
 
-def expected_scalar_tags(n_blocks: int, n_rounds: int, update_size: bool = True) -> list[str]:
-    """Every scalar tag one logging step writes for a K-block, R-round model."""
+def expected_scalar_tags(n_blocks: int, n_rounds: int, update_size: bool = True, n_prelude: int = 0,
+                         n_coda: int = 0) -> list[str]:
+    """Every scalar tag one logging step writes for a K-block model that runs R rounds (with P prelude and
+    C coda blocks)."""
     from loopnet.model import visit_order
 
-    visits = visit_order(n_blocks, n_rounds)
+    visits = visit_order(n_blocks, n_rounds, n_prelude, n_coda)
     physical = sorted({v.physical for v in visits})
     return ([visit_tag(q, v) for v in visits for q in visit_quantities(v)]
             + [sublayer_tag(q, j) for q in SUBLAYER_QUANTITIES for j in physical]
@@ -122,7 +126,7 @@ def round_category(round_: int) -> str:
     return f"round {round_:02d}"
 
 
-def custom_scalars_layout(n_rounds: int) -> dict:
+def custom_scalars_layout(n_rounds: int, untied: bool = False) -> dict:
     """TensorBoard custom-scalars layout. One category per round (``round 03``) with a chart per visit
     quantity holding only that round's visits: 2·K lines per run (K for the attention quantities), each
     chart on a scale of its own. No chart mixes rounds: across the depth, the per-visit values are drawn
@@ -130,7 +134,7 @@ def custom_scalars_layout(n_rounds: int) -> dict:
     size and the output logits' instability signals; ``sublayers``: one chart per quantity over the
     physical sublayers. Per-visit values span decades: every chart's "Toggle y-axis log scale" button
     (TensorBoard's, not settable from a layout) gives a log axis. Charts select tags by regex, so they
-    hold for any K."""
+    hold for any K. `untied`: a category ``prelude and coda`` with a chart per quantity over their visits."""
     sublayers = {q: ["Multiline", [rf"^sublayers/{q}/"]] for q in SUBLAYER_QUANTITIES}
     train = {  # anchored: TensorBoard searches a chart's regexes anywhere in a tag
         "loss": ["Multiline", [r"^train/loss$", r"^val/loss$"]],
@@ -144,6 +148,9 @@ def custom_scalars_layout(n_rounds: int) -> dict:
     quantities = VISIT_QUANTITIES + ATTN_QUANTITIES
     rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"^visits/{q}/r{r:02d}_"]] for q in quantities}
               for r in range(1, n_rounds + 1)}
+    extra = {}
+    if untied:
+        extra["prelude and coda"] = {q: ["Multiline", [rf"^visits/{q}/[pc]\d+_"]] for q in quantities}
     fixed_point = {f"{q} per round": ["Multiline", [rf"^fixed_point/{q}/r\d+$"]]  # validation's, one line per round
                    for q in ("loss", "latent_change", "kl", "sigma_max")}
-    return {"training": train, **rounds, "sublayers": sublayers, "fixed point": fixed_point}
+    return {"training": train, **rounds, **extra, "sublayers": sublayers, "fixed point": fixed_point}

@@ -23,14 +23,17 @@ from .tags import update_tag
 
 
 @torch.no_grad()
-def round_outputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
+def round_outputs(model, idx: torch.Tensor, rounds: int | None = None, alpha: float | None = None
+                  ) -> list[torch.Tensor]:
     """[x_end of round 1, ..., x_end of round R, logits] of `model` (a `LoopedTransformer`) on
-    token ids `idx`, without grad and in eval mode. Detach any visit observer first."""
+    token ids `idx` at R = `rounds` (default the training R) and skip scale `alpha` (default the model's):
+    a step with sampled rounds passes its draw. Without grad and in eval mode; the logits come after the
+    coda. Detach any visit observer first."""
     was_training = model.training
     model.eval()
     try:
-        states = [x for _, x in model.iter_rounds(idx)]
-        logits, _ = model.head(states[-1])
+        states = [x for _, x in model.iter_rounds(idx, rounds, alpha=alpha)]
+        logits, _ = model.head(states[-1], alpha=alpha)
     finally:
         model.train(was_training)
     return states + [logits]

@@ -1,7 +1,8 @@
 """LoopConfig: every hyperparameter of a looped Transformer in one typed, documented place.
 
-Symbols follow the papers: K = `n_blocks` physical blocks applied for R = `n_rounds` rounds,
-unrolled depth N = K·R, M = 2N sublayer visits. N and M are derived, never stored.
+Symbols follow the papers: K = `n_blocks` physical blocks applied for R = `n_rounds` rounds, between
+P = `n_prelude` untied blocks before the loop and C = `n_coda` after it; unrolled depth N = P + K·R + C
+(every block visit counts), M = 2N sublayer visits. N and M are derived, never stored.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from .scales import SCHEMES, residual_scales
 Residual = Literal["preln", "postln", "deepnorm", "deeploop", "scaled"]
 Wiring = Literal["carry", "lt", "inject", "flt"]
 Init = Literal["xavier", "normal"]
-Injection = Literal["add", "attention"]
+Injection = Literal["add", "attention", "linear", "diagonal"]
 InjectInto = Literal["first", "every"]
 Positions = Literal["learned", "rope"]
 Norm = Literal["rmsnorm", "layernorm"]
 LossRounds = Literal["last", "all", "last_third"]
+RoundSampling = Literal["fixed", "poisson_lognormal", "poisson_truncated"]
+ScalesDepth = Literal["mean", "sampled"]
 
 assert get_args(Residual) == SCHEMES
 _CHOICES = {
@@ -29,6 +32,8 @@ _CHOICES = {
     "positions": Positions,
     "norm": Norm,
     "loss_rounds": LossRounds,
+    "round_sampling": RoundSampling,
+    "scales_depth": ScalesDepth,
     "init": (None, *get_args(Init)),
 }
 
@@ -43,8 +48,12 @@ class Architecture:
         seq_len: Longest sequence the model accepts (size of the position table).
         d_model: Residual stream width d.
         n_heads: Attention heads; must divide d_model.
-        n_blocks: K, physical blocks stored.
-        n_rounds: R, rounds the K-block stack is applied in training (N = K·R).
+        n_blocks: K, physical blocks stored in the loop (tied: every round applies the same K).
+        n_rounds: R, rounds the K-block stack is applied in training; with `round_sampling` the mean R
+            (N = P + K·R + C).
+        n_prelude: P, untied blocks applied once to the embedding before the loop (Huginn, Parcae); their
+            output e is what the loop starts from and what injection re-injects.
+        n_coda: C, untied blocks applied once after the loop, before the final Norm and the LM head.
         mlp_ratio: FFN hidden width as a multiple of d_model.
         bias: Biases in linear layers.
         tie_embeddings: Share the token embedding with the LM head (GPT-2, nanoGPT; the FLT code unties).
@@ -68,7 +77,12 @@ class Architecture:
             "flt" is the Fully Looped Transformer (= inject by attention into every block).
         injection: For wiring="inject": "add" starts the round from Norm(e + h) (LT_i) or, into every
             block, does x ← Norm(x + h) before each block (FLT_res); "attention" makes the
-            block's attention take its query from h (K/V from the current stream).
+            block's attention take its query from h (K/V from the current stream). The learned
+            injections start every round, round 1 included, from inj(x, e), x the stream where the
+            last round ended (0 before round 1), e the loop's input: "linear" is Huginn's adapter
+            W·concat[x, e] (a d×2d matrix); "diagonal" is Parcae's x·exp(−softplus(dt)·exp(A_log)) +
+            softplus(dt)·B·e, a per-channel decay in (0, 1) (a contraction in x) with B = I and the
+            decay √(1/5) at init. Both need inject_into="first".
         inject_into: For wiring="inject": the "first" block only (LT_i, LT_ia) or "every" block (FLT_res).
         init: Initialiser of the linear layers before β: "xavier" (DeepNet/torchscale: xavier_normal,
             gain β on V/O/fc1/fc2, gain 1 elsewhere) or "normal" (GPT-2: N(0, init_std²), then ×β on
@@ -76,6 +90,8 @@ class Architecture:
             family. Embeddings are N(0, init_std²) under both.
         init_std: Standard deviation of the normal initialisation (embeddings always; linear layers
             with init="normal").
+        qk_norm: RMSNorm (with a learned gain per channel of d_h) on every head's queries and keys, before
+            the rotary embedding: bounds each attention logit by √d_h·max|g_q|·max|g_k| (Huginn, Parcae).
     """
 
     vocab_size: int = 50304
@@ -84,6 +100,8 @@ class Architecture:
     n_heads: int = 12
     n_blocks: int = 2
     n_rounds: int = 6
+    n_prelude: int = 0
+    n_coda: int = 0
     mlp_ratio: float = 4.0
     bias: bool = False
     tie_embeddings: bool = True
@@ -99,12 +117,17 @@ class Architecture:
     inject_into: InjectInto = "first"
     init: Optional[Init] = None
     init_std: float = 0.02
+    qk_norm: bool = False
 
     # Derived quantities: computed, never stored twice.
     @property
     def n_unrolled(self) -> int:
-        """N = K·R, the unrolled depth."""
-        return self.n_blocks * self.n_rounds
+        """N = P + K·R + C, the unrolled depth: every block visit of a forward pass at the mean R."""
+        return self.depth(self.n_rounds)
+
+    def depth(self, rounds: int) -> int:
+        """N = P + K·R + C at R = `rounds`."""
+        return self.n_prelude + self.n_blocks * rounds + self.n_coda
 
     @property
     def n_visits(self) -> int:
@@ -121,7 +144,7 @@ class Architecture:
 
     @property
     def scales(self) -> tuple[float, float]:
-        """(α, β) of the training depth N; kept fixed when evaluating at another R'."""
+        """(α, β) of the training depth N (at the mean R); kept fixed when evaluating at another R'."""
         return residual_scales(self.residual, self.n_unrolled, self.p)
 
     @property
@@ -147,13 +170,34 @@ class RunSettings:
         loss_rounds: Train on the "last" round (default), the mean over "all" rounds, or over the
             "last_third" of rounds.
         checkpoint_rounds: Activation checkpointing per round, so stored activations grow with K, not K·R.
-        truncate_rounds: Run the first n rounds without grad (truncated backprop through rounds).
+        truncate_rounds: Run the first n rounds without grad (truncated backprop through rounds), at a
+            fixed R: the same as backprop_rounds = n_rounds − truncate_rounds. Give one of the two.
+        round_sampling: How many rounds a training step runs: "fixed" (n_rounds every step),
+            "poisson_lognormal" (Huginn's released rule: rate ~ LogNormal(log(n_rounds) − σ²/2, σ = 0.5),
+            R = Poisson(rate) + 1, mean n_rounds + 1) or "poisson_truncated" (Parcae's: R =
+            max(Poisson(n_rounds), 1)). One draw per step for the whole batch, from the run's seed and
+            the global step: a resumed run and every DDP rank draw the same. Evaluation runs at n_rounds.
+        backprop_rounds: The last this-many rounds of a step get gradients, the earlier ones run
+            without (Huginn's mean backprop depth; memory grows with it, not with the drawn R). None:
+            every round, less `truncate_rounds`.
+        max_rounds: Cap on a drawn R (None: 2·n_rounds with sampling); the diagnostics' TensorBoard
+            layout has a category per round up to it.
+        round_curriculum_steps: Ramp the mean rounds run without gradient linearly from 0 up to
+            n_rounds − backprop_rounds over this many steps (Parcae's linear "forward" curriculum); 0: none.
+        scales_depth: The N of α and β with sampled rounds: "mean" (α, β of N at n_rounds: Parcae
+            initialises from the expected depth) or "sampled" (α of each step's drawn N; β stays its
+            initialisation at the mean N).
     """
 
     dropout: float = 0.0
     loss_rounds: LossRounds = "last"
     checkpoint_rounds: bool = False
     truncate_rounds: int = 0
+    round_sampling: RoundSampling = "fixed"
+    backprop_rounds: Optional[int] = None
+    max_rounds: Optional[int] = None
+    round_curriculum_steps: int = 0
+    scales_depth: ScalesDepth = "mean"
 
 
 RUN_SETTINGS = frozenset(f.name for f in fields(RunSettings))  # the LoopConfig fields a checkpoint need not match
@@ -203,8 +247,57 @@ class LoopConfig(RunSettings, Architecture):
             raise ValueError(f"LoopConfig.residual='scaled' needs p > 0 (e.g. p: 0.4), got p={self.p}")
         if self.residual != "scaled" and self.p is not None:
             raise ValueError("LoopConfig.p is only used with residual='scaled'; remove it or set residual: scaled")
+        for name in ("n_prelude", "n_coda", "round_curriculum_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"LoopConfig.{name} must be >= 0, got {getattr(self, name)}; "
+                                 f"fix: set model.config.{name} to 0 or a positive integer")
+        if self.injection in ("linear", "diagonal") and (self.wiring != "inject" or self.inject_into != "first"):
+            raise ValueError(f"LoopConfig.injection={self.injection!r} starts each round from inj(x, e); it needs "
+                             f"wiring='inject' and inject_into='first'; fix: set model.config.wiring: inject and "
+                             f"model.config.inject_into: first")
+        if self.backprop_rounds is not None and self.backprop_rounds < 1:
+            raise ValueError(f"LoopConfig.backprop_rounds={self.backprop_rounds} must be >= 1 (or null: every round); "
+                             f"fix: give the number of final rounds that get gradients, e.g. 2")
+        sampled = self.round_sampling != "fixed"
+        if self.backprop_rounds is not None and self.truncate_rounds:
+            if sampled or self.n_rounds - self.truncate_rounds != self.backprop_rounds:
+                raise ValueError(
+                    f"LoopConfig.backprop_rounds={self.backprop_rounds} and truncate_rounds={self.truncate_rounds} "
+                    f"disagree (backprop_rounds = n_rounds - truncate_rounds at a fixed R; sampled R takes "
+                    f"backprop_rounds only); fix: give one of them, e.g. remove model.config.truncate_rounds")
+        if self.max_rounds is not None and self.max_rounds < self.n_rounds:
+            raise ValueError(f"LoopConfig.max_rounds={self.max_rounds} is below the mean n_rounds={self.n_rounds}; "
+                             f"fix: give max_rounds >= n_rounds (e.g. {2 * self.n_rounds}) or null")
+        if not sampled and (self.round_curriculum_steps or self.scales_depth != "mean"):
+            raise ValueError("LoopConfig.round_curriculum_steps and scales_depth='sampled' act on sampled rounds; "
+                             "fix: set model.config.round_sampling (poisson_lognormal or poisson_truncated) or remove them")
+        if self.backprop_rounds is not None and self.backprop_rounds > self.n_rounds:
+            raise ValueError(f"LoopConfig.backprop_rounds={self.backprop_rounds} exceeds n_rounds={self.n_rounds}; "
+                             f"fix: give at most n_rounds (every round then gets gradients)")
+        if self.n_coda and self.loss_rounds != "last":
+            raise ValueError(f"LoopConfig.loss_rounds={self.loss_rounds!r} with a coda would run the coda once per loss "
+                             f"round; fix: set model.config.loss_rounds: last, or n_coda: 0")
+        truncated = self.backprop_rounds is not None or self.truncate_rounds > 0
+        if self.n_prelude and truncated and self.wiring in ("carry", "lt"):
+            raise ValueError(f"LoopConfig.wiring={self.wiring!r} feeds the prelude's output into round 1 only, which "
+                             f"runs without grad when rounds are truncated: the prelude would get no gradient; fix: "
+                             f"set model.config.wiring: inject (the prelude's output re-enters every round)")
         if self.sandwich and self.residual == "preln":
             raise ValueError("LoopConfig.sandwich applies to the Post-LN family; Pre-LN already normalises the branch input")
+
+    @property
+    def round_cap(self) -> int:
+        """The most rounds a training step runs: n_rounds when fixed, else `max_rounds` (default 2·n_rounds)."""
+        if self.round_sampling == "fixed":
+            return self.n_rounds
+        return self.max_rounds if self.max_rounds is not None else 2 * self.n_rounds
+
+    def grad_rounds(self, rounds: int) -> int:
+        """How many of a pass's last rounds get gradients when it runs `rounds` rounds in training:
+        `backprop_rounds`, or every round less `truncate_rounds` (at least one)."""
+        if self.backprop_rounds is not None:
+            return min(self.backprop_rounds, rounds)
+        return max(rounds - self.truncate_rounds, 1)
 
     def architecture(self) -> dict:
         """The architecture's fields and values: what a checkpoint must match."""

@@ -92,9 +92,11 @@ def exit_logits(model, idx: torch.Tensor, exit: str, threshold: float | None, ma
         *_, (_, x) = model.iter_rounds(idx, max_rounds)
         return model.head(x)[0], rounds
     criterion = ExitCriterion(exit, threshold)
-    criterion.start(model.embed(idx)[1])
     chosen = done = None
-    for r, x in model.iter_rounds(idx, max_rounds):
+    for r, x in model.iter_rounds(idx, max_rounds, start=True):
+        if r == 0:  # the round-1 input
+            criterion.start(x)
+            continue
         logits = model.head(x)[0]
         exits, _ = criterion.step(x, logits[..., :n_vocab])
         if chosen is None:

@@ -49,8 +49,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """(lm_loss of logits = x·Wᵀ, the logits without grad), x [N, d], W [V, d], targets [N] (-1 ignored),
-    with the gradients of x and W formed in the forward pass.
+    """(lm_loss of logits = x·Wᵀ [+ z-loss], the logits without grad[, the mean (log Z)² when z_coef > 0]), x [N, d],
+    W [V, d], targets [N] (-1 ignored), `z_coef` c >= 0, with the gradients of x and W formed in the forward pass.
+
+    With c > 0 the loss adds c·mean((log Z)²) over the rows with a target (PaLM's z-loss, log Z = logsumexp
+    of the row's logits); since ∂(log Z)²/∂z_i = 2·log Z·p_i, the logits' gradient becomes
+    (p·(1 + 2c·log Z) − one-hot)/n, one scale of the softmax per row before the one-hot is subtracted.
 
     The loss's gradient w.r.t. the logits is (softmax − one-hot)/n: the softmax is computed once, the
     loss is read off it (−log p of each target) and the one-hot subtracted in place, and the two
@@ -60,27 +64,36 @@ class LinearCrossEntropy(torch.autograd.Function):
     the backward pass holds the N×d and V×d gradients instead of the N×V log-probabilities."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets):
+    def forward(ctx, x, weight, targets, z_coef: float = 0.0):
         logits = x @ weight.t()
         p = torch.softmax(logits, dim=-1)
         valid = targets != -1
         index = targets.clamp(min=0)[:, None]
         scale = valid / valid.sum()  # per row: 1/n, or 0 for an ignored target; nan when none is valid, as F.cross_entropy
         loss = (target_nll(logits, p, index, host_check=logits.is_cpu) * scale).sum()
+        z_term = None
+        if z_coef:
+            log_z = torch.logsumexp(logits, dim=-1)
+            z_term = (log_z.square() * scale).sum()
+            loss = loss + z_coef * z_term
+            p.mul_((1 + 2 * z_coef * log_z)[:, None])
         grad = p.scatter_add_(1, index, -valid[:, None].to(p.dtype))  # softmax − one-hot
         grad_x = (grad @ weight).mul_(scale[:, None])  # scaling x and the N×d result, not the N×V gradient
         grad_w = grad.t() @ (x * scale[:, None])
         ctx.save_for_backward(grad_x, grad_w)
         ctx.mark_non_differentiable(logits)
         ctx.set_materialize_grads(False)  # else the backward gets an N×V zero tensor for the logits
-        return loss, logits
+        if z_term is None:
+            return loss, logits
+        ctx.mark_non_differentiable(z_term)
+        return loss, logits, z_term
 
     @staticmethod
-    def backward(ctx, grad_loss, _):
+    def backward(ctx, grad_loss, *_):
         if grad_loss is None:  # grads are not materialised: the loss was not part of what was differentiated
-            return None, None, None
+            return None, None, None, None
         grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad_loss, grad_w * grad_loss, None
+        return grad_x * grad_loss, grad_w * grad_loss, None, None
 
 
 def target_nll(logits: torch.Tensor, p: torch.Tensor, index: torch.Tensor, host_check: bool) -> torch.Tensor:
@@ -98,3 +111,11 @@ def target_nll(logits: torch.Tensor, p: torch.Tensor, index: torch.Tensor, host_
         rows, z = far.nonzero().squeeze(1), logits[far]
         nll[rows] = torch.logsumexp(z, dim=-1) - z.gather(1, index[rows]).squeeze(1)
     return nll
+
+
+def z_loss_term(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """mean((log Z)²) over the positions with a target (-1 ignored), log Z = logsumexp of the fp32 logits:
+    the z-loss's term, as `LinearCrossEntropy` computes it."""
+    log_z = torch.logsumexp(logits.flatten(0, -2).float(), dim=-1)
+    valid = targets.flatten() != -1
+    return (log_z.square() * valid).sum() / valid.sum()

@@ -90,6 +90,10 @@ class Attention(nn.Module):
         self.qkv_proj = QKVLinear(d, b)
         self.o_proj = nn.Linear(d, d, bias=b)
         self.dropout = cfg.dropout
+        # qk-norm: each head's queries and keys RMS-normalised over d_h (own gains), so |q·k|/√d_h <= √d_h·|g_q|·|g_k|.
+        hd = cfg.head_dim
+        self.q_norm = RMSNorm(hd, eps=1e-6, elementwise_affine=cfg.norm_affine) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, eps=1e-6, elementwise_affine=cfg.norm_affine) if cfg.qk_norm else None
         # Called with (q, k) when set: on diagnostics steps only (`Sublayer.observed`), since
         # scaled_dot_product_attention does not expose the logits q·k/√d_h that the probe measures.
         self.qk_hook = None
@@ -106,6 +110,8 @@ class Attention(nn.Module):
             q = F.linear(q_src, w[:C], None if b is None else b[:C])
             k, v = F.linear(x, w[C:], None if b is None else b[C:]).split(C, dim=2)
         q, k, v = split(q), split(k), split(v)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:
             positions = None if kv is None else kv.positions
             q, k = rotary(q, positions), rotary(k, positions)

@@ -1,10 +1,11 @@
-"""LoopedTransformer: K physical blocks applied for R rounds, with the residual schemes and loop
-wirings of `LoopConfig`.
+"""LoopedTransformer: P prelude blocks, K physical blocks applied for R rounds, C coda blocks, with
+the residual schemes, loop wirings and injections of `LoopConfig`.
 
-Notation (DeepLoop / loopnet): K physical blocks, R rounds, N = K·R unrolled depth. The FLT paper
-calls the loop count K; here it is R. With e = embedding(tokens) and Norm the parameter-free
-RMSNorm used between rounds:
+Notation (DeepLoop / loopnet): K physical blocks, R rounds, N = P + K·R + C unrolled depth (P = C = 0:
+the seed papers' N = K·R). The FLT paper calls the loop count K; here it is R. With e = the prelude's
+output (the embedding itself when P = 0) and Norm the parameter-free RMSNorm used between rounds:
 
+    e = prelude(embedding(tokens))
     round 1 starts from x0 = e, or Norm(e) with `input_norm` (the FLT code's choice)
     carry:   round r+1 starts from the stream x_end where round r ended (DeepLoop)
     lt:      round r+1 starts from h = Norm(x_end) (the FLT code's LT)
@@ -13,9 +14,12 @@ RMSNorm used between rounds:
              "attention" restarts from x0 and the first (or every) block's attention takes its
              query from h (LT_ia); round 1 is plain self-attention
     flt:     restart from x0, inject by attention into every block (Fully Looped Transformer)
+    inject with a learned injection ("linear", "diagonal"): every round, round 1 included, starts from
+             inj(x_end, x0), x_end = 0 before round 1 (`loopnet.model.injection`)
 
-Logits come from LM_head(Norm_final(x_end)). α and β always belong to the *training* depth
-N = K·config.n_rounds, also when `forward(..., rounds=R')` runs another round count.
+Logits come from LM_head(Norm_final(coda(x_end))). α and β always belong to the *training* depth
+N = P + K·config.n_rounds + C, also when `forward(..., rounds=R')` runs another round count; with
+sampled rounds and scales_depth "sampled" a training step passes α of its drawn depth (`alpha=`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from torch.utils.checkpoint import checkpoint
 from .cache import KVCache
 from .config import LoopConfig
 from .exit import ExitCriterion, check_exit
-from .kernels import LinearCrossEntropy
+from .injection import make_injection
+from .kernels import LinearCrossEntropy, z_loss_term
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
 from .scales import BETA_SCALED
 from .visits import SUBLAYERS, Visit, VisitObserver
@@ -80,14 +85,25 @@ class LoopedTransformer(nn.Module):
         self.rotary = Rotary(cfg.head_dim, cfg.seq_len) if cfg.positions == "rope" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_blocks))
+        # Untied blocks before and after the loop; none by default (the state dict then has no such keys).
+        if cfg.n_prelude:
+            self.prelude = nn.ModuleList(Block(cfg) for _ in range(cfg.n_prelude))
+        if cfg.n_coda:
+            self.coda = nn.ModuleList(Block(cfg) for _ in range(cfg.n_coda))
+        self.injection = make_injection(cfg.injection, cfg.d_model, cfg.bias)  # None for add / attention
         self.final_norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.observer: VisitObserver | None = None
+        # z-loss coefficient c: the training loss adds c·mean((log Z)²) (set from `OptimConfig.z_loss`); after a
+        # forward with targets, `z_term` holds the mean (log Z)² of its loss rounds (detached), else None.
+        self.z_loss = 0.0
+        self.z_term: torch.Tensor | None = None
         self._compiled_head = None
         # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
         self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
+        self._injection_matmul = {"linear": 2 * cfg.d_model ** 2, "diagonal": cfg.d_model ** 2}.get(cfg.injection, 0)
         self._head_numel = self.lm_head.weight.numel()
         self.reset_parameters()
 
@@ -119,8 +135,16 @@ class LoopedTransformer(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, 0.0, cfg.init_std)
-            elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
-                module.reset_parameters()
+            elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)) or hasattr(module, "decay_stats"):
+                module.reset_parameters()  # norms' gains 1; the diagonal injection's own init
+
+    @property
+    def prelude_blocks(self) -> list[Block]:
+        return list(self.prelude) if self.config.n_prelude else []
+
+    @property
+    def coda_blocks(self) -> list[Block]:
+        return list(self.coda) if self.config.n_coda else []
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Stored parameters (independent of R); minus the position table if `non_embedding`."""
@@ -129,21 +153,25 @@ class LoopedTransformer(nn.Module):
             n -= self.wpe.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len: int | None = None, rounds: int | None = None, training: bool = True) -> float:
+    def flops_per_token(self, seq_len: int | None = None, rounds: int | None = None, training: bool = True,
+                        grad_rounds: int | None = None) -> float:
         """Model FLOPs per token, PaLM/nanoGPT style, counting every visit: a forward pass costs
-        2·params + 4·d·T (attention scores and mixing) per block visit and 2·head_params per LM-head
-        evaluation; training adds backward (2× forward) for the rounds that get gradients, not for the
-        `truncate_rounds` run without grad, and evaluates the head once per loss round. Evaluation
-        (`training=False`) is one forward with one head."""
+        2·params + 4·d·T (attention scores and mixing) per block visit (prelude, loop and coda alike),
+        2·matrix params per learned injection and 2·head_params per LM-head evaluation; training adds
+        backward (2× forward) for the prelude, the coda and the `grad_rounds` last rounds that get
+        gradients (default `LoopConfig.grad_rounds`), not for those run without grad, and evaluates the
+        head once per loss round. Evaluation (`training=False`) is one forward with one head."""
         cfg = self.config
         R, T = rounds or cfg.n_rounds, seq_len or cfg.seq_len
         block, head = self._block_numel, self._head_numel
-        per_round = cfg.n_blocks * (2.0 * block + 4.0 * cfg.d_model * T)  # forward of one round
+        per_block = 2.0 * block + 4.0 * cfg.d_model * T  # forward of one block visit
+        per_round = cfg.n_blocks * per_block + 2.0 * self._injection_matmul  # forward of one round
+        untied = (cfg.n_prelude + cfg.n_coda) * per_block
         if not training:
-            return R * per_round + 2.0 * head
-        no_grad = min(cfg.truncate_rounds, R - 1)
+            return untied + R * per_round + 2.0 * head
+        k = cfg.grad_rounds(R) if grad_rounds is None else grad_rounds
         heads = len(self.loss_round_indices(R))
-        return 3.0 * (R - no_grad) * per_round + no_grad * per_round + 6.0 * head * heads
+        return 3.0 * untied + 3.0 * k * per_round + (R - k) * per_round + 6.0 * head * heads
 
     # ----------------------------------------------------------------------------- compile
     def compile(self, *args, **kwargs) -> None:
@@ -157,13 +185,14 @@ class LoopedTransformer(nn.Module):
         # All sublayers share one code object (Module._call_impl), so its graph variants (attn/ffn,
         # train/eval, with visit observers, query injection) count against one recompile limit.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        for block in self.blocks:
+        for block in [*self.prelude_blocks, *self.blocks, *self.coda_blocks]:
             block.attn.compile(*args, **kwargs)
             block.ffn.compile(*args, **kwargs)
         self._compiled_head = torch.compile(self._head, *args, **kwargs)
 
     def _head(self, x: torch.Tensor, targets: torch.Tensor | None):
-        """Logits of the final state x and, with targets, their cross-entropy. Training in fp32 eager
+        """(logits, loss, mean (log Z)² or None) of the final state x: with targets, the loss is their
+        cross-entropy plus the z-loss c·mean((log Z)²) when c = `self.z_loss` > 0. Training in fp32 eager
         takes the loss through `LinearCrossEntropy` (the same numbers, fewer passes over the N×V
         logits), which returns the logits without grad: the loss carries the gradient."""
         h = self.final_norm(x)
@@ -171,12 +200,16 @@ class LoopedTransformer(nn.Module):
         if (targets is not None and torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
                 and h.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type)
                 and not torch.compiler.is_compiling()):  # compiled, inductor fuses the loss itself
-            loss, logits = LinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.flatten())
-            return logits.view(*h.shape[:-1], -1), loss
+            loss, logits, *z = LinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.flatten(), self.z_loss)
+            return logits.view(*h.shape[:-1], -1), loss, (z[0] if z else None)
         logits = self.lm_head(h)
         if targets is None:
-            return logits, None
-        return logits, lm_loss(logits, targets)
+            return logits, None, None
+        loss, z = lm_loss(logits, targets), None
+        if self.z_loss:
+            z = z_loss_term(logits, targets)
+            loss = loss + self.z_loss * z
+        return logits, loss, z
 
     # ----------------------------------------------------------------------------- probes
     def attach_observer(self, observer: VisitObserver | None) -> None:
@@ -189,21 +222,40 @@ class LoopedTransformer(nn.Module):
         ``on_logits(round, logits)`` method also sees the logits of every head evaluation. None detaches."""
         self.observer = observer
 
-    def _block(self, r: int, k: int, block: Block, x, q_src, kv: KVCache | None = None):
-        """Block k's visits of round r: one call of the block (FSDP's unit, checkpointed as one), whose
-        two sublayer visits the observer, when attached, then sees in order. With `kv` (a cached
-        generation) its attention reads and extends the cache of visit (r, k)."""
+    def _block(self, r: int, k: int, block: Block, x, q_src, alpha: float, part: str = "loop",
+               kv: KVCache | None = None):
+        """Block k's visits of round r (of the prelude or coda: `part`, r = 0): one call of the block
+        (FSDP's unit, checkpointed as one), whose two sublayer visits the observer, when attached, then
+        sees in order. With `kv` (a cached generation) its attention reads and extends the cache of this
+        visit: ("core", r, k) in the loop, (part, k) in the prelude or coda."""
         if kv is not None:
-            return block(x, self.alpha, q_src, self.rotary, kv=kv.slot(("core", r, k)))
+            slot = kv.slot(("core", r, k) if part == "loop" else (part, k))
+            return block(x, alpha, q_src, self.rotary, kv=slot)
         if self.observer is None:
-            return block(x, self.alpha, q_src, self.rotary)
-        x, traces = block(x, self.alpha, q_src, self.rotary, observe=True)
+            return block(x, alpha, q_src, self.rotary)
+        x, traces = block(x, alpha, q_src, self.rotary, observe=True)
         for sublayer, trace in zip(SUBLAYERS, traces):
-            self.observer.on_visit(Visit(r, k, sublayer), trace)
+            self.observer.on_visit(Visit(r, k, sublayer, part), trace)
         return x
 
     # ----------------------------------------------------------------------------- forward
-    def _round(self, r: int, x, h, kv: KVCache | None = None):
+    def embed(self, idx: torch.Tensor, alpha: float | None = None, positions: torch.Tensor | None = None,
+              kv: KVCache | None = None) -> torch.Tensor:
+        """e: the token (and learned position) embedding, dropout, then the prelude blocks. A cached
+        generation passes the tokens' `positions` [B, T] (default 0..T-1) and its cache."""
+        T = idx.size(1)
+        if T > self.config.seq_len:
+            raise ValueError(f"sequence length {T} exceeds the position table (LoopConfig.seq_len={self.config.seq_len}); "
+                             f"shorten the input or train with a larger seq_len")
+        e = self.wte(idx)
+        if self.wpe is not None:
+            e = e + self.wpe(torch.arange(T, device=idx.device) if positions is None else positions)
+        e = self.drop(e)
+        for p, block in enumerate(self.prelude_blocks, start=1):
+            e = self._block(0, p, block, e, None, self.alpha if alpha is None else alpha, "prelude", kv)
+        return e
+
+    def _round(self, r: int, x, h, alpha: float, kv: KVCache | None = None):
         """Round r from its start x; h = Norm(x_end of round r-1), None in round 1."""
         cfg = self.config
         injecting = h is not None and cfg.wiring in ("inject", "flt")
@@ -216,13 +268,16 @@ class LoopedTransformer(nn.Module):
                     q_src = h
                 elif every:  # FLT_res; LT_i injected at the round's start (`_round_start`)
                     x = unit_rms(x + h)
-            x = self._block(r, k, block, x, q_src, kv)
+            x = self._block(r, k, block, x, q_src, alpha, "loop", kv)
         return x
 
     def _round_start(self, r: int, e, x0, x, h):
-        """Where round r starts: x0 (the round-1 input) in round 1; then, by wiring, the stream
-        x_end itself (carry), h = Norm(x_end) (lt), Norm(e + h) (LT_i, as the FLT code has it), or x0."""
+        """Where round r starts: with a learned injection inj(x_end, x0) (x_end = 0 before round 1);
+        otherwise x0 (the round-1 input) in round 1, then, by wiring, the stream x_end itself (carry),
+        h = Norm(x_end) (lt), Norm(e + h) (LT_i, as the FLT code has it), or x0."""
         cfg = self.config
+        if self.injection is not None:
+            return self.injection(torch.zeros_like(x0) if r == 1 else x, x0)
         if r == 1 or cfg.wiring == "flt":
             return x0
         if cfg.wiring == "carry":
@@ -242,60 +297,76 @@ class LoopedTransformer(nn.Module):
             return range(rounds - max(1, math.ceil(rounds / 3)) + 1, rounds + 1)
         return range(rounds, rounds + 1)
 
-    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None):
-        """(e, x0): the embedding of token ids `idx` at positions 0..T-1 (or `positions`, [B, T]) and
-        the round-1 input x0 (e, or Norm(e) with `input_norm`)."""
-        cfg = self.config
-        e = self.wte(idx)
-        if self.wpe is not None:
-            e = e + self.wpe(torch.arange(idx.size(1), device=idx.device) if positions is None else positions)
-        e = self.drop(e)
-        return e, (unit_rms(e) if cfg.input_norm else e)
-
-    def iter_rounds(self, idx: torch.Tensor, rounds: int | None = None, *, positions: torch.Tensor | None = None,
-                    kv: KVCache | None = None):
-        """Run the loop on token ids `idx`, yielding (r, x_end of round r) for r = 1..R'.
-        The one loop of the model: `forward`, `generate` and the update-size diagnostic read it.
-        A cached generation passes the new tokens' `positions` [B, T] and its `kv` cache."""
+    def iter_rounds(self, idx: torch.Tensor, rounds: int | None = None, grad_rounds: int | None = None,
+                    alpha: float | None = None, *, positions: torch.Tensor | None = None,
+                    kv: KVCache | None = None, start: bool = False):
+        """Run the prelude and the loop on token ids `idx`, yielding (r, x_end of round r) for r = 1..R'.
+        The one loop of the model: `forward`, `generate` and the update-size diagnostic read it. In training
+        only the last `grad_rounds` rounds (default `LoopConfig.grad_rounds(R')`) get gradients; `alpha`
+        replaces the skip scale α of every visit (default: α of the training N). A cached generation
+        passes the new tokens' `positions` [B, T] and its `kv` cache; `start` first yields (0, x0), the
+        round-1 input."""
         cfg = self.config
         R = cfg.n_rounds if rounds is None else rounds
         if R < 1:
             raise ValueError(f"rounds must be >= 1, got {R}")
-        T = idx.size(1)
-        if T > cfg.seq_len:
-            raise ValueError(f"sequence length {T} exceeds the position table (LoopConfig.seq_len={cfg.seq_len}); "
-                             f"shorten the input or train with a larger seq_len")
-        e, x0 = self.embed(idx, positions)
+        alpha = self.alpha if alpha is None else alpha
+        no_grad = R - (cfg.grad_rounds(R) if grad_rounds is None else grad_rounds)  # rounds 1..no_grad: no grad
+        e = self.embed(idx, alpha, positions, kv)
+        x0 = unit_rms(e) if cfg.input_norm else e
+        if start:
+            yield 0, x0
         use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled() and kv is None
+        reads_h = cfg.wiring != "carry" and self.injection is None
         x, h = x0, None
         for r in range(1, R + 1):
-            if r > 1 and cfg.wiring != "carry":  # h = Norm(x_end): only for a next round whose wiring reads it
+            if r > 1 and reads_h:  # h = Norm(x_end): only for a next round whose wiring reads it
                 h = unit_rms(x)
-            start = self._round_start(r, e, x0, x, h)
-            with torch.set_grad_enabled(torch.is_grad_enabled() and r > cfg.truncate_rounds):
-                if use_ckpt and r > cfg.truncate_rounds:
-                    x = checkpoint(self._round, r, start, h, use_reentrant=False)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and r > no_grad):
+                begin = self._round_start(r, e, x0, x, h)
+                if use_ckpt and r > no_grad:
+                    x = checkpoint(self._round, r, begin, h, alpha, use_reentrant=False)
                 else:
-                    x = self._round(r, start, h, kv)
+                    x = self._round(r, begin, h, alpha, kv)
             yield r, x
 
-    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None):
-        """(logits, loss or None) of a final state x; compiled with the model."""
-        return (self._head if self._compiled_head is None else self._compiled_head)(x, targets)
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None, alpha: float | None = None,
+             kv: KVCache | None = None):
+        """(logits, loss or None) of a loop state x: the coda (skip scale `alpha`, default α), then the
+        final Norm, LM head and loss, compiled with the model. `kv`: a cached generation's (the coda's)."""
+        logits, loss, _ = self._readout(x, targets, alpha, kv)
+        return logits, loss
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, rounds: int | None = None):
+    def _readout(self, x: torch.Tensor, targets: torch.Tensor | None, alpha: float | None = None,
+                 kv: KVCache | None = None):
+        """`head`, with the z term: (logits, loss or None, mean (log Z)² or None)."""
+        return (self._head if self._compiled_head is None else self._compiled_head)(self.finish(x, alpha, kv), targets)
+
+    def finish(self, x: torch.Tensor, alpha: float | None = None, kv: KVCache | None = None) -> torch.Tensor:
+        """The coda blocks on a loop state x (x itself without a coda); `kv`: a cached generation's."""
+        alpha = self.alpha if alpha is None else alpha
+        for c, block in enumerate(self.coda_blocks, start=1):
+            x = self._block(0, c, block, x, None, alpha, "coda", kv)
+        return x
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, rounds: int | None = None,
+                grad_rounds: int | None = None, alpha: float | None = None):
         """Return (logits of the last round, loss or None). `rounds` = R' ≥ 1 evaluates the same
-        weights at another round count (α, β stay those of the training N)."""
+        weights at another round count (α, β stay those of the training N); `grad_rounds` and `alpha`:
+        see `iter_rounds` (a training step with sampled rounds passes its draw)."""
         R = self.config.n_rounds if rounds is None else rounds
         loss_rounds = self.loss_round_indices(R) if targets is not None else range(R, R + 1)
-        losses, logits = [], None
-        for r, x in self.iter_rounds(idx, R):
+        losses, logits, z_terms = [], None, []
+        for r, x in self.iter_rounds(idx, R, grad_rounds, alpha):
             if r in loss_rounds:
-                logits, loss = self.head(x, targets)
+                logits, loss, z = self._readout(x, targets, alpha)
+                if z is not None:
+                    z_terms.append(z.detach())
                 if self.observer is not None and hasattr(self.observer, "on_logits"):
                     self.observer.on_logits(r, logits)
                 if loss is not None:
                     losses.append(loss)
+        self.z_term = torch.stack(z_terms).mean() if z_terms else None
         if not losses:
             return logits, None
         # One loss round (the default): the loss itself, no stack and mean to run forward and back.
@@ -317,8 +388,10 @@ class LoopedTransformer(nn.Module):
         cannot change the logits at a sequence's own positions. A prompt is done when `stop(i, its new
         tokens)` is true; it then leaves the batch. Dropout follows the module's mode: call `eval()` first.
 
-        `cache` (default): the prompt runs once through every round, its keys and values kept per
-        (round, block) (`KVCache`); each new token then runs its rounds over its own position only.
+        `cache` (default): the prompt but its last token runs once through the prelude, every round and
+        the coda, its keys and values kept per attention visit (`KVCache`: per prelude block, per
+        (round, block) of the core, per coda block); its last token and each new token then run over
+        their own position only: the prelude once, the rounds, the coda once on the final state.
         Greedy output equals the recompute's (`cache=False`: the whole window through the model for
         every token, as nanoGPT does). Past the window the context is cropped to its last `window`
         tokens and the cache rebuilt from them: in a looped model every key past round 1's first block
@@ -328,10 +401,10 @@ class LoopedTransformer(nn.Module):
         `exit` (`loopnet.model.exit`): a token stops after the first round r ≤ `max_rounds` (default
         R') at which the criterion holds (threshold `exit_threshold`, None: Huginn's default), and its
         next token is drawn from round r's logits. With the cache, its keys and values of round r stand
-        in for the rounds it skipped (`KVCache.fill_later_rounds`). The prompt (and a rebuilt context)
-        runs every round at every position; at its last position the criterion picks the round the
-        first token is drawn from. Without the cache the window runs every round and the criterion
-        picks the round of the last position only. `Generation.rounds` holds the rounds each token used."""
+        in for the rounds it skipped (`KVCache.fill_later_rounds`), and the coda reads its round-r state.
+        The prompt's (or a rebuilt context's) tokens but the last run every round. Without the cache the
+        window runs every round at every position and the criterion picks the round of the last position
+        only. `Generation.rounds` holds the rounds each token used."""
         cfg = self.config
         W = cfg.seq_len if window is None else window
         if not 1 <= W <= cfg.seq_len:
@@ -352,30 +425,37 @@ class LoopedTransformer(nn.Module):
         for _ in range(max_new_tokens):
             if not active:
                 break
-            if cache and kv is not None and max(len(sequences[i]) for i in active) <= W:
-                # decode: each sequence's newest token at its own next position
+            if cache and (kv is None or max(len(sequences[i]) for i in active) > W):
+                # A new cache over each window but its last token (right-padded), run through every round;
+                # the last token then goes as every new token does, one position through the rounds.
+                windows = [sequences[i][-W:] for i in active]
+                kv = KVCache(len(active), W, device)
+                width = max(map(len, windows)) - 1
+                if width:
+                    prefix = torch.zeros(len(windows), width, dtype=torch.long)
+                    for row, w in enumerate(windows):
+                        prefix[row, : len(w) - 1] = torch.tensor(w[:-1])
+                    positions = torch.arange(width, device=device).expand(len(windows), width)
+                    kv.begin(positions)
+                    *_, (_, x) = self.iter_rounds(prefix.to(device), R, positions=positions, kv=kv)
+                    self.finish(x, kv=kv)
+                    kv.end(torch.tensor([len(w) - 2 for w in windows], device=device))
+            if cache:  # each sequence's newest token at its own next position
                 inputs = torch.tensor([[sequences[i][-1]] for i in active], device=device)
                 positions = kv.lengths[:, None].clone()
                 last = torch.zeros(len(active), dtype=torch.long, device=device)
-                prefill = False
-            else:  # the (cropped) window of every sequence, right-padded; with the cache, a new one
+                kv.begin(positions)
+            else:  # the (cropped) window of every sequence, right-padded, through the model
                 windows = [sequences[i][-W:] for i in active]
                 inputs = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
                 for row, w in enumerate(windows):
                     inputs[row, : len(w)] = torch.tensor(w)
-                inputs = inputs.to(device)
-                positions = torch.arange(inputs.size(1), device=device).expand_as(inputs)
+                inputs, positions = inputs.to(device), None
                 last = torch.tensor([len(w) - 1 for w in windows], device=device)
-                kv = KVCache(len(active), W, device) if cache else None
-                prefill = True
+            logits, exit_round = self._next_logits(inputs, positions, last, kv, R, exit, exit_threshold)
             if kv is not None:
-                kv.begin(positions)
-            logits, exit_round = self._next_logits(inputs, positions if cache else None, last, kv, R, exit,
-                                                   exit_threshold, may_stop=not (cache and prefill))
-            if kv is not None:
-                at = positions[torch.arange(len(active), device=device), last]
-                kv.end(at)
-                kv.fill_later_rounds(exit_round, R, cfg.n_blocks, at)
+                kv.end(positions[:, 0])
+                kv.fill_later_rounds(exit_round, R, cfg.n_blocks, positions[:, 0])
             tokens = sample_next(logits[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
             still = []
             for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
@@ -389,31 +469,43 @@ class LoopedTransformer(nn.Module):
             active = [active[row] for row in still]
         return Generation(new, used)
 
-    def _next_logits(self, inputs, positions, last, kv, R: int, exit: str, threshold, may_stop: bool):
+    def _next_logits(self, inputs, positions, last, kv, R: int, exit: str, threshold):
         """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]).
-        Runs up to R rounds; stops early once every row exited when `may_stop` (nothing else needs the
-        later rounds)."""
+
+        Runs up to R rounds and stops once every row exited. With the cache (one position per row) the
+        coda, where there is one, reads and writes the cache at each readout; it runs once more at the
+        end on the state each token leaves with, so that its keys and values are that state's (its
+        logits are the chosen ones: the same computation)."""
         B = inputs.size(0)
         rows = torch.arange(B, device=inputs.device)
         exit_round = torch.full((B,), R, dtype=torch.long, device=inputs.device)
+
+        def readout(x):  # logits [B, V] at each row's last position of the loop state x
+            return self.head(x, kv=kv)[0][rows, last]
+
         if exit == "none":
             *_, (_, x) = self.iter_rounds(inputs, R, positions=positions, kv=kv)
-            return self.head(x[rows, last][:, None])[0][:, 0], exit_round
+            return readout(x), exit_round
         criterion = ExitCriterion(exit, threshold)
-        pos = None if positions is None else positions[rows, last][:, None]
-        criterion.start(self.embed(inputs[rows, last][:, None], pos)[1][:, 0])
         done = torch.zeros(B, dtype=torch.bool, device=inputs.device)
-        chosen = None
-        for r, x in self.iter_rounds(inputs, R, positions=positions, kv=kv):
-            x_last = x[rows, last]
-            logits = self.head(x_last[:, None])[0][:, 0] if criterion.needs_logits or r == R else None
-            exits, _ = criterion.step(x_last, logits)
+        chosen_logits = chosen_x = None
+        for r, x in self.iter_rounds(inputs, R, positions=positions, kv=kv, start=True):
+            if r == 0:
+                criterion.start(x[rows, last])
+                continue
+            logits = readout(x) if criterion.needs_logits or r == R else None
+            exits, _ = criterion.step(x[rows, last], logits)
             newly = exits & ~done if r < R else ~done
             if newly.any():
-                logits = self.head(x_last[:, None])[0][:, 0] if logits is None else logits
-                chosen = logits.clone() if chosen is None else torch.where(newly[:, None], logits, chosen)
+                logits = readout(x) if logits is None else logits
+                pick = newly[:, None]
+                chosen_logits = logits.clone() if chosen_logits is None else torch.where(pick, logits, chosen_logits)
+                if kv is not None:
+                    chosen_x = x.clone() if chosen_x is None else torch.where(pick[:, None], x, chosen_x)
                 exit_round[newly] = r
                 done |= newly
-            if may_stop and bool(done.all()):
+            if bool(done.all()):
                 break
-        return chosen, exit_round
+        if kv is not None and self.coda_blocks:
+            return readout(chosen_x), exit_round
+        return chosen_logits, exit_round

@@ -243,8 +243,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="AdamW steps from the initialisation (1-5)")
     p.add_argument("--groups", action="store_true",
                    help="split the first step's output change by parameter group (loopnet.study.update_groups)")
-    p.add_argument("--optimizers", nargs="+", default=list(ug.OPTIMIZERS), choices=ug.OPTIMIZERS,
-                   help="with --groups: the optimisers whose step is split (default both)")
+    p.add_argument("--optimizers", nargs="+", default=["adamw", "sgd"], choices=ug.OPTIMIZERS,
+                   help="with --groups: the optimisers whose step is split (default adamw sgd; muon: "
+                        "torch.optim.Muon on the blocks' matrices, AdamW on the rest, at the config's muon_lr or lr)")
     p.add_argument("--sgd_lr", type=float, help="with --groups: SGD's learning rate (default: the config's lr)")
     p.add_argument("--checkpoints", nargs="+", metavar="CKPT",
                    help="with --groups: probe from these checkpoints of real runs (their config and AdamW state) "
@@ -328,7 +329,7 @@ def run_groups(args, argv, out: Path, notes, base, optim, batch, clip) -> None:
     from .provenance import git_commit
 
     sgd_lr = args.sgd_lr if args.sgd_lr is not None else optim.lr
-    lrs = {"adamw": optim.lr, "sgd": sgd_lr}
+    lrs = {"adamw": optim.lr, "sgd": sgd_lr, "muon": optim.lr if optim.muon_lr is None else optim.muon_lr}
     starts = []  # (label, rounds, seed, lm, AdamW state or None)
     if args.checkpoints:
         configs = {}

@@ -1,4 +1,4 @@
-"""`loopnet probe --groups`: one step's output change split by parameter group, under AdamW and under SGD.
+"""`loopnet probe --groups`: one step's output change split by parameter group, under AdamW, SGD and Muon.
 
 The update-size bound of DeepNet/DeepLoop, M·κ·(β/α)², covers the β-scaled matrices only (V, O, fc1,
 fc2 = `BETA_SCALED`). A model's output also moves with its embeddings and tied head, its Norm gains
@@ -6,7 +6,8 @@ fc2 = `BETA_SCALED`). A model's output also moves with its embeddings and tied h
 
     1. from the starting weights θ (a fresh model, or a checkpoint of a real run), one step of the
        optimiser on one batch gives the full update Δ = θ' − θ (AdamW: decoupled weight decay
-       included; SGD: −η·g, no clipping, no momentum);
+       included; SGD: −η·g, no clipping, no momentum; Muon: torch.optim.Muon on the blocks' matrices and
+       AdamW on the rest, both at η, `LoopedLM.configure_optimizers` with optimizer "muon");
     2. for every group g, the model is set to θ + Δ⊙1_g (that group's update only, every other
        group's zeroed) and the relative change of the final state ‖x'_R − x_R‖/‖x_R‖ on the same batch
        is measured (`loopnet.diagnostics.update_size`, no grad, eval mode); "all" is θ + Δ;
@@ -15,7 +16,8 @@ fc2 = `BETA_SCALED`). A model's output also moves with its embeddings and tied h
 
 The theory's DeepNorm/DeepLoop ratio of the β-scaled matrices' change at equal learning rate and N = K·R:
 (β/α)² ratio = 4N under SGD (a step ∝ the gradient), M·β/α ratio = 2√N under a sign update (AdamW's
-first step is lr·sign(g) up to ε).
+first step is lr·sign(g) up to ε) and under Muon (its step, an orthogonalised matrix of fixed spectral
+size, does not scale with the gradient either).
 
 Groups: `embed+head` (token and position embeddings; the head, tied or not), `norm` (every Norm's
 gain and bias), `VOfc` (V, O, fc1, fc2 with their biases: the β-scaled set), `QK` (Q and K, the rows of
@@ -31,7 +33,8 @@ from dataclasses import replace
 GROUPS = ("embed+head", "norm", "VOfc", "QK")
 GROUP_TEXT = {"embed+head": "embeddings + head", "norm": "norm gains", "VOfc": "V/O/fc1/fc2 (β-scaled)",
               "QK": "Q/K"}
-OPTIMIZERS = ("adamw", "sgd")
+OPTIMIZERS = ("adamw", "sgd", "muon")
+OPTIMIZER_TEXT = {"adamw": "AdamW", "sgd": "SGD", "muon": "Muon (+ AdamW on the rest)"}
 
 
 def group_masks(model) -> dict[str, dict[str, "torch.Tensor"]]:
@@ -71,12 +74,18 @@ def group_masks(model) -> dict[str, dict[str, "torch.Tensor"]]:
 
 def optimizer_for(kind: str, lm, lr: float):
     """The step's optimiser: the run's own AdamW (`LoopedLM.configure_optimizers`' groups and weight
-    decay) at a constant `lr`, or plain SGD at `lr`."""
+    decay) at a constant `lr`, Muon with AdamW (the same, with optimizer "muon"; every group at `lr`),
+    or plain SGD at `lr`."""
     import torch
 
     if kind == "sgd":
         return torch.optim.SGD(lm.model.parameters(), lr=lr)
-    opt = lm.configure_optimizers()["optimizer"]
+    own = lm.optim
+    lm.optim = replace(own, optimizer="muon" if kind == "muon" else "adamw")
+    try:
+        opt = lm.configure_optimizers()["optimizer"]
+    finally:
+        lm.optim = own
     for group in opt.param_groups:
         group["lr"] = lr
     return opt
@@ -96,8 +105,8 @@ def measure_groups(lm, batch, kind: str, lr: float, clip=None, optimizer_state: 
     model = lm.model
     inputs, targets = batch
     opt = optimizer_for(kind, lm, lr)
-    if optimizer_state is not None and kind == "adamw":
-        opt.load_state_dict(optimizer_state)  # the run's moments: the update it would take next
+    if optimizer_state is not None and kind != "sgd" and (kind == "muon") == ("muon" in optimizer_state):
+        opt.load_state_dict(optimizer_state)  # the run's moments (of the same optimiser): the update it would take next
         for group in opt.param_groups:
             group["lr"] = lr
     theta = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -197,7 +206,8 @@ def from_checkpoint(path: str):
 # ---------------------------------------------------------------------------------------- summary
 def theory_ratio(kind: str, n: int) -> float:
     """DeepNorm/DeepLoop ratio of the β-scaled matrices' output change at unrolled depth N: (β/α)²'s
-    ratio 4N under SGD, (β/α)'s ratio 2√N under a sign-like step (AdamW)."""
+    ratio 4N under SGD, (β/α)'s ratio 2√N under a step whose size does not follow the gradient's (AdamW's
+    sign-like first step, Muon's orthogonalised one)."""
     return 4 * n if kind == "sgd" else 2 * math.sqrt(n)
 
 
@@ -256,7 +266,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
               "(0 for a linear response).",
               "- groups: " + "; ".join(f"**{g}** = {t}" for g, t in GROUP_TEXT.items()), ""]
     for kind in dict.fromkeys(r["optimizer"] for r in rows):
-        lines += [f"## {kind.upper() if kind == 'sgd' else 'AdamW'}: output change per group", "",
+        lines += [f"## {OPTIMIZER_TEXT[kind]}: output change per group", "",
                   "| scheme | R | " + " | ".join(GROUP_TEXT[g] for g in GROUPS) + " | all | additivity | κ̂ |",
                   "|---|---:|" + "---:|" * (len(GROUPS) + 3)]
         for (label, rounds, k), s in summary.items():

@@ -1,8 +1,10 @@
 """LoopedLM: the LightningModule that says *what* to compute for a looped language model.
 
 The Trainer and callbacks decide *how* to run it (precision, clipping, devices, checkpoints,
-diagnostics). Evaluation loss is the cross-entropy of the last round, token-weighted, and
-`eval_rounds` re-evaluates the same weights at other round counts R'.
+diagnostics). A training step runs the rounds that `loopnet.model.rounds.draw_rounds` gives its global
+step (n_rounds unless `round_sampling` draws them). Evaluation always runs at the mean R: its loss is the
+cross-entropy of the last round, token-weighted, and `eval_rounds` re-evaluates the same weights at other
+round counts R'.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from loopnet.data import gpt2_encoding
 from loopnet.data.vocab import EOT_ID, N_VOCAB
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.diagnostics.depth_eval import DepthEvaluation
+from loopnet.model.rounds import RoundDraw, draw_rounds
 from loopnet.training.options import FrontierConfig, GenerateConfig, OptimConfig
 
 
@@ -135,6 +138,7 @@ class LoopedLM(L.LightningModule):
              "frontier": asdict(self.frontier)}
         )
         self.model = LoopedTransformer(self.config)
+        self.model.z_loss = self.optim.z_loss
         if compile:
             self.model.compile()
         self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor; set per stage and shape
@@ -178,22 +182,27 @@ class LoopedLM(L.LightningModule):
                 f"{dm.vocab_size} (a multiple of 64 is fastest, e.g. {-(-dm.vocab_size // 64) * 64})")
 
     # ----------------------------------------------------------------------------- train
+    def draw(self, step: int | None = None) -> RoundDraw:
+        """The rounds of training step `step` (default: this one): a function of the run's seed and the step
+        alone, so the diagnostics, a resumed run and every DDP rank see the same draw."""
+        return draw_rounds(self.config, self.global_step if step is None else step)
+
     def on_train_batch_start(self, batch, batch_idx):
         if self._resume_rng is not None:
             # Restored here, not at load time: building the DataLoader iterators after the
             # restore draws from torch's RNG, which the uninterrupted run did before saving.
             set_rng_states(self._resume_rng)
             self._resume_rng = None
-        self._set_flops(batch, "train")
+        self._set_flops(batch, "train", self.draw())
 
-    def _set_flops(self, batch, stage: str) -> None:
+    def _set_flops(self, batch, stage: str, draw: RoundDraw | None = None) -> None:
         """`flops_per_batch` (read by ThroughputMonitor after each batch) for this stage's batches:
-        forward + backward in training; one forward at every evaluated R' otherwise."""
+        forward + backward of the rounds that ran in training; one forward at every evaluated R' otherwise."""
         B, T = batch[0].shape
-        key = (stage, B, T)
+        key = (stage, B, T) + ((draw.rounds, draw.grad_rounds) if draw else ())
         if key not in self._flops:
             if stage == "train":
-                per_token = self.model.flops_per_token(seq_len=T)
+                per_token = self.model.flops_per_token(seq_len=T, rounds=draw.rounds, grad_rounds=draw.grad_rounds)
             else:
                 per_token = sum(self.model.flops_per_token(seq_len=T, rounds=int(r), training=False) for r in self.eval_loss)
             self._flops[key] = per_token * B * T
@@ -201,8 +210,16 @@ class LoopedLM(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
-        _, loss = self.model(inputs, targets)
+        draw = self.draw()
+        _, loss = self.model(inputs, targets, rounds=draw.rounds, grad_rounds=draw.grad_rounds, alpha=draw.alpha)
         self.log("train/loss", loss, prog_bar=True)
+        if self.config.round_sampling != "fixed":
+            self.log("train/rounds", float(draw.rounds))
+        if self.model.z_term is not None:
+            self.log("train/z_loss", self.optim.z_loss * self.model.z_term)  # the term added to the loss
+        if hasattr(self.model.injection, "decay_stats"):  # Parcae's names for the diagonal injection's decay
+            for name, value in self.model.injection.decay_stats().items():
+                self.log(f"injection/{name}", value)
         return loss
 
     # ----------------------------------------------------------------------------- evaluate
@@ -308,17 +325,41 @@ class LoopedLM(L.LightningModule):
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         return [[(n, p) for n, p in named if id(p) in matrices], [(n, p) for n, p in named if id(p) not in matrices]]
 
+    def muon_matrices(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The parameters Muon updates: the 2-D weights of the linear layers inside the blocks (loop,
+        prelude, coda), in order."""
+        blocks = [*self.model.prelude_blocks, *self.model.blocks, *self.model.coda_blocks]
+        ids = {id(m.weight) for b in blocks for m in b.modules() if isinstance(m, torch.nn.Linear)}
+        return [(n, p) for n, p in self.named_parameters() if id(p) in ids and p.requires_grad]
+
     def configure_optimizers(self):
         o = self.optim
         decay, no_decay = ([p for _, p in group] for group in self._param_groups())
-        groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         fused = o.fused
         if fused is None:
             # One kernel per tensor for the whole update, on CPU too: there the for-loop AdamW runs
             # ~5 kernels per tensor (lerp_, mul_, addcmul_, sqrt, addcdiv_); fused took 0.66× its time here
             # (d 256, K 4, vocabulary 50304, paired) and matches it to ~1e-8.
             fused = self.device.type in ("cuda", "cpu") and not self._grad_scaler()
-        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, fused=fused)
+        adamw = dict(lr=o.lr, betas=o.betas, eps=o.eps, fused=fused)
+        if o.optimizer == "muon":
+            from lightning.pytorch.strategies import FSDPStrategy
+
+            from loopnet.training.optimizers import MuonWithAdamW
+
+            if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
+                raise ValueError("model.optim.optimizer=muon needs whole 2-D matrices, and FSDP shards them into 1-D "
+                                 "slices; fix: train with DDP (trainer.strategy: ddp) or optimizer: adamw")
+            matrices = {id(p) for _, p in self.muon_matrices()}
+            muon = [p for p in decay if id(p) in matrices]
+            rest = [{"params": [p for p in decay if id(p) not in matrices], "weight_decay": o.weight_decay},
+                    {"params": no_decay, "weight_decay": 0.0}]
+            optimizer = MuonWithAdamW([{"params": muon}], rest, adamw=adamw,
+                                      muon=dict(lr=o.lr if o.muon_lr is None else o.muon_lr,
+                                                momentum=o.muon_momentum, weight_decay=o.weight_decay))
+        else:
+            groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            optimizer = torch.optim.AdamW(groups, **adamw)
         total = o.decay_steps or self.trainer.max_steps
         if total is None or total < 1:
             raise ValueError("set trainer.max_steps (or model.optim.decay_steps) so the cosine schedule has a length")

@@ -5,17 +5,17 @@ import (no Lightning, no torch), so that `loopnet` checks them before Lightning'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 EXITS = ("none", "kl", "latent", "entropy", "argmax")  # loopnet.model.exit's (kept torch-free here)
 
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warm-up then cosine decay.
+    """AdamW (or Muon with AdamW) with linear warm-up then cosine decay.
 
     Args:
-        lr: Peak learning rate.
+        lr: Peak learning rate (of AdamW's parameters; also Muon's unless `muon_lr` is given).
         min_lr_ratio: Final learning rate as a fraction of `lr`.
         weight_decay: Decoupled weight decay, applied to ≥ 2-D weights only (not norms, biases).
         betas: AdamW (β1, β2).
@@ -24,6 +24,14 @@ class OptimConfig:
         decay_steps: Steps of the cosine decay; None uses the Trainer's max_steps.
         fused: fused AdamW kernel; None: on CUDA and CPU unless fp16 (whose GradScaler Lightning must
             unscale before clipping, which a fused step does internally).
+        optimizer: "adamw" on every parameter, or "muon": `torch.optim.Muon` on the 2-D weight matrices of
+            the blocks (loop, prelude and coda: the fused QKV projection as one 3d×d matrix, O, fc1, fc2) at
+            `muon_lr`, AdamW on the rest (embeddings, LM head, norm gains, biases, injection weights) at
+            `lr`. Both follow the same warm-up and decay.
+        muon_lr: Muon's peak learning rate (None: `lr`); torch scales it per matrix by √max(1, rows/cols).
+        muon_momentum: Muon's (Nesterov) momentum.
+        z_loss: Coefficient c of the z-loss c·mean((log Z)²) added to the training loss (log Z: the
+            logsumexp of a position's output logits; PaLM uses 1e-4); 0: none. Logged as train/z_loss.
     """
 
     lr: float = 6e-4
@@ -34,10 +42,21 @@ class OptimConfig:
     warmup_steps: int = 200
     decay_steps: Optional[int] = None
     fused: Optional[bool] = None
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon_lr: Optional[float] = None
+    muon_momentum: float = 0.95
+    z_loss: float = 0.0
 
     def __post_init__(self) -> None:
         b1, b2 = self.betas
         for ok, what, fix in (
+            (self.optimizer in ("adamw", "muon"), f"model.optim.optimizer={self.optimizer!r} is not known",
+             "choose adamw or muon"),
+            (self.muon_lr is None or self.muon_lr >= 0, f"model.optim.muon_lr={self.muon_lr} must be >= 0",
+             "give Muon's peak learning rate, e.g. 0.02, or null for lr"),
+            (0 <= self.muon_momentum < 1, f"model.optim.muon_momentum={self.muon_momentum} must be in [0, 1)",
+             "give e.g. 0.95"),
+            (self.z_loss >= 0, f"model.optim.z_loss={self.z_loss} must be >= 0", "give 0 (none) or e.g. 1e-4"),
             (self.lr >= 0, f"model.optim.lr={self.lr} must be >= 0", "give a positive peak learning rate, e.g. 6e-4"),
             (0 <= self.min_lr_ratio <= 1, f"model.optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]",
              "give the final learning rate as a fraction of lr, e.g. 0.1"),

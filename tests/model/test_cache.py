@@ -18,14 +18,17 @@ WIRINGS = {  # name: LoopConfig fields
     "inject_attention_first": dict(wiring="inject", injection="attention", inject_into="first"),
     "inject_attention_every": dict(wiring="inject", injection="attention", inject_into="every"),
     "flt": dict(wiring="flt"),
+    # the recipe's pieces: untied prelude and coda blocks, learned injections, qk-norm
+    "prelude_coda_carry": dict(wiring="carry", n_prelude=1, n_coda=2),
+    "prelude_coda_flt": dict(wiring="flt", n_prelude=2, n_coda=1, qk_norm=True),
+    "inject_linear": dict(wiring="inject", injection="linear", n_prelude=1, n_coda=1),
+    "inject_diagonal": dict(wiring="inject", injection="diagonal", qk_norm=True),
 }
 
 
-def make(wiring: str, positions: str, **overrides) -> LoopedTransformer:
+def make(wiring: str, positions: str) -> LoopedTransformer:
     torch.manual_seed(0)
-    config = tiny_config(vocab_size=97, seq_len=16, positions=positions, **WIRINGS[wiring]) if not overrides else \
-        tiny_config(**({"vocab_size": 97, "seq_len": 16, "positions": positions} | WIRINGS[wiring] | overrides))
-    return LoopedTransformer(config).eval()
+    return LoopedTransformer(tiny_config(vocab_size=97, seq_len=16, positions=positions, **WIRINGS[wiring])).eval()
 
 
 def recompute(model, prompt, max_new, rounds, window):
@@ -56,16 +59,19 @@ def test_cached_logits_equal_the_full_forward_at_every_position(wiring, position
     positions_ = torch.arange(P).expand(2, P)
     kv.begin(positions_)
     *_, (_, x) = model.iter_rounds(idx[:, :P], R, positions=positions_, kv=kv)
+    got = [model.head(x, kv=kv)[0]]
     kv.end(torch.full((2,), P - 1))
-    got = [model.head(x)[0]]
     for t in range(P, idx.size(1)):
         pos = torch.full((2, 1), t)
         kv.begin(pos)
         *_, (_, x) = model.iter_rounds(idx[:, t:t + 1], R, positions=pos, kv=kv)
+        got.append(model.head(x, kv=kv)[0])
         kv.end(pos[:, 0])
-        got.append(model.head(x)[0])
     torch.testing.assert_close(torch.cat(got, 1), full, rtol=0, atol=1e-4)
-    assert sorted(kv.store) == [("core", r, k) for r in range(1, R + 1) for k in (1, 2)]
+    cfg = model.config
+    assert sorted(kv.store) == sorted([("core", r, k) for r in range(1, R + 1) for k in (1, 2)]
+                                      + [("prelude", p) for p in range(1, cfg.n_prelude + 1)]
+                                      + [("coda", c) for c in range(1, cfg.n_coda + 1)])
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])

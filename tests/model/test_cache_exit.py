@@ -90,3 +90,17 @@ def test_criteria_follow_their_formulas():
     counts = [argmax.step(x0[:2, :2], logits)[1].tolist() for logits in (same, same, same, same.flip(-1))]
     assert counts == [[0, 0], [1, 1], [2, 2], [0, 0]]
     assert ExitCriterion("argmax").threshold == 5 and ExitCriterion("kl").threshold == 1e-3  # Huginn's defaults
+
+
+@pytest.mark.parametrize("exit,threshold", [("kl", 0.0), ("argmax", 1), ("latent", 0.05)])
+def test_with_prelude_and_coda_exit_keeps_the_batch_independent_and_the_extremes_exact(exit, threshold):
+    """The coda runs on the state each token leaves with; a row's tokens do not depend on its batch."""
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config(vocab_size=97, seq_len=16, n_prelude=1, n_coda=1, wiring="lt")).eval()
+    got = model.generate(PROMPTS, 6, exit=exit, exit_threshold=threshold, max_rounds=5)
+    assert [model.generate([p], 6, exit=exit, exit_threshold=threshold, max_rounds=5).tokens[0]
+            for p in PROMPTS] == got.tokens
+    if threshold == 0.0:
+        assert got.tokens == model.generate(PROMPTS, 6, rounds=5, cache=False).tokens
+    one = model.generate(PROMPTS, 6, exit="entropy", exit_threshold=math.inf, max_rounds=5)
+    assert one.tokens == model.generate(PROMPTS, 6, rounds=1).tokens and one.mean_rounds() == 1.0

@@ -101,3 +101,19 @@ def test_bad_frontier_settings_are_refused():
         FrontierConfig(exit="cos", thresholds=[1])
     with pytest.raises(ValueError, match="extrapolate_rounds=1 must be >= 2"):
         LoopedLM(config=tiny_config(), extrapolate_rounds=1)
+
+
+def test_compare_overlays_two_runs_frontiers(tested, tmp_path, capsys):
+    import shutil
+
+    from loopnet.diagnostics.compare import main
+
+    _, trainer, _ = tested
+    other = tmp_path / "other"
+    shutil.copytree(trainer.log_dir, other)
+    out = tmp_path / "frontiers.png"
+    main([trainer.log_dir, str(other), "--frontier", "--labels", "a", "b", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert out.read_bytes()[:4] == b"\x89PNG" and text.count("exit kl") == 2 and "wrote" in text
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "nothing"), str(other), "--frontier", "--out", str(out)])
