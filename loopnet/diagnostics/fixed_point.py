@@ -125,3 +125,27 @@ class RoundProfileMeter:
         if self.sigma is not None:
             out["sigma_max"] = self.sigma
         return out
+
+
+def fixed_point_table(runs: list[tuple[str, dict | None]]) -> str | None:
+    """A markdown table of the runs' last validation profile (summary.json's `fixed_point`): per run, each
+    quantity at round 2, at the training R and at the last round measured; None when no run has one."""
+    rows = []
+    for name, summary in runs:
+        profile = (summary or {}).get("fixed_point")
+        if not profile:
+            continue
+        R = ((summary or {}).get("config") or {}).get("n_rounds")
+        M = len(profile["loss"])
+        picks = sorted({r for r in (2, R, M) if r and 1 <= r <= M})
+        cells = []
+        for q in QUANTITIES:
+            values = profile.get(q) or []
+            cells.append(" / ".join("–" if r > len(values) or values[r - 1] is None else f"{values[r - 1]:.3g}"
+                                    for r in picks))
+        rows.append(f"| {name} | {', '.join(map(str, picks))} | " + " | ".join(cells) + " |")
+    if not rows:
+        return None
+    head = ["| run | rounds r | loss | ‖x_r − x_{r−1}‖/‖x_r‖ | KL(p_{r−1}‖p_r) | σ_max of round r's Jacobian |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join(head + rows)

@@ -373,7 +373,7 @@ class LoopedTransformer(nn.Module):
         return logits, losses[0] if len(losses) == 1 else torch.stack(losses).mean()
 
     # ----------------------------------------------------------------------------- generate
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
                  rounds: int | None = None, temperature: float = 0.0, top_k: int | None = None,
                  n_vocab: int | None = None, window: int | None = None,

@@ -94,3 +94,15 @@ def test_the_meter_weights_batches_by_their_tokens():
     losses = [round_profile(model, idx, t, 3)["loss"] for idx, t in batches]
     assert out["loss"] == pytest.approx([(8 * a + 4 * b) / 12 for a, b in zip(*losses)], rel=1e-10)
     assert out["sigma_max"][0] is None and all(s > 0 and math.isfinite(s) for s in out["sigma_max"][1:])
+
+
+def test_the_report_table_shows_rounds_2_R_and_the_last():
+    from loopnet.diagnostics.fixed_point import fixed_point_table
+
+    profile = {"loss": [5.0, 4.0, 3.5, 3.4, 3.45, 3.5], "latent_change": [None, 0.5, 0.2, 0.1, 0.05, 0.02],
+               "kl": [None, 0.3, 0.1, 0.01, 0.001, 0.0001], "sigma_max": [None, 1.5, 1.1, 0.9, 0.8, 0.7]}
+    table = fixed_point_table([("a", {"config": {"n_rounds": 3}, "fixed_point": profile}), ("b", {"config": {}})])
+    lines = table.splitlines()
+    assert len(lines) == 3  # run b has no profile
+    assert lines[2] == "| a | 2, 3, 6 | 4 / 3.5 / 3.5 | 0.5 / 0.2 / 0.02 | 0.3 / 0.1 / 0.0001 | 1.5 / 1.1 / 0.7 |"
+    assert fixed_point_table([("b", None)]) is None
