@@ -100,6 +100,7 @@ class LoopedTransformer(nn.Module):
         # forward with targets, `z_term` holds the mean (log Z)² of its loss rounds (detached), else None.
         self.z_loss = 0.0
         self.z_term: torch.Tensor | None = None
+        self._head_z: torch.Tensor | None = None  # the last head evaluation's mean (log Z)², with z-loss on
         self._compiled_head = None
         # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
         self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
@@ -334,13 +335,9 @@ class LoopedTransformer(nn.Module):
              kv: KVCache | None = None):
         """(logits, loss or None) of a loop state x: the coda (skip scale `alpha`, default α), then the
         final Norm, LM head and loss, compiled with the model. `kv`: a cached generation's (the coda's)."""
-        logits, loss, _ = self._readout(x, targets, alpha, kv)
+        head = self._head if self._compiled_head is None else self._compiled_head
+        logits, loss, self._head_z = head(self.finish(x, alpha, kv), targets)  # z: `forward` reads it for `z_term`
         return logits, loss
-
-    def _readout(self, x: torch.Tensor, targets: torch.Tensor | None, alpha: float | None = None,
-                 kv: KVCache | None = None):
-        """`head`, with the z term: (logits, loss or None, mean (log Z)² or None)."""
-        return (self._head if self._compiled_head is None else self._compiled_head)(self.finish(x, alpha, kv), targets)
 
     def finish(self, x: torch.Tensor, alpha: float | None = None, kv: KVCache | None = None) -> torch.Tensor:
         """The coda blocks on a loop state x (x itself without a coda); `kv`: a cached generation's."""
@@ -359,9 +356,9 @@ class LoopedTransformer(nn.Module):
         losses, logits, z_terms = [], None, []
         for r, x in self.iter_rounds(idx, R, grad_rounds, alpha):
             if r in loss_rounds:
-                logits, loss, z = self._readout(x, targets, alpha)
-                if z is not None:
-                    z_terms.append(z.detach())
+                logits, loss = self.head(x, targets, alpha)
+                if self._head_z is not None:
+                    z_terms.append(self._head_z.detach())
                 if self.observer is not None and hasattr(self.observer, "on_logits"):
                     self.observer.on_logits(r, logits)
                 if loss is not None:
