@@ -42,6 +42,7 @@ def run(reps: int, prompt_len: int, new: int, seed: int = 0) -> dict:
     from loopnet.env import machine
     from loopnet.model import LoopConfig, LoopedTransformer
 
+    load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     config = LoopConfig(**cpu_config())
     if prompt_len + new > config.seq_len:
         raise ValueError(f"--prompt {prompt_len} + --new {new} exceeds seq_len {config.seq_len}; fix: fewer tokens")
@@ -73,7 +74,7 @@ def run(reps: int, prompt_len: int, new: int, seed: int = 0) -> dict:
         "cache_tokens_per_s": new / statistics.median(times[True]),
         "ratio": statistics.median(ratios), "ratios": ratios, "target": TARGET,
         "same_tokens": tokens[True] == tokens[False],
-        "machine": machine("cpu"), "load_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "machine": machine("cpu"), "load_at_start": load_at_start, "load_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
@@ -91,7 +92,7 @@ def markdown(res: dict, command: str) -> str:
         f"Paired ratios: {', '.join(f'{r:.2f}' for r in res['ratios'])}; same greedy tokens: {res['same_tokens']}.",
         f"Model: {res['model']}; prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new, batch 1, fp32.",
         f"Command: `{command}`; commit {res['commit']}; {res['date']}; {m.get('cpu')} ({m.get('cpus')} CPUs, "
-        f"{m.get('torch_threads')} torch threads), torch {m.get('torch')}; load average {m.get('load_at_start')} "
+        f"{m.get('torch_threads')} torch threads), torch {m.get('torch')}; load average {res['load_at_start']} "
         f"at start, {res['load_at_end']} at end.",
         "",
     ])

@@ -104,3 +104,22 @@ def test_with_prelude_and_coda_exit_keeps_the_batch_independent_and_the_extremes
         assert got.tokens == model.generate(PROMPTS, 6, rounds=5, cache=False).tokens
     one = model.generate(PROMPTS, 6, exit="entropy", exit_threshold=math.inf, max_rounds=5)
     assert one.tokens == model.generate(PROMPTS, 6, rounds=1).tokens and one.mean_rounds() == 1.0
+
+
+def test_predict_logs_the_rounds_per_token(caplog):
+    import logging
+
+    from loopnet.training.module import LoopedLM
+    from loopnet.training.options import EXITS as OPTION_EXITS
+    from loopnet.model.exit import EXITS
+
+    assert OPTION_EXITS == EXITS  # the torch-free copy of the criteria's names
+    torch.manual_seed(0)
+    lm = LoopedLM(config=tiny_config(vocab_size=50304, seq_len=16, n_heads=2, n_blocks=1, n_rounds=2),
+                  generate={"prompt": "to be", "max_new_tokens": 5, "temperature": 0.0, "exit": "argmax",
+                            "exit_threshold": 0, "max_rounds": 3}).eval()
+    (batch,) = list(lm.predict_dataloader())
+    with caplog.at_level(logging.INFO):
+        lm.predict_step(batch)
+    assert lm.generated_rounds == [1] * 5
+    assert "5 tokens generated, 1.00 rounds per token (exit: argmax; rounds per token [1, 1, 1, 1, 1])" in caplog.text
