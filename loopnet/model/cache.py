@@ -30,9 +30,12 @@ class KVCache:
 
     def begin(self, positions: torch.Tensor) -> None:
         """Start a call over `positions` [B, T] (each row consecutive, from the row's length on)."""
-        if int(positions.max()) >= self.capacity:
-            raise ValueError(f"position {int(positions.max())} is past the cache's capacity {self.capacity}")
+        top = int(positions.max())
+        if top >= self.capacity:
+            raise ValueError(f"position {top} is past the cache's capacity {self.capacity}")
         self.positions = positions
+        # one new token at the same position in every row (batch 1, or rows in step): plain slices, no mask
+        self.shared = top if positions.size(1) == 1 and int(positions.min()) == top else None
 
     def end(self, last: torch.Tensor) -> None:
         """The call's positions up to `last` [B] (each row's last real one; right padding beyond) are
@@ -57,8 +60,8 @@ class KVCache:
         of the queries q over every cached position up to each query's own."""
         K, V = self._slot(key, k)
         pos = self.positions
-        if pos.size(1) == 1 and bool((pos == pos[0, 0]).all()):  # one new token, the same position in every row
-            p = int(pos[0, 0])
+        if self.shared is not None:
+            p = self.shared
             K[:, :, p], V[:, :, p] = k[:, :, 0], v[:, :, 0]
             return F.scaled_dot_product_attention(q, K[:, :, : p + 1], V[:, :, : p + 1])
         rows = torch.arange(pos.size(0), device=pos.device)[:, None].expand_as(pos)

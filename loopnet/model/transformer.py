@@ -452,7 +452,8 @@ class LoopedTransformer(nn.Module):
             logits, exit_round = self._next_logits(inputs, positions, last, kv, R, exit, exit_threshold)
             if kv is not None:
                 kv.end(positions[:, 0])
-                kv.fill_later_rounds(exit_round, R, cfg.n_blocks, positions[:, 0])
+                if exit != "none":
+                    kv.fill_later_rounds(exit_round, R, cfg.n_blocks, positions[:, 0])
             tokens = sample_next(logits[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
             still = []
             for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
