@@ -60,7 +60,7 @@ def round_jacobian_norm(model, idx: torch.Tensor, x_prev: torch.Tensor, r: int, 
             (w,) = vjp(jv)
             v = w / w.norm()
         _, jv = torch.func.jvp(step, (x_prev,), (v,))
-    return float(jv.norm())
+    return float(jv.detach().norm())
 
 
 @torch.no_grad()
