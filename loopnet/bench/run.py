@@ -1,7 +1,8 @@
 """Training throughput, MFU and memory of loopnet's training variants, as ratios measured in one run.
 
     loopnet bench [--smoke] [--out bench.md] [--json bench.json] [--steps 10] [--reps 3] ...
-    loopnet bench sweep-startup ...   # a sweep's cells started fresh and from the fit server (its own --help)
+    loopnet bench sweep-startup ...   a sweep's cells started fresh and from the fit server (`loopnet.bench.sweep_startup`)
+    loopnet bench generation ...      generation with and without the KV cache (`loopnet.bench.generation`)
     python -m loopnet.bench ...
 
 All variants train the same model on the same batches, in this process (all but one, which needs a
@@ -321,10 +322,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["sweep-startup"]:  # a row of its own: what a fit's start-up costs a sweep
-        from loopnet.bench.sweep_startup import main as sweep_startup
+    rows = {"sweep-startup": "loopnet.bench.sweep_startup", "generation": "loopnet.bench.generation"}
+    if argv[:1] and argv[0] in rows:  # rows of their own, each with its own --help
+        import importlib
 
-        return sweep_startup(argv[1:])
+        return importlib.import_module(rows[argv[0]]).main(argv[1:])
     args, s = parse(argv)
     # As `loopnet fit` on CPU runs (the system-malloc row is the contrast).
     if args.system_malloc and s.cuda:

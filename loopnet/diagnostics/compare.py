@@ -1,6 +1,8 @@
-"""`loopnet compare`: two runs' depth profiles overlaid at chosen logging steps, as one PNG.
+"""`loopnet compare`: two runs' depth profiles overlaid at chosen logging steps, as one PNG; with
+--frontier, their adaptive-exit frontiers (`loopnet.diagnostics.frontier`) instead.
 
     loopnet compare runs/deeploop/version_0 runs/deepnorm/version_0 --steps 100 300 --out compare.png
+    loopnet compare runs/deeploop/version_1 runs/deepnorm/version_1 --frontier --out frontier.png
 
 Reads each run's per-visit scalars (``visits/<quantity>/<visit>``, `loopnet.diagnostics.tags`) from its
 TensorBoard event files with TensorBoard's EventAccumulator and draws every quantity of the depth profile
@@ -108,6 +110,9 @@ def parser() -> argparse.ArgumentParser:
                    "default: each run's last")
     p.add_argument("--labels", nargs="+", help="a legend label per run (default: the folder names)")
     p.add_argument("--out", default="compare.png", help="the PNG to write (default: compare.png)")
+    p.add_argument("--frontier", action="store_true",
+                   help="overlay the runs' exit frontiers (loss against mean rounds per token, from the "
+                        "frontier.json that `loopnet test` with --model.frontier.* writes) instead of depth profiles")
     return p
 
 
@@ -124,6 +129,19 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(args.out)
         if out.suffix.lower() != ".png" or not out.parent.is_dir():
             raise ValueError(f"--out {args.out}: not a .png in an existing folder; fix: e.g. --out compare.png")
+        if args.frontier:
+            from .frontier import frontier_figure, read_frontier
+
+            frontiers = [read_frontier(run) for run in args.runs]
+            labels = args.labels or [_label(Path(run)) for run in args.runs]
+    if args.frontier:
+        frontier_figure(list(zip(labels, frontiers))).savefig(out, format="png")
+        for label, f in zip(labels, frontiers):
+            print(f"{label}: exit {f['exit']}, " + ", ".join(
+                f"{p['threshold']:g} → loss {p['loss']:.4f} at {p['mean_rounds']:.2f} rounds" for p in f["points"]))
+        print(f"wrote {out}")
+        return
+    with one_line_errors(prog):
         folders = [event_dir(run) for run in args.runs]
         labels = args.labels or [_label(f) for f in folders]
         runs = [(label, *read_visits(f)) for label, f in zip(labels, folders)]

@@ -275,6 +275,7 @@ class RunSummary:
             "last_visit_stats": stats["visits"] if stats else None,
             "last_output_stats": stats.get("output") if stats else None,
             "kappa": stats["kappa"] if stats else None,
+            "fixed_point": getattr(getattr(pl_module, "depth_eval", None), "last_profile", None),
             "diagnostics_step": stats["step"] if stats else None,
             "log_dir": log_dir(trainer),
             "data": _data_summary(trainer),

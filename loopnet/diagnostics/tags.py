@@ -151,4 +151,6 @@ def custom_scalars_layout(n_rounds: int, untied: bool = False) -> dict:
     extra = {}
     if untied:
         extra["prelude and coda"] = {q: ["Multiline", [rf"^visits/{q}/[pc]\d+_"]] for q in quantities}
-    return {"training": train, **rounds, **extra, "sublayers": sublayers}
+    fixed_point = {f"{q} per round": ["Multiline", [rf"^fixed_point/{q}/r\d+$"]]  # validation's, one line per round
+                   for q in ("loss", "latent_change", "kl", "sigma_max")}
+    return {"training": train, **rounds, **extra, "sublayers": sublayers, "fixed point": fixed_point}

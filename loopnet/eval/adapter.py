@@ -39,6 +39,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from loopnet.data.vocab import N_VOCAB
 from loopnet.checkpoints import load_checkpoint_meta, model_weights
 from loopnet.model import LoopConfig, LoopedTransformer
+from loopnet.model.exit import check_exit, exit_logits
+from loopnet.model.transformer import Generation
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,11 @@ class LoopnetLM(TemplateLM):
         max_gen_toks: Default number of tokens `generate_until` produces when the task sets none.
         logits_cache: Score the choices that differ only in their last token with one forward pass
             (the harness's one-token-continuation cache).
+        exit: Adaptive exit per token (`loopnet.model.exit`): "none", "kl", "latent", "entropy" or
+            "argmax"; `rounds` is then the most rounds a token runs. Scoring takes each position's
+            prediction from the round it exits at (`exit_logits`); generation stops each new token's
+            rounds there. The mean rounds per token of each task are kept (`mean_rounds_by_task`).
+        exit_threshold: The criterion's threshold (None: its default).
         **kwargs: Other harness options (e.g. max_batch_size) are accepted and ignored.
     """
 
@@ -108,6 +115,8 @@ class LoopnetLM(TemplateLM):
         max_gen_toks: int = 256,
         logits_cache: bool = True,
         model: LoopedTransformer | None = None,
+        exit: str = "none",
+        exit_threshold: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -142,6 +151,10 @@ class LoopnetLM(TemplateLM):
         self._max_gen_toks = int(max_gen_toks)
         self.batch_size = _parse_batch_size(batch_size)
         self.logits_cache = bool(logits_cache)
+        check_exit(exit, None if exit_threshold is None else float(exit_threshold), where="exit settings:")
+        self.exit, self.exit_threshold = exit, None if exit_threshold is None else float(exit_threshold)
+        self._rounds_used: dict[str, list[float]] = {}  # task: [sum of rounds over scored tokens, tokens]
+        self._request_rounds: list[tuple[float, int]] = []  # per request of the last batch call: (sum, count)
         self.encoding = gpt2_encoding()
         self.vocab_size = N_VOCAB
 
@@ -185,6 +198,8 @@ class LoopnetLM(TemplateLM):
             "residual": cfg.residual,
             "wiring": cfg.wiring,
             "seq_len": cfg.seq_len,
+            "exit": self.exit,
+            "exit_threshold": self.exit_threshold,
             "model_num_parameters": self.model.num_params(non_embedding=False),
         }
 
@@ -200,8 +215,27 @@ class LoopnetLM(TemplateLM):
         batch = torch.full((len(sequences), width), self.eot_token_id, dtype=torch.long)
         for i, seq in enumerate(sequences):
             batch[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        logits, _ = self.model(batch.to(self._device), rounds=self.rounds)
+        logits, rounds = exit_logits(self.model, batch.to(self._device), self.exit, self.exit_threshold,
+                                     self.rounds, n_vocab=self.vocab_size)
+        self._last_rounds = rounds
         return logits[..., : self.vocab_size].float()
+
+    # ----------------------------------------------------------------------------- rounds used
+    def _record(self, requests: list[Instance]) -> None:
+        """Add the last call's rounds per request to their tasks' totals."""
+        for request, (total, count) in zip(requests, self._request_rounds, strict=True):
+            cell = self._rounds_used.setdefault(getattr(request, "task_name", None) or "?", [0.0, 0])
+            cell[0] += total
+            cell[1] += count
+
+    def mean_rounds_by_task(self) -> dict[str, float]:
+        """{task: mean rounds per scored or generated token} over the requests seen so far."""
+        return {task: total / count for task, (total, count) in self._rounds_used.items() if count}
+
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        results = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        self._record(requests)
+        return results
 
     def _loglikelihood_tokens(
         self,
@@ -226,6 +260,7 @@ class LoopnetLM(TemplateLM):
             requests, sort_fn=by_length, group_by="contexts" if self.logits_cache else None, group_fn=shared_prefix
         )
         results: list[tuple[float, bool]] = []
+        used: list[tuple[float, int]] = []
         pbar = tqdm(total=len(requests), disable=disable_tqdm, desc=f"loglikelihood R'={self.rounds}")
         for chunk in reorder.get_batched(n=self.batch_size):
             inputs = []
@@ -240,7 +275,8 @@ class LoopnetLM(TemplateLM):
                 # Left truncation: keep the last max_length + 1 tokens; the last is only a target.
                 inputs.append((context + continuation)[-(self.max_length + 1):][:-1])
             logits = self._logits(inputs)
-            for (key, context, continuation), inp, row in zip(chunk, inputs, logits, strict=True):
+            for (key, context, continuation), inp, row, rounds in zip(chunk, inputs, logits, self._last_rounds,
+                                                                      strict=True):
                 # Position t predicts token t + 1, so the continuation is read off the last len(cont)
                 # positions of the unpadded input.
                 logprobs = F.log_softmax(row[len(inp) - len(continuation): len(inp)], dim=-1).unsqueeze(0)
@@ -254,10 +290,12 @@ class LoopnetLM(TemplateLM):
                     token_logprobs = torch.gather(logprobs_i[:, -n:], 2, target.unsqueeze(-1)).squeeze(-1)
                     answer = (float(token_logprobs.sum()), bool((greedy[:, -n:] == target).all()))
                     results.append(answer)
+                    used.append((float(rounds[len(inp) - n: len(inp)].sum()), n))
                     if key_i is not None:  # rolling windows are cached per document instead
                         self.cache_hook.add_partial("loglikelihood", key_i, answer)
                     pbar.update(1)
         pbar.close()
+        self._request_rounds = reorder.get_original(used)
         return reorder.get_original(results)
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
@@ -280,8 +318,13 @@ class LoopnetLM(TemplateLM):
                 windows.append((None, context, continuation))
                 owner.append(i)
         totals = [0.0] * len(requests)
+        used = [(0.0, 0)] * len(requests)
         for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm), strict=True):
             totals[i] += logprob
+        for i, (total, count) in zip(owner, self._request_rounds, strict=True):
+            used[i] = (used[i][0] + total, used[i][1] + count)
+        self._request_rounds = used
+        self._record(requests)
         for request, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return totals
@@ -290,8 +333,8 @@ class LoopnetLM(TemplateLM):
         """Continue each context until a stop string, <|endoftext|> or `max_gen_toks` tokens.
 
         Decoding is greedy unless the task sets ``do_sample: true`` (then ``temperature`` and
-        ``top_k`` are honoured). The model has no KV cache, so each new token re-reads the last
-        `max_length` tokens; longer contexts are left-truncated to leave room for the generation.
+        ``top_k`` are honoured). Keys and values are cached across rounds; a sequence reads at most its
+        last `max_length` tokens, and longer contexts are left-truncated to leave room for the generation.
         """
 
         def by_length(args):
@@ -300,6 +343,7 @@ class LoopnetLM(TemplateLM):
         reorder = Collator([r.args for r in requests], sort_fn=by_length, group_by="gen_kwargs", group_fn=lambda a: a[1])
         eos = self.tok_decode(self.eot_token_id)
         results: list[str] = []
+        used: list[tuple[float, int]] = []
         pbar = tqdm(total=len(requests), disable=disable_tqdm, desc=f"generate_until R'={self.rounds}")
         for chunk in reorder.get_batched(n=self.batch_size):
             contexts, all_kwargs = zip(*chunk, strict=True)
@@ -310,17 +354,21 @@ class LoopnetLM(TemplateLM):
             # As the harness does: leave room in the window for the tokens to generate.
             budget = self.max_length - max_new if max_new < self.max_length else self.max_length
             prompts = [self.tok_encode(c)[-budget:] or [self.prefix_token_id] for c in contexts]
-            generated = self._generate(prompts, max_new, until, kwargs)
-            for context, tokens in zip(contexts, generated, strict=True):
+            generation = self._generate(prompts, max_new, until, kwargs)
+            used += [(float(sum(r)), len(r)) for r in generation.rounds]
+            for context, tokens in zip(contexts, generation.tokens, strict=True):
                 text = postprocess_generated_text(self.tok_decode(tokens), stop=until, think_end_token=None)
                 results.append(text)
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
                 pbar.update(1)
         pbar.close()
+        self._request_rounds = reorder.get_original(used)
+        self._record(requests)
         return reorder.get_original(results)
 
-    def _generate(self, prompts: list[list[int]], max_new: int, until: list[str], kwargs: dict) -> list[list[int]]:
-        """Generated token ids per prompt, until <|endoftext|> or a stop string; finished rows leave the batch."""
+    def _generate(self, prompts: list[list[int]], max_new: int, until: list[str], kwargs: dict) -> Generation:
+        """Generated token ids per prompt (and rounds per token), until <|endoftext|> or a stop string;
+        finished rows leave the batch. Keys and values are cached across rounds (`LoopedTransformer.generate`)."""
         do_sample = bool(kwargs.get("do_sample")) and float(kwargs.get("temperature", 0.0)) > 0
         temperature, top_k = float(kwargs.get("temperature", 0.0)), kwargs.get("top_k")
 
@@ -330,5 +378,6 @@ class LoopnetLM(TemplateLM):
 
         return self.model.generate(
             prompts, max_new, rounds=self.rounds, temperature=temperature if do_sample else 0.0, top_k=top_k,
-            n_vocab=self.vocab_size, window=self.max_length, stop=stop,
-        ).tokens
+            n_vocab=self.vocab_size, window=self.max_length, stop=stop, exit=self.exit,
+            exit_threshold=self.exit_threshold,
+        )

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder of extra task YAMLs, e.g. tasks on local JSON lines (repeatable)")
     parser.add_argument("--output_dir", default=None, help="where to write the results (default: beside the checkpoint)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    parser.add_argument("--exit", default="none", choices=("none", "kl", "latent", "entropy", "argmax"),
+                        help="adaptive exit per token (each R' is then the most rounds a token runs); default none")
+    parser.add_argument("--exit_threshold", type=float, default=None,
+                        help="the exit criterion's threshold (default: its own, e.g. kl 1e-3)")
     return parser
 
 
@@ -76,11 +80,14 @@ def run_eval(
     include_path: list[str] | None = None,
     output_dir: str | Path | None = None,
     device: str = "cpu",
+    exit: str = "none",
+    exit_threshold: float | None = None,
 ) -> dict[str, Any]:
     """Run the harness for each R', write the JSON and markdown table, return the report.
 
     The report holds the table ``{task: {metric: {R': {"value", "stderr"}}}}``, the harness's raw
-    per-task results for each R', and under "files" the two paths written.
+    per-task results for each R', the mean rounds per token of each task ``{R': {task: mean}}`` (R'
+    itself without an exit criterion), and under "files" the two paths written.
     """
     ckpt = Path(ckpt_path).expanduser()
     if not ckpt.exists():  # before importing the harness, which takes seconds
@@ -89,6 +96,9 @@ def run_eval(
     from loopnet.checkpoints import check_checkpoint_file
 
     check_checkpoint_file(str(ckpt))  # a folder or an empty file: what to pass instead
+    from loopnet.model.exit import check_exit
+
+    check_exit(exit, exit_threshold, where="--exit/--exit_threshold:")
     if batch_size < 1:
         raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
     names = expand_tasks(tasks)
@@ -117,13 +127,16 @@ def run_eval(
     rounds = rounds or [train_rounds]
 
     outputs: dict[int, dict[str, Any]] = {}
+    mean_rounds: dict[str, dict[str, float]] = {}
     for r in rounds:
         print(f"loopnet eval: R'={r} on {', '.join(names)}", file=sys.stderr)
-        lm = LoopnetLM(ckpt_path=str(ckpt), model=model, rounds=r, batch_size=batch_size, device=device)
+        lm = LoopnetLM(ckpt_path=str(ckpt), model=model, rounds=r, batch_size=batch_size, device=device,
+                       exit=exit, exit_threshold=exit_threshold)
         outputs[r] = lm_eval.simple_evaluate(
             model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
             batch_size=batch_size, device=device, log_samples=False,
         )
+        mean_rounds[str(r)] = lm.mean_rounds_by_task()
 
     from loopnet.eval.results import build_table, write_report
 
@@ -136,6 +149,9 @@ def run_eval(
         "num_fewshot": num_fewshot,
         "lm_eval_version": lm_eval.__version__,
         "model_config": asdict(model.config),
+        "exit": exit,
+        "exit_threshold": exit_threshold,
+        "mean_rounds": mean_rounds,
         "table": build_table(outputs),
         "harness": {
             str(r): {k: out.get(k) for k in ("results", "groups", "n-samples", "versions")}
@@ -154,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         report = run_eval(
             ckpt_path=args.ckpt_path, tasks=args.tasks, rounds=args.rounds, batch_size=args.batch_size,
             limit=args.limit, num_fewshot=args.num_fewshot, include_path=args.include_path,
-            output_dir=args.output_dir, device=args.device,
+            output_dir=args.output_dir, device=args.device, exit=args.exit, exit_threshold=args.exit_threshold,
         )
     print(Path(report["files"]["markdown"]).read_text(encoding="utf-8"))
     print(f"loopnet eval: wrote {report['files']['json']} and {report['files']['markdown']}", file=sys.stderr)

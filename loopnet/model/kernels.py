@@ -41,8 +41,10 @@ class RMSNormFunction(torch.autograd.Function):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """F.rms_norm over the last dimension, through the hand-written backward in eager mode; under
     torch.compile F.rms_norm itself, which inductor fuses into one kernel anyway."""
-    if torch.compiler.is_compiling() or x.dtype != torch.float32:
-        return F.rms_norm(x, (x.size(-1),), weight, eps)  # bf16/fp16: F.rms_norm computes in fp32 internally
+    # bf16/fp16: F.rms_norm computes in fp32 internally; torch.func's transforms (the fixed-point
+    # diagnostics' jvp) need an op with a forward-mode derivative, which the hand-written one lacks.
+    if torch.compiler.is_compiling() or x.dtype != torch.float32 or torch._C._are_functorch_transforms_active():
+        return F.rms_norm(x, (x.size(-1),), weight, eps)
     return RMSNormFunction.apply(x, weight, eps)
 
 

@@ -42,9 +42,13 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos()[None, None], persistent=False)  # (1, 1, T, hd/2)
         self.register_buffer("sin", angles.sin()[None, None], persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, hd)
-        T = x.size(-2)
-        cos, sin = self.cos[..., :T, :].to(x.dtype), self.sin[..., :T, :].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, H, T, hd) at positions 0..T-1, or at `positions` (B, T) (a cached generation's)."""
+        if positions is None:
+            T = x.size(-2)
+            cos, sin = self.cos[..., :T, :].to(x.dtype), self.sin[..., :T, :].to(x.dtype)
+        else:
+            cos, sin = self.cos[0, 0][positions][:, None].to(x.dtype), self.sin[0, 0][positions][:, None].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -75,7 +79,9 @@ class QKVLinear(nn.Linear):
 
 class Attention(nn.Module):
     """Causal multi-head attention. With `q_src` the queries come from `q_src` and keys and values
-    from `x` (attention injection: the same W_Q, W_K, W_V reused as cross-attention)."""
+    from `x` (attention injection: the same W_Q, W_K, W_V reused as cross-attention). With `kv` (a
+    `CacheSlot` of a generation) x holds the new positions only: their keys and values join the
+    cache and the queries attend to every cached position up to their own."""
 
     def __init__(self, cfg: LoopConfig):
         super().__init__()
@@ -94,7 +100,7 @@ class Attention(nn.Module):
         self.register_load_state_dict_pre_hook(
             lambda module, state_dict, prefix, *args: QKVLinear.fuse_state(state_dict, prefix))
 
-    def forward(self, x: torch.Tensor, q_src: torch.Tensor | None = None, rotary: Rotary | None = None):
+    def forward(self, x: torch.Tensor, q_src: torch.Tensor | None = None, rotary: Rotary | None = None, kv=None):
         B, T, C = x.shape
         split = lambda t: t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # noqa: E731
         if q_src is None:
@@ -107,10 +113,14 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:
-            q, k = rotary(q), rotary(k)
+            positions = None if kv is None else kv.positions
+            q, k = rotary(q, positions), rotary(k, positions)
         if self.qk_hook is not None:
             self.qk_hook(q, k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        if kv is not None:
+            y = kv.attend(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -120,7 +130,7 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
 
-    def forward(self, x: torch.Tensor, q_src=None, rotary=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, q_src=None, rotary=None, kv=None) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))
 
 
@@ -145,13 +155,13 @@ class Sublayer(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.param_names = [name for name, _ in self.named_parameters()]
 
-    def forward(self, x, alpha: float, q_src=None, rotary=None):
+    def forward(self, x, alpha: float, q_src=None, rotary=None, kv=None):
         norm_in = self.norm if self.pre_norm else self.inner_norm
         if norm_in is not None:
             branch_in, q_in = norm_in(x), (None if q_src is None else norm_in(q_src))
         else:
             branch_in, q_in = x, q_src
-        branch = self.drop(self.f(branch_in, q_src=q_in, rotary=rotary))
+        branch = self.drop(self.f(branch_in, q_src=q_in, rotary=rotary, kv=kv))
         if self.pre_norm:
             if self.epsilon != 1.0:
                 branch = self.epsilon * branch
@@ -206,11 +216,12 @@ class Block(nn.Module):
         self.attn = Sublayer(cfg, "attn")
         self.ffn = Sublayer(cfg, "ffn")
 
-    def forward(self, x, alpha: float, q_src=None, rotary=None, observe: bool = False):
+    def forward(self, x, alpha: float, q_src=None, rotary=None, observe: bool = False, kv=None):
         """x after attention (queries from `q_src` when given: injection) then the FFN. With `observe`,
-        (x, [attn's VisitTrace, ffn's VisitTrace]): the model hands them to its observer as visits."""
+        (x, [attn's VisitTrace, ffn's VisitTrace]): the model hands them to its observer as visits.
+        `kv`: the attention's `CacheSlot` in a cached generation."""
         if not observe:
-            x = self.attn(x, alpha, q_src, rotary)[0]
+            x = self.attn(x, alpha, q_src, rotary, kv)[0]
             return self.ffn(x, alpha, None, rotary)[0]
         attn = self.attn.observed(x, alpha, q_src, rotary)
         ffn = self.ffn.observed(attn.state, alpha, None, rotary)

@@ -33,7 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .cache import KVCache
 from .config import LoopConfig
+from .exit import ExitCriterion, check_exit
 from .injection import make_injection
 from .kernels import LinearCrossEntropy, z_loss_term
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
@@ -61,9 +63,16 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = No
 
 @dataclass
 class Generation:
-    """What `LoopedTransformer.generate` returns: the new token ids of each prompt, in prompt order."""
+    """What `LoopedTransformer.generate` returns: the new token ids of each prompt, in prompt order, and
+    the rounds each new token ran (R' for every token unless an exit criterion stops it earlier)."""
 
     tokens: list[list[int]]
+    rounds: list[list[int]]
+
+    def mean_rounds(self) -> float:
+        """Mean rounds per generated token (nan when none was generated)."""
+        counts = [r for row in self.rounds for r in row]
+        return sum(counts) / len(counts) if counts else float("nan")
 
 
 class LoopedTransformer(nn.Module):
@@ -214,10 +223,15 @@ class LoopedTransformer(nn.Module):
         ``on_logits(round, logits)`` method also sees the logits of every head evaluation. None detaches."""
         self.observer = observer
 
-    def _block(self, r: int, k: int, block: Block, x, q_src, alpha: float, part: str = "loop"):
+    def _block(self, r: int, k: int, block: Block, x, q_src, alpha: float, part: str = "loop",
+               kv: KVCache | None = None):
         """Block k's visits of round r (of the prelude or coda: `part`, r = 0): one call of the block
         (FSDP's unit, checkpointed as one), whose two sublayer visits the observer, when attached, then
-        sees in order."""
+        sees in order. With `kv` (a cached generation) its attention reads and extends the cache of this
+        visit: ("core", r, k) in the loop, (part, k) in the prelude or coda."""
+        if kv is not None:
+            slot = kv.slot(("core", r, k) if part == "loop" else (part, k))
+            return block(x, alpha, q_src, self.rotary, kv=slot)
         if self.observer is None:
             return block(x, alpha, q_src, self.rotary)
         x, traces = block(x, alpha, q_src, self.rotary, observe=True)
@@ -226,21 +240,23 @@ class LoopedTransformer(nn.Module):
         return x
 
     # ----------------------------------------------------------------------------- forward
-    def embed(self, idx: torch.Tensor, alpha: float | None = None) -> torch.Tensor:
-        """e: the token (and learned position) embedding, dropout, then the prelude blocks."""
+    def embed(self, idx: torch.Tensor, alpha: float | None = None, positions: torch.Tensor | None = None,
+              kv: KVCache | None = None) -> torch.Tensor:
+        """e: the token (and learned position) embedding, dropout, then the prelude blocks. A cached
+        generation passes the tokens' `positions` [B, T] (default 0..T-1) and its cache."""
         T = idx.size(1)
         if T > self.config.seq_len:
             raise ValueError(f"sequence length {T} exceeds the position table (LoopConfig.seq_len={self.config.seq_len}); "
                              f"shorten the input or train with a larger seq_len")
         e = self.wte(idx)
         if self.wpe is not None:
-            e = e + self.wpe(torch.arange(T, device=idx.device))
+            e = e + self.wpe(torch.arange(T, device=idx.device) if positions is None else positions)
         e = self.drop(e)
         for p, block in enumerate(self.prelude_blocks, start=1):
-            e = self._block(0, p, block, e, None, self.alpha if alpha is None else alpha, "prelude")
+            e = self._block(0, p, block, e, None, self.alpha if alpha is None else alpha, "prelude", kv)
         return e
 
-    def _round(self, r: int, x, h, alpha: float):
+    def _round(self, r: int, x, h, alpha: float, kv: KVCache | None = None):
         """Round r from its start x; h = Norm(x_end of round r-1), None in round 1."""
         cfg = self.config
         injecting = h is not None and cfg.wiring in ("inject", "flt")
@@ -253,7 +269,7 @@ class LoopedTransformer(nn.Module):
                     q_src = h
                 elif every:  # FLT_res; LT_i injected at the round's start (`_round_start`)
                     x = unit_rms(x + h)
-            x = self._block(r, k, block, x, q_src, alpha)
+            x = self._block(r, k, block, x, q_src, alpha, "loop", kv)
         return x
 
     def _round_start(self, r: int, e, x0, x, h):
@@ -283,45 +299,51 @@ class LoopedTransformer(nn.Module):
         return range(rounds, rounds + 1)
 
     def iter_rounds(self, idx: torch.Tensor, rounds: int | None = None, grad_rounds: int | None = None,
-                    alpha: float | None = None):
+                    alpha: float | None = None, *, positions: torch.Tensor | None = None,
+                    kv: KVCache | None = None, start: bool = False):
         """Run the prelude and the loop on token ids `idx`, yielding (r, x_end of round r) for r = 1..R'.
-        The one loop of the model: `forward` and the update-size diagnostic read it. In training only the
-        last `grad_rounds` rounds (default `LoopConfig.grad_rounds(R')`) get gradients; `alpha`
-        replaces the skip scale α of every visit (default: α of the training N)."""
+        The one loop of the model: `forward`, `generate` and the update-size diagnostic read it. In training
+        only the last `grad_rounds` rounds (default `LoopConfig.grad_rounds(R')`) get gradients; `alpha`
+        replaces the skip scale α of every visit (default: α of the training N). A cached generation
+        passes the new tokens' `positions` [B, T] and its `kv` cache; `start` first yields (0, x0), the
+        round-1 input."""
         cfg = self.config
         R = cfg.n_rounds if rounds is None else rounds
         if R < 1:
             raise ValueError(f"rounds must be >= 1, got {R}")
         alpha = self.alpha if alpha is None else alpha
         no_grad = R - (cfg.grad_rounds(R) if grad_rounds is None else grad_rounds)  # rounds 1..no_grad: no grad
-        e = self.embed(idx, alpha)
+        e = self.embed(idx, alpha, positions, kv)
         x0 = unit_rms(e) if cfg.input_norm else e
-        use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled()
+        if start:
+            yield 0, x0
+        use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled() and kv is None
         reads_h = cfg.wiring != "carry" and self.injection is None
         x, h = x0, None
         for r in range(1, R + 1):
             if r > 1 and reads_h:  # h = Norm(x_end): only for a next round whose wiring reads it
                 h = unit_rms(x)
             with torch.set_grad_enabled(torch.is_grad_enabled() and r > no_grad):
-                start = self._round_start(r, e, x0, x, h)
+                begin = self._round_start(r, e, x0, x, h)
                 if use_ckpt and r > no_grad:
-                    x = checkpoint(self._round, r, start, h, alpha, use_reentrant=False)
+                    x = checkpoint(self._round, r, begin, h, alpha, use_reentrant=False)
                 else:
-                    x = self._round(r, start, h, alpha)
+                    x = self._round(r, begin, h, alpha, kv)
             yield r, x
 
-    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None, alpha: float | None = None):
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None, alpha: float | None = None,
+             kv: KVCache | None = None):
         """(logits, loss or None) of a loop state x: the coda (skip scale `alpha`, default α), then the
-        final Norm, LM head and loss, compiled with the model."""
+        final Norm, LM head and loss, compiled with the model. `kv`: a cached generation's (the coda's)."""
         head = self._head if self._compiled_head is None else self._compiled_head
-        logits, loss, self._head_z = head(self.finish(x, alpha), targets)  # z: `forward` reads it for `z_term`
+        logits, loss, self._head_z = head(self.finish(x, alpha, kv), targets)  # z: `forward` reads it for `z_term`
         return logits, loss
 
-    def finish(self, x: torch.Tensor, alpha: float | None = None) -> torch.Tensor:
-        """The coda blocks on a loop state x (x itself without a coda)."""
+    def finish(self, x: torch.Tensor, alpha: float | None = None, kv: KVCache | None = None) -> torch.Tensor:
+        """The coda blocks on a loop state x (x itself without a coda); `kv`: a cached generation's."""
         alpha = self.alpha if alpha is None else alpha
         for c, block in enumerate(self.coda_blocks, start=1):
-            x = self._block(0, c, block, x, None, alpha, "coda")
+            x = self._block(0, c, block, x, None, alpha, "coda", kv)
         return x
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, rounds: int | None = None,
@@ -348,46 +370,140 @@ class LoopedTransformer(nn.Module):
         return logits, losses[0] if len(losses) == 1 else torch.stack(losses).mean()
 
     # ----------------------------------------------------------------------------- generate
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
                  rounds: int | None = None, temperature: float = 0.0, top_k: int | None = None,
                  n_vocab: int | None = None, window: int | None = None,
-                 stop: Callable[[int, list[int]], bool] | None = None) -> Generation:
+                 stop: Callable[[int, list[int]], bool] | None = None, cache: bool = True,
+                 exit: str = "none", exit_threshold: float | None = None,
+                 max_rounds: int | None = None) -> Generation:
         """Continue each prompt (token ids; a [B, T] tensor is B prompts) by up to `max_new_tokens` tokens
         at R' = `rounds`, with `sample_next(temperature, top_k)` over the first `n_vocab` ids (default all).
 
-        There is no KV cache: each step runs the model on the last `window` tokens (default seq_len) of
-        every sequence, as nanoGPT does. Prompts of unequal length are right-padded; attention is causal
-        and positions count from 0, so the padding cannot change the logits at a sequence's own
-        positions. A prompt is done when `stop(i, its new tokens)` is true; it then leaves the batch.
-        Dropout follows the module's mode: call `eval()` first."""
+        Context: each sequence reads at most its last `window` tokens (default seq_len). Prompts of
+        unequal length are right-padded; attention is causal and positions count from 0, so the padding
+        cannot change the logits at a sequence's own positions. A prompt is done when `stop(i, its new
+        tokens)` is true; it then leaves the batch. Dropout follows the module's mode: call `eval()` first.
+
+        `cache` (default): the prompt but its last token runs once through the prelude, every round and
+        the coda, its keys and values kept per attention visit (`KVCache`: per prelude block, per
+        (round, block) of the core, per coda block); its last token and each new token then run over
+        their own position only: the prelude once, the rounds, the coda once on the final state.
+        Greedy output equals the recompute's (`cache=False`: the whole window through the model for
+        every token, as nanoGPT does). Past the window the context is cropped to its last `window`
+        tokens and the cache rebuilt from them: in a looped model every key past round 1's first block
+        depends on the tokens before it, so a cache cannot slide; each token past the window therefore
+        costs a full forward pass over the window, as without the cache.
+
+        `exit` (`loopnet.model.exit`): a token stops after the first round r ≤ `max_rounds` (default
+        R') at which the criterion holds (threshold `exit_threshold`, None: Huginn's default), and its
+        next token is drawn from round r's logits. With the cache, its keys and values of round r stand
+        in for the rounds it skipped (`KVCache.fill_later_rounds`), and the coda reads its round-r state.
+        The prompt's (or a rebuilt context's) tokens but the last run every round. Without the cache the
+        window runs every round at every position and the criterion picks the round of the last position
+        only. `Generation.rounds` holds the rounds each token used."""
         cfg = self.config
         W = cfg.seq_len if window is None else window
         if not 1 <= W <= cfg.seq_len:
             raise ValueError(f"window must be in [1, seq_len={cfg.seq_len}], got {W}; fix: give a shorter window")
+        check_exit(exit, exit_threshold)
+        R = (rounds or cfg.n_rounds) if exit == "none" or max_rounds is None else max_rounds
+        if R < 1:
+            raise ValueError(f"rounds must be >= 1, got {R}; fix: give a round count R' >= 1")
         V = cfg.vocab_size if n_vocab is None else min(n_vocab, cfg.vocab_size)
         device = self.wte.weight.device
         sequences = [list(p) for p in (prompts.tolist() if torch.is_tensor(prompts) else prompts)]
         if not all(sequences):
             raise ValueError("every prompt needs at least one token; fix: start an empty prompt with <|endoftext|>")
         new: list[list[int]] = [[] for _ in sequences]
+        used: list[list[int]] = [[] for _ in sequences]
         active = list(range(len(sequences)))
+        kv: KVCache | None = None
         for _ in range(max_new_tokens):
             if not active:
                 break
-            windows = [sequences[i][-W:] for i in active]
-            batch = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
-            for row, w in enumerate(windows):
-                batch[row, : len(w)] = torch.tensor(w)
-            logits, _ = self(batch.to(device), rounds=rounds)
-            ends = torch.tensor([len(w) - 1 for w in windows], device=device)
-            last = logits[torch.arange(len(windows), device=device), ends]
-            tokens = sample_next(last[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
+            if cache and (kv is None or max(len(sequences[i]) for i in active) > W):
+                # A new cache over each window but its last token (right-padded), run through every round;
+                # the last token then goes as every new token does, one position through the rounds.
+                windows = [sequences[i][-W:] for i in active]
+                kv = KVCache(len(active), W, device)
+                width = max(map(len, windows)) - 1
+                if width:
+                    prefix = torch.zeros(len(windows), width, dtype=torch.long)
+                    for row, w in enumerate(windows):
+                        prefix[row, : len(w) - 1] = torch.tensor(w[:-1])
+                    positions = torch.arange(width, device=device).expand(len(windows), width)
+                    kv.begin(positions)
+                    *_, (_, x) = self.iter_rounds(prefix.to(device), R, positions=positions, kv=kv)
+                    self.finish(x, kv=kv)
+                    kv.end(torch.tensor([len(w) - 2 for w in windows], device=device))
+            if cache:  # each sequence's newest token at its own next position
+                inputs = torch.tensor([[sequences[i][-1]] for i in active], device=device)
+                positions = kv.lengths[:, None].clone()
+                last = torch.zeros(len(active), dtype=torch.long, device=device)
+                kv.begin(positions)
+            else:  # the (cropped) window of every sequence, right-padded, through the model
+                windows = [sequences[i][-W:] for i in active]
+                inputs = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
+                for row, w in enumerate(windows):
+                    inputs[row, : len(w)] = torch.tensor(w)
+                inputs, positions = inputs.to(device), None
+                last = torch.tensor([len(w) - 1 for w in windows], device=device)
+            logits, exit_round = self._next_logits(inputs, positions, last, kv, R, exit, exit_threshold)
+            if kv is not None:
+                kv.end(positions[:, 0])
+                if exit != "none":
+                    kv.fill_later_rounds(exit_round, R, cfg.n_blocks, positions[:, 0])
+            tokens = sample_next(logits[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
             still = []
-            for i, token in zip(active, tokens, strict=True):
+            for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
                 sequences[i].append(token)
                 new[i].append(token)
+                used[i].append(int(exit_round[row]))
                 if stop is None or not stop(i, new[i]):
-                    still.append(i)
-            active = still
-        return Generation(new)
+                    still.append(row)
+            if kv is not None and len(still) < len(active):
+                kv.keep(still)
+            active = [active[row] for row in still]
+        return Generation(new, used)
+
+    def _next_logits(self, inputs, positions, last, kv, R: int, exit: str, threshold):
+        """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]).
+
+        Runs up to R rounds and stops once every row exited. With the cache (one position per row) the
+        coda, where there is one, reads and writes the cache at each readout; it runs once more at the
+        end on the state each token leaves with, so that its keys and values are that state's (its
+        logits are the chosen ones: the same computation)."""
+        B = inputs.size(0)
+        rows = torch.arange(B, device=inputs.device)
+        exit_round = torch.full((B,), R, dtype=torch.long, device=inputs.device)
+
+        def readout(x):  # logits [B, V] at each row's last position of the loop state x
+            return self.head(x, kv=kv)[0][rows, last]
+
+        if exit == "none":
+            *_, (_, x) = self.iter_rounds(inputs, R, positions=positions, kv=kv)
+            return readout(x), exit_round
+        criterion = ExitCriterion(exit, threshold)
+        done = torch.zeros(B, dtype=torch.bool, device=inputs.device)
+        chosen_logits = chosen_x = None
+        for r, x in self.iter_rounds(inputs, R, positions=positions, kv=kv, start=True):
+            if r == 0:
+                criterion.start(x[rows, last])
+                continue
+            logits = readout(x) if criterion.needs_logits or r == R else None
+            exits, _ = criterion.step(x[rows, last], logits)
+            newly = exits & ~done if r < R else ~done
+            if newly.any():
+                logits = readout(x) if logits is None else logits
+                pick = newly[:, None]
+                chosen_logits = logits.clone() if chosen_logits is None else torch.where(pick, logits, chosen_logits)
+                if kv is not None:
+                    chosen_x = x.clone() if chosen_x is None else torch.where(pick[:, None], x, chosen_x)
+                exit_round[newly] = r
+                done |= newly
+            if bool(done.all()):
+                break
+        if kv is not None and self.coda_blocks:
+            return readout(chosen_x), exit_round
+        return chosen_logits, exit_round

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from typing import Any, Optional
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 import numpy as np
 import torch
 from torchmetrics import MeanMetric
@@ -24,8 +25,9 @@ from loopnet.data import gpt2_encoding
 from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
 from loopnet.data.vocab import EOT_ID, N_VOCAB, check_fits
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
+from loopnet.diagnostics.depth_eval import DepthEvaluation
 from loopnet.model.rounds import RoundDraw, draw_rounds
-from loopnet.training.options import GenerateConfig, OptimConfig
+from loopnet.training.options import FrontierConfig, GenerateConfig, OptimConfig
 
 
 def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) -> None:
@@ -61,7 +63,7 @@ def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) ->
 # GenerateConfig instance be in one (saved by hand, or by other code), torch's restricted
 # weights_only unpickler may still rebuild these plain dataclasses. Nothing else is allowed.
 # (OptimConfig and GenerateConfig lived in this module before loopnet.training.options: both names load.)
-torch.serialization.add_safe_globals([LoopConfig, OptimConfig, GenerateConfig, (OptimConfig, f"{__name__}.OptimConfig"),
+torch.serialization.add_safe_globals([LoopConfig, OptimConfig, GenerateConfig, FrontierConfig, (OptimConfig, f"{__name__}.OptimConfig"),
                                      (GenerateConfig, f"{__name__}.GenerateConfig")])
 
 
@@ -103,6 +105,12 @@ class LoopedLM(L.LightningModule):
             e.g. [1, 2, 4, 6, 8, 12]. The training R is always reported.
         compile: Compile the model with torch.compile.
         generate: Settings of `loopnet predict`.
+        extrapolate_rounds: Run validation and test batches up to this many rounds (e.g. 4R) and record,
+            per round, the loss, the relative change of the state, the KL between successive rounds'
+            predictions and the largest singular value of the round's Jacobian
+            (`loopnet.diagnostics.fixed_point`). None: off.
+        frontier: The exit criterion and thresholds whose loss and mean rounds per token `loopnet test`
+            reports (`loopnet.diagnostics.frontier`).
     """
 
     def __init__(
@@ -112,16 +120,23 @@ class LoopedLM(L.LightningModule):
         eval_rounds: Optional[list[int]] = None,
         compile: bool = False,
         generate: GenerateConfig = GenerateConfig(),
+        extrapolate_rounds: Optional[int] = None,
+        frontier: FrontierConfig = FrontierConfig(),
     ):
         super().__init__()
         self.config, self.optim, self.gen = _as(LoopConfig, config), _as(OptimConfig, optim), _as(GenerateConfig, generate)
         if eval_rounds and min(eval_rounds) < 1:
             raise ValueError(f"model.eval_rounds must all be >= 1, got {eval_rounds}")
+        if extrapolate_rounds is not None and extrapolate_rounds < 2:
+            raise ValueError(f"model.extrapolate_rounds={extrapolate_rounds} must be >= 2 (rounds compared in pairs); "
+                             f"fix: give e.g. 4R = {4 * self.config.n_rounds}, or null for off")
+        self.frontier = _as(FrontierConfig, frontier)
         self.eval_rounds = sorted(set(eval_rounds or []) - {self.config.n_rounds})
         # Plain dicts in the checkpoint, so it loads with torch's weights_only unpickler.
         self.save_hyperparameters(
             {"config": asdict(self.config), "optim": asdict(self.optim), "eval_rounds": eval_rounds,
-             "compile": compile, "generate": asdict(self.gen)}
+             "compile": compile, "generate": asdict(self.gen), "extrapolate_rounds": extrapolate_rounds,
+             "frontier": asdict(self.frontier)}
         )
         self.model = LoopedTransformer(self.config)
         self.model.z_loss = self.optim.z_loss
@@ -130,6 +145,7 @@ class LoopedLM(L.LightningModule):
         self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor; set per stage and shape
         self._flops: dict[tuple[str, int, int], float] = {}
         self._resume_rng: Optional[dict] = None  # RNG states from a checkpoint, applied at the next training step
+        self.depth_eval = DepthEvaluation(extrapolate_rounds, self.frontier, self.config.n_rounds)
         self.eval_loss = torch.nn.ModuleDict(
             {str(r): MeanMetric() for r in [self.config.n_rounds, *self.eval_rounds]}
         )
@@ -213,6 +229,8 @@ class LoopedLM(L.LightningModule):
             metric.update(loss, weight=(targets != -1).sum())
 
     def _log_eval(self, stage: str):
+        losses = {int(r): float(m.compute()) for r, m in self.eval_loss.items() if m.update_called}
+        self.depth_eval.end(stage, self, losses)
         for rounds, metric in self.eval_loss.items():
             loss = metric.compute()
             suffix = "" if int(rounds) == self.config.n_rounds else f"_r{int(rounds)}"
@@ -231,12 +249,14 @@ class LoopedLM(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         self._evaluate(batch)
+        self.depth_eval.update("val", self.model, *batch)
 
     def on_validation_epoch_end(self):
         self._log_eval("val")
 
     def test_step(self, batch, batch_idx):
         self._evaluate(batch)
+        self.depth_eval.update("test", self.model, *batch)
 
     def on_test_epoch_end(self):
         self._log_eval("test")
@@ -257,8 +277,12 @@ class LoopedLM(L.LightningModule):
     def predict_step(self, batch, batch_idx=0):
         g, dm = self.gen, self._tokens()
         prompt = batch[0].tolist()
-        new = self.model.generate([prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
-                                  top_k=g.top_k, n_vocab=dm.vocab_size if dm else N_VOCAB).tokens[0]
+        out = self.model.generate([prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
+                                  top_k=g.top_k, n_vocab=dm.vocab_size if dm else N_VOCAB, cache=g.cache,
+                                  exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds)
+        new, self.generated_rounds = out.tokens[0], out.rounds[0]
+        rank_zero_info(f"loopnet: {len(new)} tokens generated, {out.mean_rounds():.2f} rounds per token "
+                       f"(exit: {g.exit}; rounds per token {self.generated_rounds})")
         # Returned, not printed (that would land inside the progress bar): `loopnet predict` prints and saves it.
         return dm.decode(prompt + new) if dm else gpt2_encoding().decode(prompt + new)
 

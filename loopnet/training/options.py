@@ -4,8 +4,10 @@ import (no Lightning, no torch), so that `loopnet` checks them before Lightning'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
+
+EXITS = ("none", "kl", "latent", "entropy", "argmax")  # loopnet.model.exit's (kept torch-free here)
 
 
 @dataclass
@@ -82,6 +84,15 @@ class GenerateConfig:
         temperature: Softmax temperature; 0 means greedy.
         top_k: Sample among the k most likely tokens (None: all).
         rounds: Round count R' used to generate (None: the training R).
+        cache: Keep keys and values per (round, block), so that each new token runs its rounds over one
+            position (the same greedy tokens as recomputing the context for every token, faster).
+        exit: Adaptive exit per token (`loopnet.model.exit`): "none", or stop a token's rounds once
+            "kl" (KL between successive rounds' next-token distributions), "latent" (relative change
+            of the state), "entropy" (change of the entropy) falls below `exit_threshold`, or once the
+            "argmax" has been stable for `exit_threshold` rounds.
+        exit_threshold: The criterion's threshold (None: Huginn's default, kl 1e-3, latent 0.03,
+            entropy 1e-3, argmax 5).
+        max_rounds: Most rounds a token runs with an exit criterion (None: `rounds`, or the training R).
     """
 
     prompt: str = "ROMEO:"
@@ -89,6 +100,10 @@ class GenerateConfig:
     temperature: float = 0.8
     top_k: Optional[int] = 50
     rounds: Optional[int] = None
+    cache: bool = True
+    exit: str = "none"
+    exit_threshold: Optional[float] = None
+    max_rounds: Optional[int] = None
 
     def __post_init__(self) -> None:
         for ok, what, fix in (
@@ -100,6 +115,41 @@ class GenerateConfig:
              "give a positive k, or null for all tokens"),
             (self.rounds is None or self.rounds >= 1, f"model.generate.rounds={self.rounds} must be >= 1",
              "give a round count R' >= 1, or null for the training R"),
+            (self.exit in EXITS, f"model.generate.exit={self.exit!r} is not a criterion", f"choose one of {', '.join(EXITS)}"),
+            (self.exit_threshold is None or self.exit_threshold >= 0,
+             f"model.generate.exit_threshold={self.exit_threshold} must be >= 0",
+             "give e.g. 1e-3 for kl, or null for the criterion's default"),
+            (self.max_rounds is None or self.max_rounds >= 1, f"model.generate.max_rounds={self.max_rounds} must be >= 1",
+             "give the most rounds a token may run, or null for `rounds`"),
+        ):
+            if not ok:
+                raise ValueError(f"{what}; fix: {fix}")
+
+
+@dataclass
+class FrontierConfig:
+    """The compute–quality frontier of adaptive exit, measured by `loopnet test` (and validation when
+    `at_validation`): loss and mean rounds per token at each threshold (`loopnet.diagnostics.frontier`).
+
+    Args:
+        exit: The criterion ("none" turns the frontier off): "kl", "latent", "entropy" or "argmax".
+        thresholds: The thresholds to measure, e.g. [0, 1e-4, 1e-3, 1e-2].
+        max_rounds: Most rounds a token runs (None: the training R).
+    """
+
+    exit: str = "none"
+    thresholds: list[float] = field(default_factory=list)
+    max_rounds: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for ok, what, fix in (
+            (self.exit in EXITS, f"model.frontier.exit={self.exit!r} is not a criterion", f"choose one of {', '.join(EXITS)}"),
+            (self.exit == "none" or bool(self.thresholds), f"model.frontier.exit={self.exit!r} needs thresholds",
+             "give model.frontier.thresholds, e.g. [0, 1e-4, 1e-3, 1e-2]"),
+            (all(t >= 0 for t in self.thresholds), f"model.frontier.thresholds={list(self.thresholds)} must be >= 0",
+             "give non-negative thresholds"),
+            (self.max_rounds is None or self.max_rounds >= 1, f"model.frontier.max_rounds={self.max_rounds} must be >= 1",
+             "give the most rounds a token may run, or null for the training R"),
         ):
             if not ok:
                 raise ValueError(f"{what}; fix: {fix}")

@@ -137,6 +137,13 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
         "dominates rather than orthogonal visits.", "",
         wide_table(methods, rounds, groups, lambda g: "—" if g.first_last_grad() is None else f"{g.first_last_grad():.1e}"), "",
     ]
+    from loopnet.diagnostics.fixed_point import fixed_point_table
+
+    fixed = fixed_point_table([(run.id, run.summary) for run in runs])
+    if fixed:  # runs trained with model.extrapolate_rounds
+        md += ["## Extrapolation and fixed points", "",
+               "The last validation's per-round profile (`summary.json`'s `fixed_point`; docs/inference.md), "
+               "each cell at the listed rounds r.", "", fixed, ""]
     exponent = exponent_table(runs, plateau)
     if exponent:
         md += ["## Exponent sweep: training vs p", "", exponent, ""]

@@ -1,0 +1,118 @@
+"""Generation speed with and without the KV cache across rounds, as a ratio measured in one run.
+
+    loopnet bench generation [--reps 5] [--prompt 8] [--new 112] [--out generation.md] [--json g.json]
+
+The model is `configs/cpu.yaml`'s size over `configs/base.yaml` (d 128, 4 heads, 128 positions, K = 2,
+R = 6, GPT-2's padded vocabulary), randomly initialised (the time per token does not depend on the
+weights without an exit criterion). One prompt of `--prompt` random tokens continued greedily by
+`--new` tokens, within the 128 positions: `generate(cache=False)` (the whole context through the model
+for every token) and `generate(cache=True)` take turns, `reps` times in alternating order; the ratio is
+the median of the paired time ratios, so that a shared machine's load cancels. Both must give the same
+tokens (the run says whether they did).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import yaml
+
+TARGET = 5.0  # ≥ 5× tokens/s with the cache
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def cpu_config() -> dict:
+    """model.config of configs/base.yaml overlaid with configs/cpu.yaml's."""
+    merged: dict = {}
+    for name in ("base.yaml", "cpu.yaml"):
+        merged |= (yaml.safe_load((CONFIGS / name).read_text()).get("model") or {}).get("config") or {}
+    return merged
+
+
+def run(reps: int, prompt_len: int, new: int, seed: int = 0) -> dict:
+    from loopnet.env import machine
+    from loopnet.model import LoopConfig, LoopedTransformer
+
+    load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    config = LoopConfig(**cpu_config())
+    if prompt_len + new > config.seq_len:
+        raise ValueError(f"--prompt {prompt_len} + --new {new} exceeds seq_len {config.seq_len}; fix: fewer tokens")
+    torch.manual_seed(seed)
+    model = LoopedTransformer(config).eval()
+    prompt = torch.randint(0, 50257, (1, prompt_len)).tolist()
+    tokens, times = {}, {True: [], False: []}
+    model.generate(prompt, 4, cache=True)  # warm-up of both paths
+    model.generate(prompt, 4, cache=False)
+    for rep in range(reps):
+        for cache in ((False, True) if rep % 2 == 0 else (True, False)):
+            t = time.perf_counter()
+            out = model.generate(prompt, new, cache=cache)
+            times[cache].append(time.perf_counter() - t)
+            tokens.setdefault(cache, out.tokens)
+            print(f"[bench generation] rep {rep + 1}/{reps} cache={cache}: {new / times[cache][-1]:8.1f} tokens/s",
+                  file=sys.stderr, flush=True)
+    ratios = [a / b for a, b in zip(times[False], times[True])]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=CONFIGS.parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "model": {k: getattr(config, k) for k in ("vocab_size", "seq_len", "d_model", "n_heads", "n_blocks",
+                                                   "n_rounds", "residual", "wiring", "positions")},
+        "prompt_tokens": prompt_len, "new_tokens": new, "reps": reps,
+        "recompute_tokens_per_s": new / statistics.median(times[False]),
+        "cache_tokens_per_s": new / statistics.median(times[True]),
+        "ratio": statistics.median(ratios), "ratios": ratios, "target": TARGET,
+        "same_tokens": tokens[True] == tokens[False],
+        "machine": machine("cpu"), "load_at_start": load_at_start, "load_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def markdown(res: dict, command: str) -> str:
+    m = res["machine"]
+    met = "met" if res["ratio"] >= res["target"] else "NOT met"
+    return "\n".join([
+        "| row | tokens/s | ratio | target |",
+        "|---|---|---|---|",
+        f"| generate, recompute (cache: false) | {res['recompute_tokens_per_s']:.1f} | 1.00 | baseline |",
+        f"| generate, KV cache across rounds | {res['cache_tokens_per_s']:.1f} | {res['ratio']:.2f} | "
+        f"≥ {res['target']:g}× ({met}) |",
+        "",
+        f"Paired ratios: {', '.join(f'{r:.2f}' for r in res['ratios'])}; same greedy tokens: {res['same_tokens']}.",
+        f"Model: {res['model']}; prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new, batch 1, fp32.",
+        f"Command: `{command}`; commit {res['commit']}; {res['date']}; {m.get('cpu')} ({m.get('cpus')} CPUs, "
+        f"{m.get('torch_threads')} torch threads), torch {m.get('torch')}; load average {res['load_at_start']} "
+        f"at start, {res['load_at_end']} at end.",
+        "",
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="loopnet bench generation", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=5, help="paired repetitions (default 5)")
+    p.add_argument("--prompt", type=int, default=8, help="prompt tokens (default 8)")
+    p.add_argument("--new", type=int, default=112, help="tokens to generate (default 112)")
+    p.add_argument("--out", help="write the markdown table here")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    if args.reps < 1 or args.prompt < 1 or args.new < 1:
+        p.error("--reps, --prompt and --new must be >= 1")
+    res = run(args.reps, args.prompt, args.new)
+    text = markdown(res, " ".join(["loopnet bench generation", *(argv or [])]))
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2, default=str) + "\n", encoding="utf-8")

@@ -1,0 +1,87 @@
+"""What `LoopedLM` measures across rounds at validation and test, besides the loss at each R': the
+extrapolation and fixed-point profile (`fixed_point`) up to `extrapolate_rounds`, and at test the
+compute–quality frontier of adaptive exit (`frontier`). The module calls `update` per batch and `end`
+per epoch; everything else lives here.
+
+Logged scalars (one chart per quantity, one line per round, in the custom-scalars category
+``fixed point``): ``fixed_point/<quantity>/r<rr>`` at validation and ``test_fixed_point/...`` at test;
+``test/frontier/{loss,ppl,mean_rounds}/t<i>`` per threshold i; the image ``frontier/loss_vs_rounds``.
+Files in the run folder: ``fixed_point.json`` (test) and ``frontier.json`` with ``frontier.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .fixed_point import QUANTITIES, RoundProfileMeter
+from .frontier import FrontierMeter, write_frontier
+
+JACOBIAN_SEQUENCES = 2  # sequences of the first batch whose round Jacobians are measured
+JACOBIAN_ITERS = 10  # power-iteration steps: error of order (σ2/σ1)^40
+
+
+def fixed_point_tag(stage: str, quantity: str, round_: int) -> str:
+    prefix = "fixed_point" if stage == "val" else f"{stage}_fixed_point"
+    return f"{prefix}/{quantity}/r{round_:02d}"
+
+
+class DepthEvaluation:
+    def __init__(self, extrapolate_rounds: int | None, frontier=None, train_rounds: int = 1):
+        self.profile = RoundProfileMeter(extrapolate_rounds, JACOBIAN_SEQUENCES, JACOBIAN_ITERS) \
+            if extrapolate_rounds else None
+        self.frontier_config = frontier
+        self.frontier = None
+        if frontier is not None and frontier.exit != "none":
+            self.frontier = FrontierMeter(frontier.exit, list(frontier.thresholds), frontier.max_rounds or train_rounds)
+        self.last_profile: dict | None = None  # the last validation's, for summary.json
+
+    def update(self, stage: str, model, inputs, targets) -> None:
+        if self.profile is not None:
+            self.profile.update(model, inputs, targets)
+        if stage == "test" and self.frontier is not None:
+            self.frontier.update(model, inputs, targets)
+
+    def end(self, stage: str, module, fixed_losses: dict[int, float]) -> None:
+        """Log (and at test write) what the epoch measured; `fixed_losses`: {R': loss} of the epoch."""
+        trainer = module.trainer
+        folder = Path(trainer.log_dir) if trainer.log_dir else None
+        if self.profile is not None and self.profile.weight:
+            profile = self.profile.compute()
+            self.profile.reset()
+            for q in QUANTITIES:
+                for r, value in enumerate(profile.get(q) or [], start=1):
+                    if value is not None and math.isfinite(value):
+                        module.log(fixed_point_tag(stage, q, r), value, sync_dist=False)
+            if stage == "val":
+                self.last_profile = profile
+            elif folder is not None and trainer.is_global_zero:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "fixed_point.json").write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
+        if stage == "test" and self.frontier is not None and self.frontier.tokens:
+            points = self.frontier.compute()
+            self.frontier.reset()
+            for i, p in enumerate(points):
+                for key in ("loss", "ppl", "mean_rounds"):
+                    module.log(f"test/frontier/{key}/t{i}", p[key], sync_dist=False)
+            frontier = {"exit": self.frontier.exit, "max_rounds": self.frontier.max_rounds, "points": points,
+                        "fixed": {str(r): loss for r, loss in sorted(fixed_losses.items())}}
+            self.last_frontier = frontier
+            if folder is not None and trainer.is_global_zero:
+                _, png, fig = write_frontier(folder, frontier, label=folder.name)
+                for logger in trainer.loggers:
+                    experiment = getattr(logger, "experiment", None)
+                    if hasattr(experiment, "add_figure"):
+                        experiment.add_figure("frontier/loss_vs_rounds", fig, global_step=trainer.global_step)
+            _print_frontier(frontier)
+
+
+def _print_frontier(frontier: dict) -> None:
+    from lightning.pytorch.utilities import rank_zero_info
+
+    lines = [f"loopnet: exit frontier ({frontier['exit']}, at most {frontier['max_rounds']} rounds)",
+             "  threshold      loss       ppl   mean rounds"]
+    lines += [f"  {p['threshold']:>9g}  {p['loss']:8.4f}  {p['ppl']:8.2f}  {p['mean_rounds']:12.3f}"
+              for p in frontier["points"]]
+    rank_zero_info("\n".join(lines))

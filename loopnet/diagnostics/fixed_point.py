@@ -1,0 +1,151 @@
+"""Extrapolation and fixed-point diagnostics: what happens to a looped model's state and prediction
+as the rounds go on, past the training R.
+
+Per round r = 1..R_max (`round_profile`, on a batch):
+    loss           next-token cross-entropy of round r's logits (the model evaluated at R' = r)
+    latent_change  ‖x_r − x_{r−1}‖ / ‖x_r‖ per position, averaged over positions (x_r: the state at the
+                   end of round r); r ≥ 2
+    kl             KL(p_{r−1} ‖ p_r) between successive rounds' next-token distributions, averaged over
+                   positions; r ≥ 2
+    sigma_max      the largest singular value of one round's Jacobian ∂x_r/∂x_{r−1} at the model's own
+                   trajectory (`round_jacobian_norm`, on the first `jacobian_sequences` sequences); r ≥ 2.
+                   Below 1 the round map contracts around there: the rounds approach a fixed point.
+
+The round map x_{r−1} ↦ x_r holds the embedding fixed and includes the wiring's re-entry (h = Norm(x),
+the restart from x0, the injection), so it is the map a further round applies whatever the wiring.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from loopnet.model.layers import unit_rms
+
+QUANTITIES = ("loss", "latent_change", "kl", "sigma_max")
+
+
+def round_map(model, idx: torch.Tensor, r: int):
+    """The function x_{r−1} ↦ x_r of round r ≥ 2 on token ids `idx` (embedding fixed)."""
+    cfg = model.config
+    e = model.embed(idx)
+    x0 = unit_rms(e) if cfg.input_norm else e
+    reads_h = cfg.wiring != "carry" and model.injection is None  # as `iter_rounds` has it
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        h = unit_rms(x) if reads_h else None
+        return model._round(r, model._round_start(r, e, x0, x, h), h, model.alpha)
+
+    return step
+
+
+def round_jacobian_norm(model, idx: torch.Tensor, x_prev: torch.Tensor, r: int, iters: int = 10,
+                        generator: torch.Generator | None = None) -> float:
+    """σ_max of J = ∂x_r/∂x_{r−1} at x_prev, by power iteration on JᵀJ with one jvp and one vjp per step
+    (torch.func). From a random unit v_0, v_i = JᵀJ v_{i−1} / ‖JᵀJ v_{i−1}‖, and the estimate is ‖J v_iters‖
+    (the square root of JᵀJ's Rayleigh quotient): it approaches σ_max from below, with an error of order
+    (σ_2/σ_1)^(4·iters)."""
+    step = round_map(model, idx, r)
+    x_prev = x_prev.detach()
+    v = torch.randn(x_prev.shape, generator=generator, dtype=x_prev.dtype, device="cpu").to(x_prev.device)
+    v = v / v.norm()
+    # The fused attention kernels have no forward-mode derivative; the math kernel's ops all do.
+    with sdpa_kernel(SDPBackend.MATH):
+        _, vjp = torch.func.vjp(step, x_prev)
+        for _ in range(iters):
+            _, jv = torch.func.jvp(step, (x_prev,), (v,))
+            (w,) = vjp(jv)
+            v = w / w.norm()
+        _, jv = torch.func.jvp(step, (x_prev,), (v,))
+    return float(jv.detach().norm())
+
+
+@torch.no_grad()
+def round_profile(model, idx: torch.Tensor, targets: torch.Tensor, max_rounds: int) -> dict[str, list[float | None]]:
+    """{quantity: [value at round 1, ..., round max_rounds]} for loss, latent_change and kl (None where
+    undefined: round 1 of the last two) on one batch; sums over positions are means per position."""
+    out: dict[str, list[float | None]] = {"loss": [], "latent_change": [], "kl": []}
+    prev_x = prev_logp = None
+    for r, x in model.iter_rounds(idx, max_rounds):
+        wide = torch.promote_types(x.dtype, torch.float32)  # fp32 at least
+        logits, x = model.head(x)[0].to(wide), x.to(wide)
+        out["loss"].append(float(F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)))
+        logp = F.log_softmax(logits, -1)
+        if prev_x is None:
+            out["latent_change"].append(None)
+            out["kl"].append(None)
+        else:
+            out["latent_change"].append(float(((x - prev_x).norm(dim=-1) / x.norm(dim=-1)).mean()))
+            out["kl"].append(float((prev_logp.exp() * (prev_logp - logp)).sum(-1).clamp_min(0).mean()))
+        prev_x, prev_logp = x, logp
+    return out
+
+
+def jacobian_profile(model, idx: torch.Tensor, max_rounds: int, iters: int = 10, seed: int = 0) -> list[float | None]:
+    """[σ_max of round r's Jacobian for r = 1..max_rounds] (None at round 1) on sequences `idx`, each at the
+    trajectory's own x_{r−1}. Runs with grad enabled for the jvp/vjp; eval mode is the caller's."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        states = [x for _, x in model.iter_rounds(idx, max_rounds)]
+    sigmas: list[float | None] = [None]
+    with torch.enable_grad():
+        for r in range(2, max_rounds + 1):
+            sigmas.append(round_jacobian_norm(model, idx, states[r - 2], r, iters, generator))
+    return sigmas
+
+
+class RoundProfileMeter:
+    """Accumulates `round_profile` over batches (weighted by their target tokens) and the Jacobian profile
+    of the first batch; `compute()` gives {quantity: [per round]}."""
+
+    def __init__(self, max_rounds: int, jacobian_sequences: int = 2, jacobian_iters: int = 10):
+        self.max_rounds, self.jacobian_sequences, self.jacobian_iters = max_rounds, jacobian_sequences, jacobian_iters
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: dict[str, list[float]] = {}
+        self.weight = 0.0
+        self.sigma: list[float | None] | None = None
+
+    def update(self, model, idx: torch.Tensor, targets: torch.Tensor) -> None:
+        n = float((targets != -1).sum())
+        for q, values in round_profile(model, idx, targets, self.max_rounds).items():
+            acc = self.sums.setdefault(q, [0.0] * self.max_rounds)
+            for i, v in enumerate(values):
+                acc[i] += (v if v is not None else math.nan) * n
+        self.weight += n
+        if self.sigma is None and self.jacobian_sequences > 0:
+            self.sigma = jacobian_profile(model, idx[: self.jacobian_sequences], self.max_rounds, self.jacobian_iters)
+
+    def compute(self) -> dict[str, list[float | None]]:
+        out = {q: [None if math.isnan(s) else s / self.weight for s in acc] for q, acc in self.sums.items()}
+        if self.sigma is not None:
+            out["sigma_max"] = self.sigma
+        return out
+
+
+def fixed_point_table(runs: list[tuple[str, dict | None]]) -> str | None:
+    """A markdown table of the runs' last validation profile (summary.json's `fixed_point`): per run, each
+    quantity at round 2, at the training R and at the last round measured; None when no run has one."""
+    rows = []
+    for name, summary in runs:
+        profile = (summary or {}).get("fixed_point")
+        if not profile:
+            continue
+        R = ((summary or {}).get("config") or {}).get("n_rounds")
+        M = len(profile["loss"])
+        picks = sorted({r for r in (2, R, M) if r and 1 <= r <= M})
+        cells = []
+        for q in QUANTITIES:
+            values = profile.get(q) or []
+            cells.append(" / ".join("–" if r > len(values) or values[r - 1] is None else f"{values[r - 1]:.3g}"
+                                    for r in picks))
+        rows.append(f"| {name} | {', '.join(map(str, picks))} | " + " | ".join(cells) + " |")
+    if not rows:
+        return None
+    head = ["| run | rounds r | loss | ‖x_r − x_{r−1}‖/‖x_r‖ | KL(p_{r−1}‖p_r) | σ_max of round r's Jacobian |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join(head + rows)
