@@ -37,7 +37,7 @@ from loopnet.data.vocabulary import known_size
 from loopnet.model.config import LoopConfig
 from loopnet.training.defaults import CALLBACK_GROUPS
 from loopnet.training.errors import OneLineErrors
-from loopnet.training.options import GenerateConfig, OptimConfig
+from loopnet.training.options import FrontierConfig, GenerateConfig, OptimConfig
 from loopnet.training.subcommands import EVALUATION, SUBCOMMANDS
 
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ MODEL = (PACKAGE / "training" / "module.py", "LoopedLM")
 DATA = (PACKAGE / "data" / "datamodule.py", "TokenStreamDataModule")
 # What their signatures' annotations and defaults name (each module imports these under these names).
 NAMES = {"Any": Any, "Literal": Literal, "Optional": Optional, "Union": Union, "LoopConfig": LoopConfig,
-         "OptimConfig": OptimConfig, "GenerateConfig": GenerateConfig, "Source": Source, "VocabName": VocabName,
+         "OptimConfig": OptimConfig, "GenerateConfig": GenerateConfig, "FrontierConfig": FrontierConfig, "Source": Source, "VocabName": VocabName,
          "DEFAULT_VOCAB": DEFAULT_VOCAB}
 # Arguments one takes from another (LightningCLI's `link_arguments` too): (source, target).
 LINKS = (("model.config.seq_len", "data.seq_len"),)
@@ -219,7 +219,8 @@ def precheck(argv: list[str]) -> Namespace | None:
         if "Problems parsing config" in str(err):
             _name_invalid_yaml(argv)  # jsonargparse does not say which file
         raise ValueError(p.one_line(str(err), err)) from None
-    for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig)):
+    for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig),
+                       ("frontier", FrontierConfig)):
         cls(**cfg.model[group].as_dict())  # each checks its values: ValueError with the fix
     check_settings(subcommand, cfg)
     problem = ckpt_path_problem(subcommand, cfg.ckpt_path)
