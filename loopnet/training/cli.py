@@ -33,7 +33,7 @@ from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import one_line_errors
 from loopnet.files import atomic_write, check_run_folder, check_writable
 from loopnet.model import LoopConfig
-from loopnet.training import resume
+from loopnet.training import resume, trust
 from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.errors import OneLineErrors, PeerLost, peer_lost
@@ -71,6 +71,7 @@ class LoopnetCLI(LightningCLI):
         argv = sys.argv[1:] if argv is None else argv
         # `loopnet fit ...` builds fit's parser alone: each subcommand's costs ~0.3 s of every start-up.
         self._only = argv[0] if isinstance(argv, (list, tuple)) and argv and argv[0] in SUBCOMMANDS else None
+        trust.apply()  # the parse imports only what a config may name (loopnet.training.trust)
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -205,6 +206,7 @@ class LoopnetCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
+        trust.check_classes(cfg.get("trainer"), "trainer", "trainer")  # nothing named is called yet
         LoopConfig(**cfg.model.config.as_dict())  # a bad model config fails here with its own message
         check_settings(self.subcommand, cfg)
         logger = cfg.trainer.logger
@@ -256,7 +258,7 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
     """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line).
     `prechecked`: `loopnet` (loopnet.commands) already ran the checks that need no Lightning (precheck, the
     hub), so they are not run (nor the hub asked) twice."""
-    argv = normalize_argv(sys.argv[1:] if args is None else list(args))
+    argv = trust.take_flag(normalize_argv(sys.argv[1:] if args is None else list(args)))
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself
     guard_console()  # a pipe whose reader goes away (`| tee`, Ctrl-C) never breaks the run

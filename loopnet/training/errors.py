@@ -33,6 +33,11 @@ class OneLineErrors:
 
     def one_line(self, message: str, ex: Exception | None = None) -> str:
         """`<problem>; fix: <what to do>` for the parser's error `message`."""
+        denied = re.search(r"Importing '([\w.]+)' is not allowed", str(message))
+        if denied:  # jsonargparse's import-path policy (loopnet.training.trust): the path and the opt-in
+            from loopnet.training.trust import refusal
+
+            return refusal(denied.group(1), "the config")
         text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
         if len(text) > 400:
             text = text[:400] + " ..."

@@ -38,6 +38,7 @@ from loopnet.model.config import LoopConfig
 from loopnet.training.defaults import CALLBACK_GROUPS
 from loopnet.training.errors import OneLineErrors
 from loopnet.training.options import GenerateConfig, OptimConfig
+from loopnet.training import trust
 from loopnet.training.subcommands import EVALUATION, SUBCOMMANDS
 
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -212,6 +213,8 @@ def precheck(argv: list[str]) -> Namespace | None:
     if not argv or argv[0] not in SUBCOMMANDS or any(a in ("-h", "--help") or a.startswith("--print_config")
                                                      for a in argv):
         return None
+    trust.apply()  # before any parse: a config names only classes of loopnet, Lightning, torch, torchmetrics
+    trust.refuse_in_argv(argv)
     subcommand, p = argv[0], parser(argv[0])
     try:
         cfg = p.parse_args(normalize_argv(argv[1:]))
@@ -219,6 +222,8 @@ def precheck(argv: list[str]) -> Namespace | None:
         if "Problems parsing config" in str(err):
             _name_invalid_yaml(argv)  # jsonargparse does not say which file
         raise ValueError(p.one_line(str(err), err)) from None
+    for group in ("trainer", *CALLBACK_GROUPS):  # Lightning's options, read here as plain mappings
+        trust.refuse_untrusted(cfg.get(group), group)
     for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig)):
         cls(**cfg.model[group].as_dict())  # each checks its values: ValueError with the fix
     check_settings(subcommand, cfg)
