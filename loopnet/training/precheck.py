@@ -39,7 +39,7 @@ from loopnet.training.defaults import CALLBACK_GROUPS
 from loopnet.training.errors import OneLineErrors
 from loopnet.training.options import GenerateConfig, OptimConfig
 from loopnet.training import trust
-from loopnet.training.subcommands import EVALUATION, SUBCOMMANDS
+from loopnet.training.subcommands import EVALUATION, READ_DATA, SUBCOMMANDS
 
 PACKAGE = Path(__file__).resolve().parent.parent
 # The classes LightningCLI builds `model` and `data` from: (source file, class name).
@@ -178,9 +178,54 @@ def check_settings(subcommand: str | None, cfg: Namespace) -> None:
     if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size < 1:
         raise ValueError(f"--data.batch_size {batch_size} gives no sequence to a step; fix: give data.batch_size ≥ 1 "
                          f"(sequences per step and device, e.g. 8)")
+    problem = accelerator_problem(_get(cfg, "trainer", "accelerator"))
+    if subcommand in READ_DATA and _get(cfg, "data") is not None:
+        problem = problem or data_problem(_get(cfg, "data"))
+    if problem:
+        raise ValueError(problem)
     vocab = _get(cfg, "data", "vocab") or DEFAULT_VOCAB
     if _get(cfg, "data") is not None and known_size(vocab) is not None:  # a compact one's size is known later
         check_fits(_get(cfg, "model", "config", "vocab_size"), known_size(vocab), vocab)
+
+
+def accelerator_problem(accelerator: Any) -> str | None:
+    """Why `--trainer.accelerator` names a device this machine lacks, or None (torch says, not Lightning)."""
+    import torch
+
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        return (f"--trainer.accelerator {accelerator}: this machine has no CUDA GPU that torch can use "
+                f"(torch {torch.__version__}); fix: --trainer.accelerator cpu (e.g. --config configs/cpu.yaml), "
+                f"or run on a machine with a GPU and a CUDA build of torch")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        return "--trainer.accelerator mps: this machine has no Apple GPU (MPS); fix: --trainer.accelerator cpu"
+    return None
+
+
+def data_problem(data: Any) -> str | None:
+    """Why the data settings cannot give the corpus asked for, known without reading it: a path the
+    source ignores, local files that are missing or all empty, a local folder that is not there."""
+    from loopnet.data.errors import DataConfigError
+    from loopnet.data.sources import resolve_files
+
+    source, path = _get(data, "source"), _get(data, "path")
+    if source == "shakespeare" and path not in (None, "", []):
+        return (f"--data.path {path} is ignored by the source 'shakespeare' (the embedded corpus), so the run would "
+                f"train on Shakespeare; fix: --data.source files (local text, json or parquet files), or "
+                f"--data.source hub (a hub dataset or a local folder of its parquet files)")
+    if source == "files":
+        try:
+            files = resolve_files(path if path is not None else [])
+        except DataConfigError as err:
+            return str(err)
+        if all(Path(f).stat().st_size == 0 for f in files):
+            # worded as the data module's own check words it (loopnet.data.stream), which reads the files
+            return (f"The corpus is empty: {len(files)} document(s), none with text (every file of data.path is "
+                    f"0 bytes: {', '.join(files[:3])}). Fix: point data.path at files that hold text")
+    if source == "hub" and isinstance(path, str) and not Path(path).is_dir() and "/" not in path.strip("/"):
+        return (f"--data.path {path} is not a local folder (no {Path(path).absolute()}) nor a hub dataset id "
+                f"(owner/name, e.g. Skylion007/openwebtext); fix: give the folder that holds the dataset's "
+                f"parquet files, or its hub id")
+    return None
 
 
 def _name_invalid_yaml(argv: list[str]) -> None:
@@ -232,5 +277,7 @@ def precheck(argv: list[str]) -> Namespace | None:
         raise ValueError(problem)
     if cfg.ckpt_path and cfg.ckpt_path not in checkpoints.SENTINELS:
         checkpoints.check_checkpoint_file(cfg.ckpt_path)
+        # its pickle (torch's restricted unpickler) and its model's shape against this config: torch, not Lightning
+        checkpoints.check_checkpoint(str(cfg.ckpt_path), cfg.model.config.as_dict())
     return cfg
 
