@@ -119,8 +119,10 @@ rival-smoke: $(STAMP)
 	$(LN) report runs/sweeps/rival_smoke --title "Rival smoke (20 steps: not results)"
 	$(PY) -m loopnet.study.followup rival-confirm runs/sweeps/rival_smoke --out runs/sweeps/rival_smoke/confirm.yaml
 
+# make tensorboard PORT=6007: another port (one is in use, or two boards at once)
+PORT ?= 6006
 tensorboard: $(STAMP)
-	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006
+	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port $(PORT)
 
 # For the GPU check on a GPU machine (docs/gpu-check.md): cp312 wheels of what its image lacks against the
 # image's recorded versions (scripts/gpu_image.json; never torch), at the versions installed here, into .whl/
