@@ -37,8 +37,9 @@ print(sorted({'lightning', 'this'} & set(sys.modules)), file=sys.stderr)
 """
 
 
-def _loopnet(tmp_path: Path, *args: str, **environ: str) -> subprocess.CompletedProcess:
-    return run_command([sys.executable, "-c", PROBE, *args], env={**env(), **environ}, cwd=tmp_path)
+def _loopnet(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`loopnet <args>` without the test session's opt-in (tests/conftest.py)."""
+    return run_command([sys.executable, "-c", PROBE, *args], env={**env(), "LOOPNET_TRUST_CONFIG": ""}, cwd=tmp_path)
 
 
 def _refused(proc: subprocess.CompletedProcess, path: str) -> None:
@@ -119,6 +120,12 @@ def test_lightning_clis_own_parse_refuses_too(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"torch\.serialization\.save.*it is a function, not a class"):
         build(["fit", *SHORT, "--config", "fn.yaml"], CheckOnly)
     assert not (tmp_path / "pwned.txt").exists()
+
+
+@pytest.fixture(autouse=True)
+def untrusted(monkeypatch):
+    """This module tests the refusal: without the test session's opt-in (tests/conftest.py)."""
+    monkeypatch.delenv("LOOPNET_TRUST_CONFIG", raising=False)
 
 
 def test_a_sweep_file_is_held_to_the_same_rule(tmp_path, monkeypatch):
