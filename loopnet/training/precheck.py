@@ -23,6 +23,7 @@ import ast
 import functools
 import inspect
 import re
+import sys
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -188,6 +189,19 @@ def check_settings(subcommand: str | None, cfg: Namespace) -> None:
         check_fits(_get(cfg, "model", "config", "vocab_size"), known_size(vocab), vocab)
 
 
+def validation_warning(subcommand: str | None, cfg: Namespace) -> str | None:
+    """Why a fit would never validate (no val/loss, no best checkpoint), or None: it ends before the first
+    validation (Lightning validates every val_check_interval steps, not at the end of a step-limited run)."""
+    max_steps, every = _get(cfg, "trainer", "max_steps"), _get(cfg, "trainer", "val_check_interval")
+    if subcommand != "fit" or _get(cfg, "trainer", "limit_val_batches") == 0:
+        return None
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (max_steps, every)) and 0 < max_steps < every:
+        return (f"--trainer.max_steps {max_steps} < --trainer.val_check_interval {every}: the run ends before its "
+                f"first validation (no val/loss, no best checkpoint); fix: --trainer.val_check_interval {max_steps} "
+                f"(or fewer) to validate at the end")
+    return None
+
+
 def accelerator_problem(accelerator: Any) -> str | None:
     """Why `--trainer.accelerator` names a device this machine lacks, or None (torch says, not Lightning)."""
     import torch
@@ -272,6 +286,9 @@ def precheck(argv: list[str]) -> Namespace | None:
     for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig)):
         cls(**cfg.model[group].as_dict())  # each checks its values: ValueError with the fix
     check_settings(subcommand, cfg)
+    warning = validation_warning(subcommand, cfg)
+    if warning:  # here, not in check_settings: said once per command
+        print(f"loopnet: warning: {warning}", file=sys.stderr)
     problem = ckpt_path_problem(subcommand, cfg.ckpt_path)
     if problem:
         raise ValueError(problem)
