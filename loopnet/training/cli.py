@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -36,7 +37,7 @@ from loopnet.model import LoopConfig
 from loopnet.training import resume, trust
 from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
-from loopnet.training.errors import OneLineErrors, PeerLost, peer_lost
+from loopnet.training.errors import OneLineErrors, PeerLost, dead_ranks, peer_lost
 from loopnet.training.module import LoopedLM
 from loopnet.training.precheck import LINKS, check_settings, normalize_argv, precheck
 from loopnet.training.run_folders import SaveConfigOnStart, check_fresh_version, evaluate_in_run_folder, run_name
@@ -59,6 +60,36 @@ def quiet_dependencies() -> None:
 
 
 quiet_dependencies()
+
+# The fit running in this process, for `_summary_before_termination` (which runs on Lightning's thread).
+_FITTING: dict = {}
+
+
+def _summary_before_termination(terminate_all):
+    """Lightning's launcher (rank 0) watches the ranks it started; when one dies it SIGKILLs every process,
+    itself included, within seconds: at start-up or during a collective that has not yet failed, rank 0
+    would end without a summary.json. First the summary (status "interrupted", the dead rank named) and
+    one line, then Lightning's termination."""
+
+    def wrapped(observer) -> None:
+        trainer = _FITTING.get("trainer")
+        try:
+            if trainer is not None and trainer.is_global_zero:
+                dead = dead_ranks(trainer) or ["a rank"]
+                lost = PeerLost(f"{' and '.join(dead)} of this DDP run ended at step {trainer.global_step}")
+                for callback in trainer.callbacks:
+                    if isinstance(callback, DivergenceGuard) and trainer.lightning_module is not None:
+                        callback.on_exception(trainer, trainer.lightning_module, lost)
+                print(f"loopnet: error: {lost}; every process of the run stops now; fix: see that rank's output "
+                      f"for why it ended, then run the same command with --ckpt_path last", file=sys.stderr, flush=True)
+        except Exception as err:  # the termination goes on whatever happens here
+            print(f"loopnet: could not write the run summary ({err!r})", file=sys.stderr, flush=True)
+        terminate_all(observer)
+
+    return wrapped
+
+
+_ChildProcessObserver._terminate_all = _summary_before_termination(_ChildProcessObserver._terminate_all)
 
 
 class OneLineErrorParser(OneLineErrors, LightningArgumentParser):
@@ -128,6 +159,7 @@ class LoopnetCLI(LightningCLI):
         existed = existing_log_folders(self.trainer)
         if getattr(self, "_resume_last", None) is not None:  # --ckpt_path last: every rank resumes, or none
             self.trainer.callbacks.insert(0, ResumeOnEveryRank(*self._resume_last))  # its setup first
+        _FITTING["trainer"] = self.trainer
         try:
             self.trainer.fit(**kwargs)
         except Exception as err:
@@ -139,6 +171,8 @@ class LoopnetCLI(LightningCLI):
             if lost:
                 raise PeerLost(lost) from err
             raise
+        finally:
+            _FITTING.pop("trainer", None)
 
     def after_fit(self) -> None:
         """Where the run went: one line each for its folder, checkpoints and summary (rank 0)."""
