@@ -28,3 +28,25 @@ def test_a_fit_that_ends_before_its_first_validation_is_warned_about(capsys):
     precheck([*base, "--trainer.val_check_interval", "3"])
     precheck([*base, "--trainer.val_check_interval", "50", "--trainer.limit_val_batches", "0"])
     assert "warning" not in capsys.readouterr().err
+
+
+def _eval_tags(n_rounds: int, eval_rounds) -> list[str]:
+    import torch
+
+    from loopnet.training.module import LoopedLM
+    from tests.helpers import tiny_config
+
+    lm = LoopedLM(config=tiny_config(n_rounds=n_rounds), eval_rounds=eval_rounds)
+    for metric in lm.eval_loss.values():
+        metric.update(torch.tensor(2.0))
+    tags = []
+    lm.log = lambda name, value, **kwargs: tags.append(name)
+    lm._log_eval("test")
+    return tags
+
+
+def test_the_per_round_losses_sort_by_round_and_include_the_training_r():
+    tags = [t for t in _eval_tags(3, [1, 2, 12]) if "/loss" in t]
+    assert tags == ["test/loss", "test/loss_r03", "test/loss_r01", "test/loss_r02", "test/loss_r12"]
+    assert sorted(t for t in tags if "_r" in t) == ["test/loss_r01", "test/loss_r02", "test/loss_r03", "test/loss_r12"]
+    assert _eval_tags(3, None) == ["test/loss", "test/ppl"]  # without eval_rounds: the one loss, as before
