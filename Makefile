@@ -150,8 +150,11 @@ mutants: $(STAMP)
 	    END { for (m in n) printf "%-32s %4d mutants  %4d killed  %5.1f%%\n", m, n[m], k[m], 100 * k[m] / n[m] }' results.txt | sort
 	@echo "survivors: grep -v -e killed -e timeout $(MUTANTS_DIR)/results.txt; one: cd $(MUTANTS_DIR) && $(abspath $(PY)) -m mutmut show NAME"
 
+
+# make tensorboard PORT=6007: another port (one is in use, or two boards at once)
+PORT ?= 6006
 tensorboard: $(STAMP)
-	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port 6006
+	$(VENV)/bin/tensorboard --logdir runs --host 127.0.0.1 --port $(PORT)
 
 # For the GPU check on a GPU machine (docs/gpu-check.md): cp312 wheels of what its image lacks against the
 # image's recorded versions (scripts/gpu_image.json; never torch), at the versions installed here, into .whl/

@@ -12,8 +12,9 @@ from loopnet.training.subcommands import READ_DATA, SUBCOMMANDS
 
 def _sweep(argv: list[str]) -> None:
     from loopnet.study.sweep import main
+    from loopnet.training.trust import take_flag
 
-    main(argv)
+    main(take_flag(argv))  # --trust_config: the cells inherit LOOPNET_TRUST_CONFIG
 
 
 def _report(argv: list[str]) -> None:
@@ -83,6 +84,13 @@ def main(args: list[str] | None = None) -> None:
              "`loopnet fit --config configs/deeploop_r6.yaml`")
     from loopnet.env import one_line_errors
     from loopnet.training.precheck import precheck
+    from loopnet.training.trust import take_flag
+
+    argv = take_flag(argv)  # --trust_config: recorded in the environment for every parse after this one
+    if args is None:
+        sys.argv[1:] = argv
+    else:
+        args = argv
 
     with one_line_errors("loopnet", (ValueError, FileNotFoundError)):
         settings = precheck(argv)  # a typo reported in a second, not after Lightning's import

@@ -4,6 +4,9 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests plug their own callbacks (tests.reliability.helpers) into real runs: trusted code, so the
+# session opts in (loopnet.training.trust); tests/training/test_trust.py unsets it to test the refusal.
+os.environ["LOOPNET_TRUST_CONFIG"] = "1"
 
 
 # `make test-quick` (pytest -m "not slow") runs what takes seconds; the modules below run real fits in

@@ -94,10 +94,16 @@ def compare_figure(runs: list[tuple[str, list[Visit], dict[int, dict[str, float]
         draw_depth(ax, longest, lines[q], log, font=11)
         ax.set_title(title, fontsize=12, pad=4)
     handles, labels = fig.axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=min(4, len(labels)), fontsize=10, frameon=False)
+    # As many columns as the longest label fits across the figure (a 10-pt character is ~0.08 in wide,
+    # plus the line sample), and the panels start below the legend's rows: long folder names never clip.
+    width = 4.2 * cols
+    ncol = max(1, min(4, len(labels), int(width / (0.08 * max(map(len, labels)) + 0.6))))
+    legend_in = 0.25 * math.ceil(len(labels) / ncol) + 0.2
+    fig.set_size_inches(width, 3.0 * rows + legend_in)
+    fig.legend(handles, labels, loc="upper center", ncol=ncol, fontsize=10, frameon=False)
     fig.text(0.5, 0.005, "visit in forward order (each round: block 1 attn, ffn, block 2 attn, ...)",
              ha="center", va="bottom", fontsize=10)
-    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=1 - 0.55 / (3.0 * rows + 0.5) - 0.04,
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=1 - (legend_in + 0.3) / (3.0 * rows + legend_in),
                         hspace=0.35, wspace=0.25)
     return fig
 
@@ -150,8 +156,10 @@ def main(argv: list[str] | None = None) -> None:
     for label, _, by_step in runs:
         logged = sorted(by_step)
         chosen = [nearest(s, logged) for s in args.steps] if args.steps else [logged[-1]]
+        moved = [f"{asked} -> {got}" for asked, got in zip(args.steps or [], chosen) if asked != got]
         print(f"{label}: steps {', '.join(map(str, dict.fromkeys(chosen)))} (logged: {logged[0]}..{logged[-1]}, "
-              f"{len(logged)} steps)")
+              f"{len(logged)} steps" + (f"; not logged, drawn at the nearest: {', '.join(moved)}" if moved else "")
+              + ")")
     print(f"wrote {out}")
 
 

@@ -94,6 +94,9 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
         spec = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
         raise SweepError(f"sweep file {path} does not exist") from None
+    from loopnet.training.trust import refuse_sweep
+
+    refuse_sweep(spec, path)  # a grid file names only what a config may (loopnet.training.trust)
     return sweep_from_dict(spec, path=path, out=out)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -33,10 +34,10 @@ from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import one_line_errors
 from loopnet.files import atomic_write, check_run_folder, check_writable
 from loopnet.model import LoopConfig
-from loopnet.training import resume
+from loopnet.training import resume, trust
 from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
-from loopnet.training.errors import OneLineErrors, PeerLost, peer_lost
+from loopnet.training.errors import OneLineErrors, PeerLost, dead_ranks, peer_lost
 from loopnet.training.module import LoopedLM
 from loopnet.training.precheck import LINKS, check_settings, normalize_argv, precheck
 from loopnet.training.run_folders import SaveConfigOnStart, check_fresh_version, evaluate_in_run_folder, run_name
@@ -60,6 +61,36 @@ def quiet_dependencies() -> None:
 
 quiet_dependencies()
 
+# The fit running in this process, for `_summary_before_termination` (which runs on Lightning's thread).
+_FITTING: dict = {}
+
+
+def _summary_before_termination(terminate_all):
+    """Lightning's launcher (rank 0) watches the ranks it started; when one dies it SIGKILLs every process,
+    itself included, within seconds: at start-up or during a collective that has not yet failed, rank 0
+    would end without a summary.json. First the summary (status "interrupted", the dead rank named) and
+    one line, then Lightning's termination."""
+
+    def wrapped(observer) -> None:
+        trainer = _FITTING.get("trainer")
+        try:
+            if trainer is not None and trainer.is_global_zero:
+                dead = dead_ranks(trainer) or ["a rank"]
+                lost = PeerLost(f"{' and '.join(dead)} of this DDP run ended at step {trainer.global_step}")
+                for callback in trainer.callbacks:
+                    if isinstance(callback, DivergenceGuard) and trainer.lightning_module is not None:
+                        callback.on_exception(trainer, trainer.lightning_module, lost)
+                print(f"loopnet: error: {lost}; every process of the run stops now; fix: see that rank's output "
+                      f"for why it ended, then run the same command with --ckpt_path last", file=sys.stderr, flush=True)
+        except Exception as err:  # the termination goes on whatever happens here
+            print(f"loopnet: could not write the run summary ({err!r})", file=sys.stderr, flush=True)
+        terminate_all(observer)
+
+    return wrapped
+
+
+_ChildProcessObserver._terminate_all = _summary_before_termination(_ChildProcessObserver._terminate_all)
+
 
 class OneLineErrorParser(OneLineErrors, LightningArgumentParser):
     """LightningCLI's parser; a command-line or config error is one line with the fix (`OneLineErrors`)."""
@@ -71,6 +102,7 @@ class LoopnetCLI(LightningCLI):
         argv = sys.argv[1:] if argv is None else argv
         # `loopnet fit ...` builds fit's parser alone: each subcommand's costs ~0.3 s of every start-up.
         self._only = argv[0] if isinstance(argv, (list, tuple)) and argv and argv[0] in SUBCOMMANDS else None
+        trust.apply()  # the parse imports only what a config may name (loopnet.training.trust)
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -127,6 +159,7 @@ class LoopnetCLI(LightningCLI):
         existed = existing_log_folders(self.trainer)
         if getattr(self, "_resume_last", None) is not None:  # --ckpt_path last: every rank resumes, or none
             self.trainer.callbacks.insert(0, ResumeOnEveryRank(*self._resume_last))  # its setup first
+        _FITTING["trainer"] = self.trainer
         try:
             self.trainer.fit(**kwargs)
         except Exception as err:
@@ -138,6 +171,8 @@ class LoopnetCLI(LightningCLI):
             if lost:
                 raise PeerLost(lost) from err
             raise
+        finally:
+            _FITTING.pop("trainer", None)
 
     def after_fit(self) -> None:
         """Where the run went: one line each for its folder, checkpoints and summary (rank 0)."""
@@ -205,6 +240,7 @@ class LoopnetCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
+        trust.check_classes(cfg.get("trainer"), "trainer", "trainer")  # nothing named is called yet
         LoopConfig(**cfg.model.config.as_dict())  # a bad model config fails here with its own message
         check_settings(self.subcommand, cfg)
         logger = cfg.trainer.logger
@@ -256,7 +292,7 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
     """The Trainer subcommands (fit, validate, test, predict) on `args` (default: the command line).
     `prechecked`: `loopnet` (loopnet.commands) already ran the checks that need no Lightning (precheck, the
     hub), so they are not run (nor the hub asked) twice."""
-    argv = normalize_argv(sys.argv[1:] if args is None else list(args))
+    argv = trust.take_flag(normalize_argv(sys.argv[1:] if args is None else list(args)))
     if args is None:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself
     guard_console()  # a pipe whose reader goes away (`| tee`, Ctrl-C) never breaks the run

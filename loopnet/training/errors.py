@@ -33,6 +33,11 @@ class OneLineErrors:
 
     def one_line(self, message: str, ex: Exception | None = None) -> str:
         """`<problem>; fix: <what to do>` for the parser's error `message`."""
+        denied = re.search(r"Importing '([\w.]+)' is not allowed", str(message))
+        if denied:  # jsonargparse's import-path policy (loopnet.training.trust): the path and the opt-in
+            from loopnet.training.trust import refusal
+
+            return refusal(denied.group(1), "the config")
         text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
         if len(text) > 400:
             text = text[:400] + " ..."
@@ -71,12 +76,9 @@ class PeerLost(RuntimeError):
     """A process of a multi-process run ended, and this one lost its connection to it."""
 
 
-def peer_lost(trainer, err: BaseException) -> str | None:
-    """One line for a collective that failed because a peer process ended (killed, out of memory), naming
-    that rank when this process launched it (Lightning's launcher on rank 0), else the peer's address;
-    None for any other error."""
-    if trainer.world_size < 2 or not isinstance(err, RuntimeError) or not PEER_ERROR.search(str(err)):
-        return None
+def dead_ranks(trainer) -> list[str]:
+    """`rank N (killed by SIGKILL)` for each process this one launched (Lightning's launcher, rank 0) that
+    has ended with an error."""
     dead = []
     for local_rank, proc in enumerate(getattr(trainer.strategy.launcher, "procs", None) or [], start=1):
         code = proc.poll()
@@ -84,6 +86,16 @@ def peer_lost(trainer, err: BaseException) -> str | None:
             how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
                 else f"exit status {code}"
             dead.append(f"rank {local_rank + trainer.node_rank * trainer.num_devices} ({how})")
+    return dead
+
+
+def peer_lost(trainer, err: BaseException) -> str | None:
+    """One line for a collective that failed because a peer process ended (killed, out of memory), naming
+    that rank when this process launched it (Lightning's launcher on rank 0), else the peer's address;
+    None for any other error."""
+    if trainer.world_size < 2 or not isinstance(err, RuntimeError) or not PEER_ERROR.search(str(err)):
+        return None
+    dead = dead_ranks(trainer)
     peer = re.search(r"\[([^\]]+)\]:(\d+)", str(err))
     who = (" and ".join(dead) + " of this DDP run ended") if dead else \
         (f"a peer process of this DDP run ({peer.group(1)}:{peer.group(2)}) ended" if peer else

@@ -229,13 +229,19 @@ class LoopedLM(L.LightningModule):
             metric.update(loss, weight=(targets != -1).sum())
 
     def _log_eval(self, stage: str):
+        """`<stage>/loss` at the training R; with eval_rounds, `<stage>/loss_r<R'>` at every R' and R itself,
+        zero-padded to the widest (r01, r02, r12: sorted by name is sorted by R')."""
         losses = {int(r): float(m.compute()) for r, m in self.eval_loss.items() if m.update_called}
         self.depth_eval.end(stage, self, losses)
+        width = len(str(max(int(r) for r in self.eval_loss)))
         for rounds, metric in self.eval_loss.items():
             loss = metric.compute()
-            suffix = "" if int(rounds) == self.config.n_rounds else f"_r{int(rounds)}"
-            self.log(f"{stage}/loss{suffix}", loss, prog_bar=not suffix, sync_dist=False)
-            self.log(f"{stage}/ppl{suffix}", torch.exp(loss), sync_dist=False)
+            names = [f"_r{int(rounds):0{width}d}"] if len(self.eval_loss) > 1 else []
+            if int(rounds) == self.config.n_rounds:
+                names.insert(0, "")
+            for suffix in names:
+                self.log(f"{stage}/loss{suffix}", loss, prog_bar=not suffix, sync_dist=False)
+                self.log(f"{stage}/ppl{suffix}", torch.exp(loss), sync_dist=False)
             metric.reset()
 
     def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):

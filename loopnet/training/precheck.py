@@ -23,6 +23,7 @@ import ast
 import functools
 import inspect
 import re
+import sys
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -37,8 +38,9 @@ from loopnet.data.vocabulary import known_size
 from loopnet.model.config import LoopConfig
 from loopnet.training.defaults import CALLBACK_GROUPS
 from loopnet.training.errors import OneLineErrors
+from loopnet.training import trust
 from loopnet.training.options import FrontierConfig, GenerateConfig, OptimConfig
-from loopnet.training.subcommands import EVALUATION, SUBCOMMANDS
+from loopnet.training.subcommands import EVALUATION, READ_DATA, SUBCOMMANDS
 
 PACKAGE = Path(__file__).resolve().parent.parent
 # The classes LightningCLI builds `model` and `data` from: (source file, class name).
@@ -177,9 +179,67 @@ def check_settings(subcommand: str | None, cfg: Namespace) -> None:
     if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size < 1:
         raise ValueError(f"--data.batch_size {batch_size} gives no sequence to a step; fix: give data.batch_size ≥ 1 "
                          f"(sequences per step and device, e.g. 8)")
+    problem = accelerator_problem(_get(cfg, "trainer", "accelerator"))
+    if subcommand in READ_DATA and _get(cfg, "data") is not None:
+        problem = problem or data_problem(_get(cfg, "data"))
+    if problem:
+        raise ValueError(problem)
     vocab = _get(cfg, "data", "vocab") or DEFAULT_VOCAB
     if _get(cfg, "data") is not None and known_size(vocab) is not None:  # a compact one's size is known later
         check_fits(_get(cfg, "model", "config", "vocab_size"), known_size(vocab), vocab)
+
+
+def validation_warning(subcommand: str | None, cfg: Namespace) -> str | None:
+    """Why a fit would never validate (no val/loss, no best checkpoint), or None: it ends before the first
+    validation (Lightning validates every val_check_interval steps, not at the end of a step-limited run)."""
+    max_steps, every = _get(cfg, "trainer", "max_steps"), _get(cfg, "trainer", "val_check_interval")
+    if subcommand != "fit" or _get(cfg, "trainer", "limit_val_batches") == 0:
+        return None
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (max_steps, every)) and 0 < max_steps < every:
+        return (f"--trainer.max_steps {max_steps} < --trainer.val_check_interval {every}: the run ends before its "
+                f"first validation (no val/loss, no best checkpoint); fix: --trainer.val_check_interval {max_steps} "
+                f"(or fewer) to validate at the end")
+    return None
+
+
+def accelerator_problem(accelerator: Any) -> str | None:
+    """Why `--trainer.accelerator` names a device this machine lacks, or None (torch says, not Lightning)."""
+    import torch
+
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        return (f"--trainer.accelerator {accelerator}: this machine has no CUDA GPU that torch can use "
+                f"(torch {torch.__version__}); fix: --trainer.accelerator cpu (e.g. --config configs/cpu.yaml), "
+                f"or run on a machine with a GPU and a CUDA build of torch")
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        return "--trainer.accelerator mps: this machine has no Apple GPU (MPS); fix: --trainer.accelerator cpu"
+    return None
+
+
+def data_problem(data: Any) -> str | None:
+    """Why the data settings cannot give the corpus asked for, known without reading it: a path the
+    source ignores, local files that are missing or all empty, a local folder that is not there."""
+    from loopnet.data.errors import DataConfigError
+    from loopnet.data.sources import resolve_files
+
+    source, path = _get(data, "source"), _get(data, "path")
+    if source == "shakespeare" and path not in (None, "", []):
+        return (f"--data.path {path} is ignored by the source 'shakespeare' (the embedded corpus), so the run would "
+                f"train on Shakespeare; fix: --data.source files (local text, json or parquet files), or "
+                f"--data.source hub (a hub dataset or a local folder of its parquet files)")
+    if source == "files":
+        try:
+            files = resolve_files(path if path is not None else [])
+        except DataConfigError as err:
+            return str(err)
+        if all(Path(f).stat().st_size == 0 for f in files):
+            # worded as the data module's own check words it (loopnet.data.stream), which reads the files
+            return (f"The corpus is empty: {len(files)} document(s), none with text (every file of data.path is "
+                    f"0 bytes: {', '.join(files[:3])}). Fix: point data.path at files that hold text")
+    if source == "hub" and isinstance(path, str) and not Path(path).is_dir() and "/" not in path.strip("/"):
+        return (f"--data.path {path} is not a local folder (no {Path(path).absolute()}) nor a hub dataset id "
+                f"(owner/name, e.g. Skylion007/openwebtext); fix: give the folder that holds the dataset's "
+                f"parquet files, or its hub id")
+    return None
 
 
 def _name_invalid_yaml(argv: list[str]) -> None:
@@ -212,6 +272,8 @@ def precheck(argv: list[str]) -> Namespace | None:
     if not argv or argv[0] not in SUBCOMMANDS or any(a in ("-h", "--help") or a.startswith("--print_config")
                                                      for a in argv):
         return None
+    trust.apply()  # before any parse: a config names only classes of loopnet, Lightning, torch, torchmetrics
+    trust.refuse_in_argv(argv)
     subcommand, p = argv[0], parser(argv[0])
     try:
         cfg = p.parse_args(normalize_argv(argv[1:]))
@@ -219,14 +281,21 @@ def precheck(argv: list[str]) -> Namespace | None:
         if "Problems parsing config" in str(err):
             _name_invalid_yaml(argv)  # jsonargparse does not say which file
         raise ValueError(p.one_line(str(err), err)) from None
+    for group in ("trainer", *CALLBACK_GROUPS):  # Lightning's options, read here as plain mappings
+        trust.refuse_untrusted(cfg.get(group), group)
     for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig),
                        ("frontier", FrontierConfig)):
         cls(**cfg.model[group].as_dict())  # each checks its values: ValueError with the fix
     check_settings(subcommand, cfg)
+    warning = validation_warning(subcommand, cfg)
+    if warning:  # here, not in check_settings: said once per command
+        print(f"loopnet: warning: {warning}", file=sys.stderr)
     problem = ckpt_path_problem(subcommand, cfg.ckpt_path)
     if problem:
         raise ValueError(problem)
     if cfg.ckpt_path and cfg.ckpt_path not in checkpoints.SENTINELS:
         checkpoints.check_checkpoint_file(cfg.ckpt_path)
+        # its pickle (torch's restricted unpickler) and its model's shape against this config: torch, not Lightning
+        checkpoints.check_checkpoint(str(cfg.ckpt_path), cfg.model.config.as_dict())
     return cfg
 

@@ -158,8 +158,8 @@ def test_report_curves_come_from_tensorboard(swept):
 
 
 def test_a_failing_cell_is_reported_not_finished(tmp_path):
-    # An empty corpus: the command line is valid, the fit fails when it reads the data.
-    (tmp_path / "empty.txt").write_text("")
+    # A corpus of whitespace: the command line is valid, the fit fails when it reads the data.
+    (tmp_path / "empty.txt").write_text("  \n\n")
     sweep_file = write_sweep(tmp_path, {"data.path": [str(tmp_path / "empty.txt")]},
                              {**TINY, "data.source": "files"})
     echo = []

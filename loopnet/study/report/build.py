@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from loopnet.diagnostics import SUMMARY_NAME
 from loopnet.env import fail, one_line_errors
 
 from ..measures import escaped
@@ -37,11 +38,35 @@ def setup_section(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def repeated_runs(runs) -> str | None:
+    """Why a folder without a manifest cannot be averaged over seeds, or None: some of its runs share
+    method, R and seed (versions of one run, e.g. a 300-step one and a 100-step one), not seeds."""
+    seen: dict[tuple, list[str]] = {}
+    for run in runs:
+        if run.seed is not None:
+            seen.setdefault((run.method, run.rounds, run.seed), []).append(run.id)
+    for (method, rounds, seed), ids in seen.items():
+        if len(ids) > 1:
+            return (f"{', '.join(ids)} are the same run ({method}, R = {rounds}, seed {seed}), not seeds to average; "
+                    f"fix: keep one version per seed in the folder (move the others out), or run a sweep")
+    return None
+
+
 def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: str | None = None,
                  notes: str | None = None, argv: list[str] | None = None) -> Path:
     runs, manifest = load_runs(sweep_dir)
     if not runs:
-        raise ValueError(f"{sweep_dir} holds no sweep manifest ({MANIFEST}) and no run summaries")
+        deeper = sorted(sweep_dir.glob(f"*/*/{SUMMARY_NAME}"))
+        if deeper:  # `loopnet fit`'s own layout, runs/<run name>/version_N/summary.json
+            raise ValueError(f"{sweep_dir} is not a sweep folder: it holds no sweep manifest ({MANIFEST}), and its "
+                             f"{len(deeper)} run summaries lie two levels down (e.g. {deeper[0]}); fix: give "
+                             f"`loopnet report` a sweep's folder (`loopnet sweep ... --out`), or one run name folder "
+                             f"whose version_N folders are seeds; `loopnet compare RUN_A RUN_B` overlays single runs")
+        raise ValueError(f"{sweep_dir} holds no sweep manifest ({MANIFEST}) and no run summary (*/{SUMMARY_NAME}); "
+                         f"fix: give the --out folder of a `loopnet sweep`")
+    same_run = repeated_runs(runs) if not manifest else None
+    if same_run:
+        raise ValueError(same_run)
     out.mkdir(parents=True, exist_ok=True)
 
     if plateau_arg == "none":

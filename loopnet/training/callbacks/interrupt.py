@@ -193,7 +193,8 @@ class GracefulInterrupt(Checkpoint):
                 from loopnet.diagnostics.summary import RunSummary
 
                 RunSummary.of(trainer).name_last_checkpoint(self.ckpt_path)  # written before this checkpoint
-                print(f"loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
+                bar = "\n" if trainer.progress_bar_callback is not None else ""  # the bar's line has no end
+                print(f"{bar}loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
                       "resume with the same command and --ckpt_path last", file=sys.stderr)
 
     # A Ctrl-C while the interruption checkpoint is written would abandon it (the stop would then leave
