@@ -18,6 +18,7 @@ the restart from x0, the injection), so it is the map a further round applies wh
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -52,8 +53,10 @@ def round_jacobian_norm(model, idx: torch.Tensor, x_prev: torch.Tensor, r: int, 
     x_prev = x_prev.detach()
     v = torch.randn(x_prev.shape, generator=generator, dtype=x_prev.dtype, device="cpu").to(x_prev.device)
     v = v / v.norm()
-    # The fused attention kernels have no forward-mode derivative; the math kernel's ops all do.
-    with sdpa_kernel(SDPBackend.MATH):
+    # The fused attention kernels have no forward-mode derivative; the math kernel's ops all do. torch's own
+    # forward-AD decompositions still use torch.jit.script, which torch deprecates: its warning is not ours.
+    with sdpa_kernel(SDPBackend.MATH), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=DeprecationWarning)
         _, vjp = torch.func.vjp(step, x_prev)
         for _ in range(iters):
             _, jv = torch.func.jvp(step, (x_prev,), (v,))
