@@ -236,7 +236,7 @@ class LoopnetCLI(LightningCLI):
                                  f"give the data settings it was trained with (its config.yaml, e.g. "
                                  f"--config configs/study_cpu.yaml)")
             dm.vocabulary.check_fits(self.model.config.vocab_size)
-            self.model.vocabulary = dm  # LoopedLM._tokens: text <-> the corpus's ids
+            self.model.vocabulary = dm.vocabulary  # LoopedLM._vocabulary: text <-> the corpus's ids
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand

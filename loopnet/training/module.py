@@ -21,9 +21,8 @@ import torch
 from torchmetrics import MeanMetric
 
 from loopnet.checkpoints import check_checkpoint_config
-from loopnet.data import gpt2_encoding
-from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
-from loopnet.data.vocab import EOT_ID, N_VOCAB, check_fits
+from loopnet.data.vocab import EOT_ID
+from loopnet.data.vocabulary import GPT2Vocab, Vocabulary
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.diagnostics.depth_eval import DepthEvaluation
 from loopnet.model.rounds import RoundDraw, draw_rounds
@@ -175,9 +174,9 @@ class LoopedLM(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """The data's ids must fit the embedding (else an IndexError deep inside the first step)."""
-        dm = self._tokens()
-        if dm is not None:
-            check_fits(self.config.vocab_size, dm.vocab_size, getattr(dm, "vocab", DEFAULT_VOCAB))
+        vocab = self._data_vocabulary()
+        if vocab is not None:
+            vocab.check_fits(self.config.vocab_size)
 
     # ----------------------------------------------------------------------------- train
     def draw(self, step: int | None = None) -> RoundDraw:
@@ -268,29 +267,34 @@ class LoopedLM(L.LightningModule):
         self._log_eval("test")
 
     # ----------------------------------------------------------------------------- predict
-    def _tokens(self):
-        """The data module that says how text becomes ids (a compact vocabulary renumbers them; `loopnet
-        predict` sets `vocabulary`, as it runs without the corpus), or GPT-2's encoding when there is none."""
+    def _data_vocabulary(self) -> Vocabulary | None:
+        """The data's vocabulary: the data module's (a compact one renumbers the ids), or the one `loopnet
+        predict` sets as `vocabulary` (it runs without the corpus); None without either (a bare DataLoader)."""
         dm = self._trainer.datamodule if self._trainer is not None else None
-        return dm if dm is not None and hasattr(dm, "decode") else getattr(self, "vocabulary", None)
+        if dm is not None and hasattr(dm, "vocabulary"):
+            return dm.vocabulary
+        return getattr(self, "vocabulary", None)
+
+    def _vocabulary(self) -> Vocabulary:
+        """How text becomes ids and back: the data's vocabulary, else GPT-2's."""
+        return self._data_vocabulary() or GPT2Vocab()
 
     def predict_dataloader(self):
-        dm = self._tokens()
-        ids = (dm.encode(self.gen.prompt) if dm else gpt2_encoding().encode_ordinary(self.gen.prompt)) or [EOT_ID]
+        ids = self._vocabulary().encode(self.gen.prompt) or [EOT_ID]
         return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len:])], batch_size=1)
 
     @torch.no_grad()
     def predict_step(self, batch, batch_idx=0):
-        g, dm = self.gen, self._tokens()
+        g, vocab = self.gen, self._vocabulary()
         prompt = batch[0].tolist()
         out = self.model.generate([prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
-                                  top_k=g.top_k, n_vocab=dm.vocab_size if dm else N_VOCAB, cache=g.cache,
+                                  top_k=g.top_k, n_vocab=vocab.size, cache=g.cache,
                                   exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds)
         new, self.generated_rounds = out.tokens[0], out.rounds[0]
         rank_zero_info(f"loopnet: {len(new)} tokens generated, {out.mean_rounds():.2f} rounds per token "
                        f"(exit: {g.exit}; rounds per token {self.generated_rounds})")
         # Returned, not printed (that would land inside the progress bar): `loopnet predict` prints and saves it.
-        return dm.decode(prompt + new) if dm else gpt2_encoding().decode(prompt + new)
+        return vocab.decode(prompt + new)
 
     # ----------------------------------------------------------------------------- optimiser
     def _grad_scaler(self) -> bool:
