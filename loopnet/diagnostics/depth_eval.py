@@ -45,6 +45,8 @@ class DepthEvaluation:
 
     def end(self, stage: str, module, fixed_losses: dict[int, float]) -> None:
         """Log (and at test write) what the epoch measured; `fixed_losses`: {R': loss} of the epoch."""
+        if self.profile is None and self.frontier is None:  # neither asked for: nothing to log or write
+            return
         trainer = module.trainer
         folder = Path(trainer.log_dir) if trainer.log_dir else None
         if self.profile is not None and self.profile.weight:

@@ -30,8 +30,13 @@ def colors(methods):
 
 
 def save(plt, fig, path) -> None:
-    """Every plot is written the same way: tight layout, 120 dpi PNG, figure closed (no leak)."""
-    fig.tight_layout()
+    """Every plot is written the same way: tight layout, 120 dpi PNG, figure closed (no leak). A figure of
+    many panels that tight layout cannot fit is saved as laid out (matplotlib's warning says only that)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tight layout not applied")
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -64,14 +64,17 @@ def test_last_checkpoint_with_code_is_refused(evil, tmp_path):
 
 
 def test_trainer_loads_with_weights_only_by_default(evil, tmp_path, monkeypatch):
-    """Below the CLI's own check (switched off here), the Trainer's own loading is restricted too:
-    the CLI passes weights_only=True to fit/validate/test/predict unless told otherwise."""
+    """Below the CLI's own checks (the early one and the CLI's, both switched off here), the Trainer's own
+    loading is restricted too: the CLI passes weights_only=True to fit/validate/test/predict unless told
+    otherwise."""
     import pickle
 
+    import loopnet.checkpoints as checkpoints
     import loopnet.training.resume as resume
 
     path, marker = evil
     monkeypatch.setattr(resume, "check_checkpoint", lambda *args: None)
+    monkeypatch.setattr(checkpoints, "check_checkpoint", lambda *args: {})
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         loopnet("test", *SHORT, "--ckpt_path", str(path), cwd=tmp_path)
     assert not marker.exists()

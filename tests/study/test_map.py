@@ -324,7 +324,7 @@ def test_a_subset_run_keeps_every_cell_in_the_manifest(tmp_path, monkeypatch):
             "out": str(tmp_path / "sw")}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     monkeypatch.setattr("loopnet.study.sweep.check_cells", lambda sweep, cells: None)
-    assert sweep_mod.run([str(tmp_path / "s.yaml"), "--only", "deep*"], echo=lambda _: None) == 0
+    assert sweep_mod.run([str(tmp_path / "s.yaml"), "--only", "deep*", "--start", "fresh"], echo=lambda _: None) == 0
     manifest = json.loads((tmp_path / "sw" / MANIFEST).read_text())
     assert [c["id"] for c in manifest["cells"]] == ["deepnorm", "preln"]
     assert (tmp_path / "sw" / "deepnorm" / "summary.json").is_file() and not (tmp_path / "sw" / "preln").exists()
