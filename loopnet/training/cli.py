@@ -69,7 +69,7 @@ def _summary_before_termination(terminate_all):
     """Lightning's launcher (rank 0) watches the ranks it started; when one dies it SIGKILLs every process,
     itself included, within seconds: at start-up or during a collective that has not yet failed, rank 0
     would end without a summary.json. First the summary (status "interrupted", the dead rank named) and
-    one line, then Lightning's termination."""
+    one line, then Lightning's termination of the other ranks, and rank 0 exits 1."""
 
     def wrapped(observer) -> None:
         trainer = _FITTING.get("trainer")
@@ -84,7 +84,13 @@ def _summary_before_termination(terminate_all):
                       f"for why it ended, then run the same command with --ckpt_path last", file=sys.stderr, flush=True)
         except Exception as err:  # the termination goes on whatever happens here
             print(f"loopnet: could not write the run summary ({err!r})", file=sys.stderr, flush=True)
-        terminate_all(observer)
+        # Lightning's termination, but rank 0 itself exits 1 (an error, as when a collective fails first)
+        # rather than by its own SIGKILL (-9, which reads as if something outside killed it).
+        for child in observer._child_processes:
+            child.send_signal(observer._termination_signal)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
     return wrapped
 
