@@ -3,8 +3,9 @@
     .venv/bin/python scripts/tensorboard_screenshot.py --out docs/images/tensorboard_depth_profile.png
 
 1. Trains two tiny runs on the embedded Shakespeare corpus (DeepLoop and DeepNorm, K = 2, R = 6, the CPU
-   overlay at d 64 for --steps steps, diagnostics every --every steps) with `loopnet fit`, into a
-   temporary folder, or into --logdir when it holds no runs yet (a folder of runs is shown as it is).
+   overlay at d 64 for --steps steps, diagnostics every --every steps) with `loopnet fit`, then `loopnet
+   test`s each (whose scalars join the fit's run), under loopnet's own run names, into a temporary
+   folder, or into --logdir when it holds no runs yet (a folder of runs is shown as it is).
 2. Starts TensorBoard on 127.0.0.1 at a free port and waits until its HTTP API lists the depth profile's
    images (``depth/...``): it follows the server's own progress, no fixed sleep.
 3. Opens TensorBoard's start page in headless Chromium (apt-get install chromium) and saves a
@@ -37,14 +38,16 @@ RUNS = {"deeploop": "configs/deeploop_r6.yaml", "deepnorm": "configs/deepnorm_r6
 def train(logdir: Path, steps: int, every: int) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     for name, config in RUNS.items():
-        cmd = [sys.executable, "-m", "loopnet", "fit", "--config", str(ROOT / config),
-               "--config", str(ROOT / "configs/cpu.yaml"), "--model.config.d_model", "64",
-               "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
-               "--trainer.limit_val_batches", "2", "--diagnostics.every_n_steps", str(every),
-               "--trainer.logger.init_args.save_dir", str(logdir), "--trainer.logger.init_args.name", name,
-               "--trainer.enable_progress_bar", "false"]
-        print(f"training {name}: {steps} steps", flush=True)
-        subprocess.run(cmd, env=env, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        common = ["--config", str(ROOT / config), "--config", str(ROOT / "configs/cpu.yaml"),
+                  "--model.config.d_model", "64", "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
+                  "--trainer.logger.init_args.save_dir", str(logdir), "--trainer.enable_progress_bar", "false"]
+        fit = ["fit", *common, "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
+               "--diagnostics.every_n_steps", str(every)]
+        test = ["test", *common, "--ckpt_path", "last"]  # its scalars join the fit's run: no run of its own
+        for args in (fit, test):
+            print(f"{args[0]} {name}: {steps} steps", flush=True)
+            subprocess.run([sys.executable, "-m", "loopnet", *args], env=env, check=True, cwd=ROOT,
+                           stdout=subprocess.DEVNULL)
 
 
 def free_port() -> int:

@@ -168,7 +168,17 @@ class VisitDiagnostics(Callback):
         # The last measured step: {"step", "visits": {tag: {q: v}}, "kappa": {j: v}, ...}.
         self.last_stats: dict[str, Any] | None = None
         self._model = None  # the LoopedTransformer, found once per fit (on_fit_start)
+        # The depth profile's y range per view, the union over the steps drawn (kept in checkpoints: a
+        # resumed run's images keep the axes of its first part).
+        self._profile_ylims: dict[str, tuple[float, float]] = {}
         self._reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        # plain floats: matplotlib's are numpy scalars, which the restricted checkpoint loader refuses
+        return {"profile_ylims": {view: [float(v) for v in lim] for view, lim in self._profile_ylims.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._profile_ylims = {view: tuple(lim) for view, lim in state_dict.get("profile_ylims", {}).items()}
 
     def _reset(self) -> None:
         self._probe: VisitProbe | None = None
@@ -312,7 +322,9 @@ class VisitDiagnostics(Callback):
     def _write_profile(self, logger, scalars: dict[str, float], visits: list[Visit], step: int) -> None:
         import threading
 
-        from .profile import profile_pngs, write_png
+        from .profile import profile_pngs, round_pngs, write_png
+
+        per_round = sorted((int(t.rsplit("/r", 1)[1]), v) for t, v in scalars.items() if t.startswith("update/output_change/"))
 
         # Drawn on a short-lived thread, which allocates from its own malloc arena: on the main thread
         # matplotlib's long-lived objects landed between a CPU step's large blocks, which HostMemory keeps
@@ -321,7 +333,10 @@ class VisitDiagnostics(Callback):
 
         def draw() -> None:
             try:
-                out["pngs"] = profile_pngs(scalars, visits)
+                out["pngs"] = profile_pngs(scalars, visits, self._profile_ylims)
+                if per_round:  # update/output_change/rNN as one image against r (`profile.ROUND_VIEWS`)
+                    out["pngs"] |= round_pngs({"output_change": [v for _, v in per_round]}, "update/per_round",
+                                              ylims=self._profile_ylims)
             except BaseException as err:  # noqa: BLE001  raised again on the calling thread
                 out["error"] = err
 

@@ -3,9 +3,11 @@ extrapolation and fixed-point profile (`fixed_point`) up to `extrapolate_rounds`
 compute–quality frontier of adaptive exit (`frontier`). The module calls `update` per batch and `end`
 per epoch; everything else lives here.
 
-Logged scalars (one chart per quantity, one line per round, in the custom-scalars category
-``fixed point``): ``fixed_point/<quantity>/r<rr>`` at validation and ``test_fixed_point/...`` at test;
-``test/frontier/{loss,ppl,mean_rounds}/t<i>`` per threshold i; the image ``frontier/loss_vs_rounds``.
+Logged: the scalars ``fixed_point/<quantity>/r<rr>`` at validation and ``test_fixed_point/...`` at test
+(a chart per quantity and round), and per quantity an image of it against the round r with the training R
+marked (``fixed_point/<quantity>``, ``test_fixed_point/<quantity>``; `profile.round_figure`), one per
+validation, each quantity on one y-axis across the validations; ``test/frontier/{loss,ppl,mean_rounds}/t<i>``
+per threshold i; the image ``frontier/loss_vs_rounds``.
 Files in the run folder: ``fixed_point.json`` (test) and ``frontier.json`` with ``frontier.png``.
 """
 
@@ -36,6 +38,8 @@ class DepthEvaluation:
         if frontier is not None and frontier.exit != "none":
             self.frontier = FrontierMeter(frontier.exit, list(frontier.thresholds), frontier.max_rounds or train_rounds)
         self.last_profile: dict | None = None  # the last validation's, for summary.json
+        self.train_rounds = train_rounds
+        self.ylims: dict[str, tuple[float, float]] = {}  # the round images' axes so far, per tag
 
     def update(self, stage: str, model, inputs, targets) -> None:
         if self.profile is not None:
@@ -56,6 +60,8 @@ class DepthEvaluation:
                 for r, value in enumerate(profile.get(q) or [], start=1):
                     if value is not None and math.isfinite(value):
                         module.log(fixed_point_tag(stage, q, r), value, sync_dist=False)
+            if trainer.is_global_zero:
+                self._write_round_images(trainer, stage, profile)
             if stage == "val":
                 self.last_profile = profile
             elif folder is not None and trainer.is_global_zero:
@@ -77,6 +83,23 @@ class DepthEvaluation:
                     if hasattr(experiment, "add_figure"):
                         experiment.add_figure("frontier/loss_vs_rounds", fig, global_step=trainer.global_step)
             _print_frontier(frontier)
+
+
+    def _write_round_images(self, trainer, stage: str, profile: dict) -> None:
+        """Each quantity of the round profile as an image against r (`profile.round_pngs`)."""
+        from .profile import round_pngs, write_png
+
+        prefix = fixed_point_tag(stage, "", 0).split("/")[0]
+        pngs = None
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if getattr(experiment, "file_writer", None) is None:  # not TensorBoard's SummaryWriter
+                continue
+            if pngs is None:
+                per_round = {q: profile.get(q) or [] for q in QUANTITIES}
+                pngs = round_pngs(per_round, prefix, self.train_rounds, self.ylims)
+            for tag, png in pngs.items():
+                write_png(experiment, tag, png, trainer.global_step)
 
 
 def _print_frontier(frontier: dict) -> None:

@@ -5,7 +5,9 @@ unrolled depth the stream grows, the gradient vanishes or the attention logits g
 charts (one line per visit over training steps) show only one round at a time.
 
 Drawn for TensorBoard's image card (about 270 px wide): one view per image with one or two quantities,
-large type, a tick per round at most every few rounds, short labels. Drawn with matplotlib's Agg canvas
+large type, a tick per round at most every few rounds, short labels. Each view keeps one y-axis across the logging
+steps of a run: its range is the union of every step drawn so far (`profile_pngs`' `ylims`), so moving the
+step slider moves the lines, not the axis (a view's axis widens only when a later step leaves its range). Drawn with matplotlib's Agg canvas
 directly (no pyplot, no display); matplotlib is imported on the first logging step only.
 `loopnet compare` draws the same views for two runs at chosen steps (`loopnet.diagnostics.compare`).
 """
@@ -52,17 +54,21 @@ def depth_profile(scalars: dict[str, float], visits: list[Visit]) -> dict[str, l
     return {q: [scalars.get(visit_tag(q, v), math.nan) for v in visits] for q in PROFILE_QUANTITIES}
 
 
-def draw_depth(ax, visits: list[Visit], lines: list[tuple[list[float], dict]], log: bool, font: int = FONT) -> None:
+def draw_depth(ax, visits: list[Visit], lines: list[tuple[list[float], dict]], log: bool, font: int = FONT,
+               ylim: tuple[float, float] | None = None) -> tuple[float, float]:
     """Draw `lines` ((values per visit, matplotlib kwargs)) against the visit index 1 … 2·K·R on `ax`;
     visits without a finite (and, on a log axis, positive) value are left out, so that the attention
     quantities join their attention visits. Rounds are marked by light lines and labelled r1, r2, … (a
-    few only)."""
+    few only). `ylim`: a range the y-axis must also cover (the earlier steps' union); returns the axis's range."""
     for values, style in lines:
         points = [(i, y) for i, y in enumerate(values, start=1) if math.isfinite(y) and (y > 0 or not log)]
         if points:
             ax.plot(*zip(*points), **{"marker": ".", "linewidth": 1.6, "markersize": 4, **style})
     if log and ax.lines:
         ax.set_yscale("log")
+    if ylim is not None and ax.lines:
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, ylim[0]), max(hi, ylim[1]))
     # A light line where each round (and the prelude's end, the coda) starts; labels r1, r2, … (a few
     # only), P and C for the prelude and the coda.
     starts = [i for i, v in enumerate(visits, start=1) if v.block == 1 and v.sublayer == "attn"]
@@ -79,6 +85,7 @@ def draw_depth(ax, visits: list[Visit], lines: list[tuple[list[float], dict]], l
     ax.grid(True, which="major", axis="y", alpha=0.3)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+    return ax.get_ylim()
 
 
 def _few_y_ticks(ax, log: bool) -> None:
@@ -109,14 +116,18 @@ def figure(size=SIZE_IN, dpi=DPI):
     return fig
 
 
-def view_figure(view: str, profile: dict[str, list[float]], visits: list[Visit]):
+def view_figure(view: str, profile: dict[str, list[float]], visits: list[Visit],
+                ylims: dict[str, tuple[float, float]] | None = None):
     """One view of the depth profile (`VIEWS`) as a matplotlib Figure (Agg canvas), 360 × 240 px: the
-    title names the quantity, a compact legend the lines when there are two."""
+    title names the quantity, a compact legend the lines when there are two. With `ylims`, the y-axis also
+    covers `ylims[view]` (where present), and `ylims[view]` becomes the axis's range."""
     title, quantities, log = VIEWS[view]
     fig = figure()
     ax = fig.add_subplot()
     lines = [(profile[q], {"color": COLORS[q], "label": LABELS[q]}) for q in quantities]
-    draw_depth(ax, visits, lines, log)
+    limits = draw_depth(ax, visits, lines, log, ylim=None if ylims is None else ylims.get(view))
+    if ylims is not None and ax.lines:
+        ylims[view] = limits
     ax.set_title(title, fontsize=FONT, pad=4)
     if sum(any(math.isfinite(y) for y in profile[q]) for q in quantities) > 1:
         ax.legend(fontsize=FONT - 2, frameon=False, handlelength=1.2, borderaxespad=0.2, labelspacing=0.2)
@@ -130,10 +141,12 @@ def png(fig) -> bytes:
     return buf.getvalue()
 
 
-def profile_pngs(scalars: dict[str, float], visits: list[Visit]) -> dict[str, bytes]:
-    """{image tag: PNG} of every view with something to draw at this step (``depth/gradients``, ...)."""
+def profile_pngs(scalars: dict[str, float], visits: list[Visit],
+                 ylims: dict[str, tuple[float, float]] | None = None) -> dict[str, bytes]:
+    """{image tag: PNG} of every view with something to draw at this step (``depth/gradients``, ...).
+    `ylims` ({view: y range}, updated in place): the run's axes so far, kept by the caller across steps."""
     profile = depth_profile(scalars, visits)
-    return {view_tag(view): png(view_figure(view, profile, visits)) for view, (_, quantities, _) in VIEWS.items()
+    return {view_tag(view): png(view_figure(view, profile, visits, ylims)) for view, (_, quantities, _) in VIEWS.items()
             if any(math.isfinite(y) for q in quantities for y in profile[q])}
 
 
@@ -149,3 +162,73 @@ def write_png(writer, tag: str, png_bytes: bytes, step: int) -> None:
     width, height = struct.unpack(">II", png_bytes[16:24])  # the IHDR chunk
     image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=png_bytes)
     file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+
+# The per-round quantities as images against the round r (TensorBoard's multiline charts label their lines on
+# hover only, so a chart of one line per round is a dozen unlabelled lines): quantity -> (title, log y axis).
+ROUND_VIEWS = {
+    "loss": ("loss at round r", False),
+    "latent_change": ("‖x_r − x_r−1‖ / ‖x_r‖", True),
+    "kl": ("KL(p_r−1 ‖ p_r)", True),
+    "sigma_max": ("σ_max of round r's Jacobian", False),
+    "output_change": ("update: ‖Δx_r‖ / ‖x_r‖", True),
+}
+
+
+def round_figure(quantity: str, values: list[float | None], train_rounds: int | None = None,
+                 ylim: tuple[float, float] | None = None):
+    """One per-round quantity (`ROUND_VIEWS`) against r = 1 … len(values), 360 × 240 px like the depth
+    profile: the x-axis is labelled "round r", a dashed line marks the training R (rounds past it are
+    extrapolation), σ_max gets a line at 1 (below it the round contracts). Missing values (None, nan;
+    on a log axis ≤ 0) are left out. `ylim`: a range the axis must also cover; the axis's range is
+    `fig.ylim`."""
+    title, log = ROUND_VIEWS[quantity]
+    fig = figure()
+    ax = fig.add_subplot()
+    points = [(r, y) for r, y in enumerate(values, start=1)
+              if y is not None and math.isfinite(y) and (y > 0 or not log)]
+    if points:
+        ax.plot(*zip(*points), marker=".", linewidth=1.6, markersize=5, color="C0")
+    if log and points:
+        ax.set_yscale("log")
+    if quantity == "sigma_max" and points:
+        ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle=":")
+    if ylim is not None and points:
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, ylim[0]), max(hi, ylim[1]))
+    n = len(values)
+    if train_rounds and train_rounds < n:
+        ax.axvline(train_rounds, color="0.5", linewidth=1.0, linestyle="--")
+        ax.text(train_rounds, 0.98, f" R={train_rounds}", transform=ax.get_xaxis_transform(), va="top",
+                fontsize=FONT - 3, color="0.4")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    ax.set_xlim(0.5, max(n, 1) + 0.5)
+    ax.set_xlabel("round r", fontsize=FONT - 2, labelpad=1)
+    ax.tick_params(labelsize=FONT - 1, length=3, pad=2)
+    if points:
+        _few_y_ticks(ax, log)
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title, fontsize=FONT, pad=4)
+    fig.subplots_adjust(left=0.2, right=0.97, bottom=0.2, top=0.88)
+    fig.ylim = ax.get_ylim() if points else None
+    return fig
+
+
+def round_pngs(per_round: dict[str, list[float | None]], prefix: str, train_rounds: int | None = None,
+               ylims: dict[str, tuple[float, float]] | None = None) -> dict[str, bytes]:
+    """{``<prefix>/<quantity>``: PNG} of each per-round quantity with a value to draw. `ylims` ({tag: y
+    range}, updated in place): the run's axes so far, as `profile_pngs` keeps them."""
+    out = {}
+    for quantity, values in per_round.items():
+        if not any(v is not None and math.isfinite(v) for v in values):
+            continue
+        tag = f"{prefix}/{quantity}"
+        fig = round_figure(quantity, values, train_rounds, None if ylims is None else ylims.get(tag))
+        if ylims is not None and fig.ylim is not None:
+            ylims[tag] = fig.ylim
+        out[tag] = png(fig)
+    return out

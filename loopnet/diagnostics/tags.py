@@ -39,6 +39,11 @@ Every tag is ``<group>/<quantity>/<name>`` (TensorBoard groups its charts by the
                          order (`loopnet.diagnostics.profile`): depth/gradients (act_grad_norm,
                          param_grad_norm), depth/norms (resid_norm), depth/qk_logits (attn_logit_max,
                          attn_log_z), depth/skip_ratio (branch_ratio)
+    update/per_round/output_change  image: update/output_change/r<rr> against the round r
+                         (`loopnet.diagnostics.profile.round_figure`)
+    fixed_point/<quantity>/r<rr>  validation's extrapolation and fixed-point profile per round
+                         (`loopnet.diagnostics.fixed_point`; test_fixed_point/... at test), and the image
+                         fixed_point/<quantity> of it against the round r, the training R marked
 
 The images' group is named ``depth`` so that TensorBoard's TIME SERIES dashboard, which sorts tag groups
 by name and opens the first two, opens the depth profile first (before Lightning's ``epoch``).
@@ -134,7 +139,11 @@ def custom_scalars_layout(n_rounds: int, untied: bool = False) -> dict:
     size and the output logits' instability signals; ``sublayers``: one chart per quantity over the
     physical sublayers. Per-visit values span decades: every chart's "Toggle y-axis log scale" button
     (TensorBoard's, not settable from a layout) gives a log axis. Charts select tags by regex, so they
-    hold for any K. `untied`: a category ``prelude and coda`` with a chart per quantity over their visits."""
+    hold for any K. `untied`: a category ``prelude and coda`` with a chart per quantity over their visits.
+    Quantities with one value per round (the update size per round, the fixed-point profile) have no chart
+    here, where a dozen lines would be told apart on hover only: they are images against the round r
+    (``update/per_round/output_change``, ``fixed_point/<quantity>``; `profile.round_figure`), and each
+    round's value is a chart of its own in SCALARS."""
     sublayers = {q: ["Multiline", [rf"^sublayers/{q}/"]] for q in SUBLAYER_QUANTITIES}
     train = {  # anchored: TensorBoard searches a chart's regexes anywhere in a tag
         "loss": ["Multiline", [r"^train/loss$", r"^val/loss$"]],
@@ -143,7 +152,6 @@ def custom_scalars_layout(n_rounds: int, untied: bool = False) -> dict:
         "output logits: mean log Z": ["Multiline", [r"^output/log_z$"]],
         "output logits: max |logit|": ["Multiline", [r"^output/logit_absmax$"]],
         "update size (output change of the step)": ["Multiline", [r"^update/output_change$", r"^update/logit_change$"]],
-        "update size per round": ["Multiline", [r"^update/output_change/r\d+$"]],
     }
     quantities = VISIT_QUANTITIES + ATTN_QUANTITIES
     rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"^visits/{q}/r{r:02d}_"]] for q in quantities}
@@ -151,6 +159,4 @@ def custom_scalars_layout(n_rounds: int, untied: bool = False) -> dict:
     extra = {}
     if untied:
         extra["prelude and coda"] = {q: ["Multiline", [rf"^visits/{q}/[pc]\d+_"]] for q in quantities}
-    fixed_point = {f"{q} per round": ["Multiline", [rf"^fixed_point/{q}/r\d+$"]]  # validation's, one line per round
-                   for q in ("loss", "latent_change", "kl", "sigma_max")}
-    return {"training": train, **rounds, **extra, "sublayers": sublayers, "fixed point": fixed_point}
+    return {"training": train, **rounds, **extra, "sublayers": sublayers}

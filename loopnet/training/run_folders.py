@@ -2,16 +2,24 @@
 evaluation that logs beside its checkpoint's fit, the config.yaml saved beside the logs.
 
     <save_dir>/<run name>/<version>/{config.yaml, summary.json, checkpoints/, <subcommand>/}
+
+TensorBoard shows one run per folder of event files: `test` and `predict` write their events into the
+fit's version folder (their scalars are `test/...`, the fit's are not), so their values appear in the fit's
+run; `validate` logs the fit's own `val/...` tags, which would add a second point at the checkpoint's step
+to the fit's curves, so its events stay in `<version>/validate/`, a run of their own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from pathlib import Path
 
 from jsonargparse import Namespace
+from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from loopnet import checkpoints
 from loopnet.model import RUN_SETTINGS, LoopConfig
@@ -97,3 +105,39 @@ def evaluate_in_run_folder(cfg: Namespace, subcommand: str) -> None:
             args.version = ckpt.parent.parent.name
     if args.get("version") is not None and args.get("sub_dir") is None:
         args.sub_dir = subcommand
+        if subcommand in JOIN_THE_FIT and _names(logger.class_path, TensorBoardLogger):
+            logger.class_path = f"{EvaluationLogger.__module__}.{EvaluationLogger.__name__}"
+
+
+def _names(class_path: str, cls: type) -> bool:
+    """Whether `class_path` imports as `cls` itself (a subclass of the user's stays as it is)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name, None) is cls
+    except ImportError:
+        return False
+
+
+JOIN_THE_FIT = ("test", "predict")  # evaluations whose TensorBoard events go into the fit's run (module docstring)
+
+
+class EvaluationLogger(TensorBoardLogger):
+    """TensorBoardLogger of a `test` or `predict` in a fit's version folder: its files (`<stage>_config.yaml`,
+    summary.json, predictions.txt, frontier.png) go to `log_dir`, `<version>/<subcommand>/`, as the plain
+    logger's do; its TensorBoard events go to `<version>/` itself, so TensorBoard shows them in the fit's run
+    instead of listing `<subcommand>/` as a run of its own. The fit's event file is never written: each
+    writer opens a new file."""
+
+    @property
+    def events_dir(self) -> str:
+        return os.path.dirname(os.path.normpath(self.log_dir)) if self.sub_dir else self.log_dir
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        if self._experiment is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._fs.makedirs(self.events_dir, exist_ok=True)
+            self._experiment = SummaryWriter(log_dir=self.events_dir, **self._kwargs)
+        return self._experiment

@@ -135,7 +135,9 @@ def test_per_round_charts_hold_that_rounds_visits(fitted):
                 for c in categories["training"].chart}
     # The update-size chart held every per-round output change too (its regex matched them as prefixes).
     assert training["update size (output change of the step)"] == ["update/logit_change", "update/output_change"]
-    assert training["update size per round"] == [f"update/output_change/r{r:02d}" for r in (1, 2, 3)]
+    assert "update size per round" not in training  # one line per round, unlabelled: an image instead
+    images = acc.Images("update/per_round/output_change")
+    assert [e.step for e in images] == [0, 2, 4] and all(e.encoded_image_string.startswith(b"\x89PNG") for e in images)
     assert training["output logits: mean log Z"] == ["output/log_z"]
 
 
@@ -144,7 +146,7 @@ def test_depth_profile_plots_each_quantity_against_the_visit_index(fitted):
     are the logged per-visit values in forward order (x = 1 … 2·K·R; attention quantities at the
     attention visits only), drawn at 360 × 240 px for TensorBoard's ~270 px card."""
     _, _, _, acc = fitted
-    assert sorted(acc.Tags()["images"]) == sorted(f"depth/{view}" for view in VIEWS)
+    assert sorted(acc.Tags()["images"]) == sorted([f"depth/{view}" for view in VIEWS] + ["update/per_round/output_change"])
     for view in VIEWS:
         images = acc.Images(f"depth/{view}")
         assert [e.step for e in images] == [0, 2, 4]
@@ -165,6 +167,46 @@ def test_depth_profile_plots_each_quantity_against_the_visit_index(fitted):
             at = [i for i, v in enumerate(visits, start=1) if q not in ATTN_QUANTITIES or v.sublayer == "attn"]
             assert list(line.get_xdata()) == at
             assert list(line.get_ydata()) == pytest.approx([logged[f"visits/{q}/{visits[i - 1].tag}"] for i in at])
+
+
+def test_the_depth_images_keep_one_y_axis_across_the_steps(fitted):
+    """Each view's y-axis covers every value logged at every step drawn so far, so that TensorBoard's step
+    slider moves the lines, not the axis: the callback's kept range (also in its checkpoint state) holds
+    all three logging steps' values, and a view drawn with it keeps that range."""
+    _, _, diagnostics, acc = fitted
+    visits = visit_order(K, R)
+    tags = [t for t in acc.Tags()["scalars"] if t.startswith("visits/")]
+    by_step = {}
+    for tag in tags:
+        for e in acc.Scalars(tag):
+            by_step.setdefault(e.step, {})[tag] = e.value
+    assert sorted(by_step) == [0, 2, 4]
+    state = diagnostics.state_dict()
+    assert all(type(v) is float for lim in state["profile_ylims"].values() for v in lim)  # weights_only loads it
+    ylims = {view: tuple(lim) for view, lim in state["profile_ylims"].items()}
+    assert sorted(ylims) == sorted([*VIEWS, "update/per_round/output_change"])
+    for view, (_, quantities, log) in VIEWS.items():
+        values = [v for scalars in by_step.values() for q in quantities
+                  for t, v in scalars.items() if t.startswith(f"visits/{q}/") and (v > 0 or not log)]
+        lo, hi = ylims[view]
+        assert lo <= min(values) and max(values) <= hi, view
+        for step in by_step:  # any step drawn with the run's range gets exactly that range
+            kept = dict(ylims)
+            (ax,) = view_figure(view, depth_profile(by_step[step], visits), visits, kept).axes
+            assert ax.get_ylim() == pytest.approx((lo, hi)) and kept[view] == pytest.approx((lo, hi))
+
+
+def test_a_later_step_out_of_range_widens_the_axis_and_it_never_shrinks():
+    visits = visit_order(1, 2)
+    low = {f"visits/resid_norm/{v.tag}": 1.0 + i for i, v in enumerate(visits)}  # 1 .. 4
+    high = {tag: 100.0 * v for tag, v in low.items()}  # 100 .. 400
+    ylims: dict = {}
+    first = view_figure("norms", depth_profile(low, visits), visits, ylims).axes[0].get_ylim()
+    assert first[0] <= 1.0 and 4.0 <= first[1] < 100.0
+    wide = view_figure("norms", depth_profile(high, visits), visits, ylims).axes[0].get_ylim()
+    assert wide[0] == pytest.approx(first[0]) and wide[1] >= 400.0
+    again = view_figure("norms", depth_profile(low, visits), visits, ylims).axes[0].get_ylim()
+    assert again == pytest.approx(wide)
 
 
 def test_the_depth_profile_is_the_first_group_tensorboard_opens(fitted):

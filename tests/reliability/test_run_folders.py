@@ -14,6 +14,15 @@ import torch
 from .helpers import RUN, SHORT, RaiseAt, callbacks, finished_run, loopnet, snapshot
 
 
+def scalar_tags(folder) -> set[str]:
+    """The scalar tags TensorBoard reads in `folder` (one run: its own event files only)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
 def failing_fit(cwd, step: int) -> str:
     """`loopnet fit` of SHORT in `cwd` (in this process) that runs out of memory in training step `step`;
     the error propagates as it does from the command. Returns what it printed on stderr."""
@@ -66,6 +75,13 @@ def test_evaluations_log_beside_the_fit_without_a_new_version(run):
     assert {k: after[k] for k in before} == before  # the fit's own files are untouched
     assert (version / "test" / "test_config.yaml").is_file() and (version / "validate" / "validate_config.yaml").is_file()
     assert not list(version.rglob("TrainerFn*"))
+    # TensorBoard: test's scalars join the fit's run (no `test/` run); validate, which logs the fit's own
+    # val/ tags, stays a run of its own.
+    runs = {p.parent.relative_to(version).as_posix() for p in version.rglob("events.out.tfevents.*")}
+    assert runs == {".", "validate"}
+    tags = scalar_tags(version)
+    assert {"train/loss", "val/loss", "test/loss"} <= tags
+    assert "test/loss" not in scalar_tags(version / "validate") and "val/loss" in scalar_tags(version / "validate")
 
 
 def test_a_fit_pinned_to_a_finished_run_is_refused(run):
@@ -99,6 +115,7 @@ def test_predict_prints_and_saves_the_text(run):
     text = saved.read_text().rstrip("\n")
     assert text.startswith("To be") and res.out.splitlines()[-1] == text.splitlines()[-1]
     assert f"loopnet: saved the generated text to {run}/runs/{RUN}/version_0/predict/predictions.txt" in res.err
+    assert not list(saved.parent.glob("events.out.tfevents.*"))  # no `predict/` run in TensorBoard
 
 
 def test_a_fit_failing_in_its_first_step_leaves_no_empty_run_folder(run):

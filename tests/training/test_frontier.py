@@ -69,6 +69,24 @@ def test_files_and_the_tensorboard_image_are_written(tested):
     acc = EventAccumulator(folder)
     acc.Reload()
     assert "frontier/loss_vs_rounds" in acc.Tags()["images"]
+    # the per-round profile: one labelled image per quantity (not a chart of one unlabelled line per round)
+    assert {f"test_fixed_point/{q}" for q in ("loss", "latent_change", "kl", "sigma_max")} <= set(acc.Tags()["images"])
+
+
+def test_a_round_image_draws_each_value_at_its_round_with_the_training_R_marked(tested):
+    from loopnet.diagnostics.profile import ROUND_VIEWS, round_figure
+
+    _, trainer, _ = tested
+    profile = json.load(open(f"{trainer.log_dir}/fixed_point.json"))
+    for q in ("loss", "latent_change", "kl", "sigma_max"):
+        fig = round_figure(q, profile[q], train_rounds=3)
+        (ax,) = fig.axes
+        data, *marks = ax.lines
+        expected = [(r, v) for r, v in enumerate(profile[q], start=1) if v is not None and (v > 0 or not ROUND_VIEWS[q][1])]
+        assert list(data.get_xdata()) == [r for r, _ in expected]
+        assert list(data.get_ydata()) == pytest.approx([v for _, v in expected])
+        assert [tuple(m.get_xdata()) for m in marks if m.get_linestyle() == "--"] == [(3, 3)]
+        assert ax.get_xlabel() == "round r" and ax.get_yscale() == ("log" if ROUND_VIEWS[q][1] else "linear")
 
 
 def test_validation_profile_reaches_the_summary_record():
