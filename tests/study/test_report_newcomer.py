@@ -35,3 +35,27 @@ def test_two_versions_of_one_run_are_not_averaged_as_seeds(tmp_path):
     with pytest.raises(ValueError, match=r"version_0, version_1 are the same run \(.*R = 2, seed 1337\), not seeds"):
         build_report(run, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _sweep(folder, ids: list[str]) -> None:
+    """A sweep folder whose manifest lists `ids`, of which only the first has run."""
+    import json
+
+    from loopnet.study.sweep import MANIFEST
+
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_text(json.dumps({"cells": [{"id": i, "params": {"seed_everything": 1}} for i in ids]}))
+    write_summary(folder / ids[0] / "summary.json", {"status": "completed", "global_step": 300, "config": CONFIG,
+                                                     "final_val_loss": 5.0, "best_val_loss": 5.0})
+
+
+def test_only_reports_the_cells_a_sweep_ran_with_only(tmp_path):
+    """A sweep run with --only leaves the grid's other cells unrun; `--only` keeps them out of the report instead
+    of listing them as "not run", and a glob that matches nothing is refused with the fix."""
+    _sweep(tmp_path / "sweep", ["postln-r2-s1", "deepnorm-r2-s1"])
+    report = build_report(tmp_path / "sweep", tmp_path / "all", plateau_arg="none").read_text()
+    assert "cells: 2, finished 1" in report and "not run" in report
+    report = build_report(tmp_path / "sweep", tmp_path / "only", plateau_arg="none", only=["postln*"]).read_text()
+    assert "cells: 1, finished 1" in report and "not run" not in report
+    with pytest.raises(ValueError, match=r"no cell of .* matches --only pre\*; fix:"):
+        build_report(tmp_path / "sweep", tmp_path / "none", plateau_arg="none", only=["pre*"])

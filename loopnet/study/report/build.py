@@ -4,6 +4,7 @@ plot through the modules of its parts, and report.md with how it was produced.""
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import datetime as dt
 import platform
 import shlex
@@ -53,8 +54,13 @@ def repeated_runs(runs) -> str | None:
 
 
 def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: str | None = None,
-                 notes: str | None = None, argv: list[str] | None = None) -> Path:
+                 notes: str | None = None, argv: list[str] | None = None, only: list[str] | None = None) -> Path:
     runs, manifest = load_runs(sweep_dir)
+    if only:  # the cells a sweep ran with --only: the others are not this report's, not "not run"
+        runs = [r for r in runs if any(fnmatch.fnmatchcase(r.id, glob) for glob in only)]
+        if not runs:
+            raise ValueError(f"no cell of {sweep_dir} matches --only {' '.join(only)}; fix: a glob over the cell ids "
+                             f"(`loopnet sweep SWEEP_FILE --dry_run` lists them)")
     if not runs:
         deeper = sorted(sweep_dir.glob(f"*/*/{SUMMARY_NAME}"))
         if deeper:  # `loopnet fit`'s own layout, runs/<run name>/version_N/summary.json
@@ -195,6 +201,8 @@ def parser() -> argparse.ArgumentParser:
                         "training data; 7.67 for hub datasets) or 'none' (default auto)")
     p.add_argument("--title", help="report title")
     p.add_argument("--notes", help="markdown file inserted under the title (e.g. the reading of the results)")
+    p.add_argument("--only", action="append", metavar="GLOB",
+                   help="report only the cells whose id matches (repeatable), as `loopnet sweep --only` ran them")
     return p
 
 
@@ -212,6 +220,6 @@ def main(argv: list[str] | None = None) -> None:
     notes = Path(args.notes).read_text() if args.notes else None
     out = Path(args.out) if args.out else sweep_dir / "report"
     with one_line_errors("loopnet report", (ValueError,)):
-        path = build_report(sweep_dir, out, args.plateau, args.title, notes, argv)
+        path = build_report(sweep_dir, out, args.plateau, args.title, notes, argv, args.only)
     print(f"loopnet report: wrote {path}")
 
