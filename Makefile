@@ -73,12 +73,13 @@ map: $(STAMP)
 	$(LN) report runs/sweeps/map_exponent --out $(MAP)/exponent --title "Stability map 3/4: training vs the exponent p"
 	$(LN) report runs/sweeps/map_confirm --out $(MAP)/confirm --title "Stability map 4/4: reading 2 on fresh seeds at each best rate"
 
-# The map's controls: Post-LN and Pre-LN on the grid (the cells not yet run: R = 2 and 6, 56 fits) and Pre-LN
-# below the grid at R = 12 (4 fits), ~20 min (docs/studies.md); then `make map` redraws grid/ with them.
+# The map's controls: Post-LN and Pre-LN on the grid (84 fits) and below it at R = 6 and 12 (16 fits), ~35 min
+# on a quiet 2-core machine (docs/studies.md), and their reports.
 map-controls: $(STAMP)
 	$(LN) sweep configs/sweeps/map/grid.yaml --jobs 2 --only 'postln*' --only 'preln*'
 	$(LN) sweep configs/sweeps/map/controls.yaml --jobs 2
-	$(LN) report runs/sweeps/map_controls --out $(MAP)/controls --title "Stability map: Pre-LN below the grid at R = 12"
+	$(LN) report runs/sweeps/map_grid --out $(MAP)/controls_grid --only 'postln*' --only 'preln*' --title "Stability map: the Post-LN and Pre-LN controls on the grid"
+	$(LN) report runs/sweeps/map_controls --out $(MAP)/controls --title "Stability map: Post-LN and Pre-LN below the grid at R = 6 and 12"
 
 # The map's pipeline end to end on 20-step fits (a few minutes): sweep -> report -> map tables and plots ->
 # follow-up sweep files, all under runs/sweeps/map_smoke (not results).
