@@ -161,7 +161,9 @@ class Sublayer(nn.Module):
             branch_in, q_in = norm_in(x), (None if q_src is None else norm_in(q_src))
         else:
             branch_in, q_in = x, q_src
-        branch = self.drop(self.f(branch_in, q_src=q_in, rotary=rotary, kv=kv))
+        branch = self.f(branch_in, q_src=q_in, rotary=rotary, kv=kv)
+        if self.training and self.drop.p:  # otherwise the identity: no module call per visit
+            branch = self.drop(branch)
         if self.pre_norm:
             if self.epsilon != 1.0:
                 branch = self.epsilon * branch

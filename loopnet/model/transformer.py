@@ -479,7 +479,11 @@ class LoopedTransformer(nn.Module):
         exit_round = torch.full((B,), R, dtype=torch.long, device=inputs.device)
 
         def readout(x):  # logits [B, V] at each row's last position of the loop state x
-            return self.head(x, kv=kv)[0][rows, last]
+            if kv is not None:  # one position per row: the head as h·Wᵀ with Wᵀ stored row-major (`KVCache.head_t`)
+                return self.final_norm(self.finish(x, kv=kv))[:, -1] @ kv.head_t(self.lm_head.weight)
+            # The recompute: the coda reads every position, the head only each row's last (as nanoGPT's
+            # generate does), not T × V logits of which one row is used.
+            return self.lm_head(self.final_norm(self.finish(x)[rows, last]))
 
         if exit == "none":
             *_, (_, x) = self.iter_rounds(inputs, R, positions=positions, kv=kv)
