@@ -53,6 +53,13 @@ class DepthEvaluation:
             return
         trainer = module.trainer
         folder = Path(trainer.log_dir) if trainer.log_dir else None
+        if trainer.world_size > 1:  # every rank saw its own batches: pool them (a collective on every rank)
+            def reduce(t):
+                return trainer.strategy.reduce(t.to(module.device), reduce_op="sum").cpu()
+
+            for meter in (self.profile, self.frontier if stage == "test" else None):
+                if meter is not None:
+                    meter.sync(reduce)
         if self.profile is not None and self.profile.weight:
             profile = self.profile.compute()
             self.profile.reset()

@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from loopnet.model.layers import unit_rms
 
 QUANTITIES = ("loss", "latent_change", "kl", "sigma_max")
+TOKEN_WEIGHTED = QUANTITIES[:3]  # averaged over the batches' target tokens; sigma_max: the first batch's
 
 
 def round_map(model, idx: torch.Tensor, r: int):
@@ -122,6 +123,23 @@ class RoundProfileMeter:
         self.weight += n
         if self.sigma is None and self.jacobian_sequences > 0:
             self.sigma = jacobian_profile(model, idx[: self.jacobian_sequences], self.max_rounds, self.jacobian_iters)
+
+    def sync(self, reduce) -> None:
+        """Pool the processes' batches (DDP ranks each see their own): the token-weighted sums and weights
+        add up; σ_max, measured on each process's first batch, becomes the mean over the processes that
+        measured it. `reduce` sums a float64 tensor over the processes (`Strategy.reduce(...,
+        reduce_op="sum")`), a collective every rank must call."""
+        M, names = self.max_rounds, TOKEN_WEIGHTED
+        sums = [v for q in names for v in self.sums.get(q, [0.0] * M)]
+        sigma = [math.nan if v is None else v for v in (self.sigma or [None] * M)]
+        measured = [0.0 if math.isnan(v) else 1.0 for v in sigma]
+        total = reduce(torch.tensor([*sums, self.weight, *[0.0 if math.isnan(v) else v for v in sigma], *measured],
+                                    dtype=torch.float64)).tolist()
+        had = set(self.sums) | {q for i, q in enumerate(names) if any(total[i * M:(i + 1) * M])}
+        self.sums = {q: total[i * M:(i + 1) * M] for i, q in enumerate(names) if q in had}
+        self.weight = total[len(names) * M]
+        sigma_sum, counts = total[len(names) * M + 1:len(names) * M + 1 + M], total[len(names) * M + 1 + M:]
+        self.sigma = None if not any(counts) else [s / c if c else None for s, c in zip(sigma_sum, counts)]
 
     def compute(self) -> dict[str, list[float | None]]:
         out = {q: [None if math.isnan(s) else s / self.weight for s in acc] for q, acc in self.sums.items()}

@@ -62,6 +62,13 @@ class FrontierMeter:
             self.rounds[i] += float(used[i][valid].sum())
         self.tokens += float(valid.sum())
 
+    def sync(self, reduce) -> None:
+        """Sum the counts over the processes (DDP ranks each see their own batches): `reduce` sums a float64
+        tensor over them (`Strategy.reduce(..., reduce_op="sum")`), a collective every rank must call."""
+        n = len(self.thresholds)
+        total = reduce(torch.tensor([*self.loss, *self.rounds, self.tokens], dtype=torch.float64)).tolist()
+        self.loss, self.rounds, self.tokens = total[:n], total[n:2 * n], total[2 * n]
+
     def compute(self) -> list[dict]:
         """[{threshold, loss, ppl, mean_rounds}] in the order of the thresholds."""
         points = []
