@@ -6,8 +6,10 @@ The model is `configs/cpu.yaml`'s size over `configs/base.yaml` (d 128, 4 heads,
 R = 6, GPT-2's padded vocabulary), randomly initialised (the time per token does not depend on the
 weights without an exit criterion). One prompt of `--prompt` random tokens continued greedily by
 `--new` tokens, within the 128 positions: `generate(cache=False)` (the whole context through the model
-for every token) and `generate(cache=True)` take turns, `reps` times in alternating order; the ratio is
-the median of the paired time ratios, so that a shared machine's load cancels. Both must give the same
+for every token, the LM head at its last position only, as nanoGPT's generate) and `generate(cache=True)`
+(one position per token through every round, its keys and values cached) take turns, `reps` times in
+alternating order; the ratio is the median of the paired time ratios, so that a shared machine's load
+cancels. Both must give the same
 tokens (the run says whether they did).
 """
 
