@@ -267,16 +267,58 @@ def vertex(grid, plateau) -> list[str]:
     return md + [""]
 
 
-def controls_and_failures(grid, bnd, expo, plateau) -> list[str]:
-    g = merge(grid)
-    md = ["## The controls per seed, and the runs that end well above the plateau", ""]
+def seed_mean_best(cells: dict, scheme: str, rounds: int) -> tuple[float, dict[int, float]] | None:
+    """(η*, {seed: loss at η*}): the rate with the lowest mean final loss over seeds where every seed completed."""
+    means = {lr: (statistics.fmean(c["loss"] for c in cs), {c["seed"]: c["loss"] for c in cs})
+             for lr, cs in by_rate(cells, scheme, rounds).items()
+             if cs and all(c["status"] == "completed" and c["loss"] is not None for c in cs)}
+    if not means:
+        return None
+    lr = min(means, key=lambda r: means[r][0])
+    return lr, means[lr][1]
+
+
+def controls_and_failures(grid, bnd, expo, plateau, controls=()) -> list[str]:
+    """The controls per seed at every R they ran (the grid's cells, then `controls` folders' own: the map's
+    `controls_grid/` and `controls/` below the grid), each scheme's best rate and whether it is censored (the
+    lowest rate run), and Pre-LN's best loss against DeepNorm's and DeepLoop's, paired by seed."""
+    g = merge(grid, *controls)
+    md = ["## The controls per seed, and the runs that end well above the plateau", "",
+          "Finished seeds per rate (✓: trains). η*: the rate with the lowest seed-mean final loss where every "
+          "seed completed; *censored* when it is the lowest rate run. Best-loss differences are paired by seed "
+          "(each scheme at its own η*), with the 95% t interval on n − 1 degrees of freedom.", ""]
     for s in ("preln", "postln"):
-        rates = by_rate(g, s, 12)
-        md.append(f"- {s} at R = 12 (finished seeds): " + "; ".join(
-            f"{lr:.3g}: " + ", ".join(f"{c['loss']:.3f}{'✓' if trains_cell(c, plateau) else ''}" for c in cs)
-            for lr, cs in rates.items()) + f" (✓: trains; the grid's lowest rate is {min(rates):.3g}).")
+        for R in (2, 6, 12):
+            rates = by_rate(g, s, R)
+            if not rates:
+                md.append(f"- {s} at R = {R}: not run.")
+                continue
+            best = seed_mean_best(g, s, R)
+            tail = ""
+            if best:
+                lr, _ = best
+                trained = any(trains_cell(c, plateau) for c in rates[lr])
+                tail = (f"; η* = {lr:.3g}{' (censored: the lowest rate run)' if lr == min(rates) else ''}"
+                        f"{'' if trained else ', on the plateau'}")
+            md.append(f"- {s} at R = {R}: " + "; ".join(
+                f"{lr:.3g}: " + ", ".join(f"{c['loss']:.3f}{'✓' if trains_cell(c, plateau) else ''}" for c in cs)
+                for lr, cs in rates.items()) + tail + ".")
+    md.append("")
+    for R in (2, 6, 12):
+        pre = seed_mean_best(g, "preln", R)
+        for other in ("deepnorm", "deeploop"):
+            ref = seed_mean_best(g, other, R)
+            if not pre or not ref:
+                continue
+            seeds = sorted(set(pre[1]) & set(ref[1]))
+            diff = paired_interval([pre[1][k] - ref[1][k] for k in seeds])
+            if diff:
+                md.append(f"- R = {R}: Pre-LN (η* {pre[0]:.3g}) − {other} (η* {ref[0]:.3g}) best loss, seeds "
+                          f"{', '.join(map(str, seeds))}: {diff['mean']:+.3f} nat [{diff['lo']:+.3f}, {diff['hi']:+.3f}] "
+                          f"(per seed {', '.join(f'{pre[1][k] - ref[1][k]:+.3f}' for k in seeds)}).")
+    md.append("")
     expo = [c for c in expo if not (c["p"] and float(c["p"]) == 0.25)] + as_deepnorm(expo)  # DeepNorm's once
-    above = [c for c in merge(grid, bnd, expo).values() if c["loss"] is not None and c["loss"] > plateau + TRAIN_MARGIN]
+    above = [c for c in merge(grid, bnd, expo, *controls).values() if c["loss"] is not None and c["loss"] > plateau + TRAIN_MARGIN]
     md += [f"- Runs that end more than {TRAIN_MARGIN} nat above the plateau ({plateau:.3f}): " + "; ".join(
         f"{c['cell']} ({c['sweep']}) {c['loss']:.3f}" for c in sorted(above, key=lambda c: -c["loss"])) + ".", ""]
     return md
@@ -297,10 +339,12 @@ def main(argv: list[str] | None = None) -> None:
     grid, bnd, conf, expo = (read_cells(root / s) for s in ("grid", "boundary", "confirm", "exponent"))
     md = ["# The map's readings, recomputed from the committed cells", "",
           f"Written by `python -m loopnet.study.report.map_cells {' '.join(argv)}` from `grid/`, `boundary/`, "
-          f"`confirm/` and `exponent/` `cells.csv` (the run folders are not committed). A seed trains when it "
+          f"`confirm/`, `exponent/` (and, where present, `controls_grid/` and `controls/`) `cells.csv` (the run "
+          f"folders are not committed). A seed trains when it "
           f"completed with its final validation loss below the plateau {plateau:.4f} − {TRAIN_MARGIN} nat.", ""]
     md += reading1(grid, bnd, plateau) + logistic_section(grid, bnd, conf, expo, plateau) + reading2(grid, conf)
-    md += vertex(grid, plateau) + drift(grid, conf) + controls_and_failures(grid, bnd, expo, plateau)
+    controls = [read_cells(root / sub) for sub in ("controls_grid", "controls") if (root / sub / "cells.csv").is_file()]
+    md += vertex(grid, plateau) + drift(grid, conf) + controls_and_failures(grid, bnd, expo, plateau, controls)
     Path(args.out).write_text("\n".join(md))
     print(f"loopnet map_cells: wrote {args.out}")
 
