@@ -1,6 +1,7 @@
 """Generation speed with and without the KV cache across rounds, as a ratio measured in one run.
 
     loopnet bench generation [--reps 5] [--prompt 8] [--new 112] [--out generation.md] [--json g.json]
+    loopnet bench generation --d_model 512 --seq_len 512 --new 504     # how the ratio grows with size
 
 The model is `configs/cpu.yaml`'s size over `configs/base.yaml` (d 128, 4 heads, 128 positions, K = 2,
 R = 6, GPT-2's padded vocabulary), randomly initialised (the time per token does not depend on the
@@ -40,12 +41,18 @@ def cpu_config() -> dict:
     return merged
 
 
-def run(reps: int, prompt_len: int, new: int, seed: int = 0) -> dict:
+def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None = None,
+        seq_len: int | None = None) -> dict:
     from loopnet.env import machine
     from loopnet.model import LoopConfig, LoopedTransformer
 
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    config = LoopConfig(**cpu_config())
+    overrides = {}
+    if d_model:  # the head width stays 32, as the width study keeps it
+        overrides |= {"d_model": d_model, "n_heads": max(1, d_model // 32)}
+    if seq_len:
+        overrides["seq_len"] = seq_len
+    config = LoopConfig(**(cpu_config() | overrides))
     if prompt_len + new > config.seq_len:
         raise ValueError(f"--prompt {prompt_len} + --new {new} exceeds seq_len {config.seq_len}; fix: fewer tokens")
     torch.manual_seed(seed)
@@ -106,12 +113,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=5, help="paired repetitions (default 5)")
     p.add_argument("--prompt", type=int, default=8, help="prompt tokens (default 8)")
     p.add_argument("--new", type=int, default=112, help="tokens to generate (default 112)")
+    p.add_argument("--d_model", type=int, help="another width (heads of 32), to see how the ratio grows with it")
+    p.add_argument("--seq_len", type=int, help="another context length (prompt + new tokens must fit in it)")
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.reps < 1 or args.prompt < 1 or args.new < 1:
         p.error("--reps, --prompt and --new must be >= 1")
-    res = run(args.reps, args.prompt, args.new)
+    res = run(args.reps, args.prompt, args.new, d_model=args.d_model, seq_len=args.seq_len)
     text = markdown(res, " ".join(["loopnet bench generation", *(argv or [])]))
     print(text)
     if args.out:

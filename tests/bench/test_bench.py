@@ -177,3 +177,21 @@ def test_step_memory_and_trainers_follow_the_precision(monkeypatch):
         except Stop:
             pass
     assert seen == ["bf16-mixed", "32-true"]
+
+
+def test_generation_bench_measures_both_paths_on_the_same_tokens(tmp_path):
+    """`loopnet bench generation` at a small size: both paths run, give the same greedy tokens, and the table
+    and JSON carry what was measured (tokens/s of each, the paired ratios and their median)."""
+    import json
+
+    from loopnet.bench import generation
+
+    out, js = tmp_path / "g.md", tmp_path / "g.json"
+    generation.main(["--reps", "2", "--prompt", "4", "--new", "6", "--d_model", "64", "--seq_len", "16",
+                     "--out", str(out), "--json", str(js)])
+    res = json.loads(js.read_text())
+    assert res["same_tokens"] is True and res["new_tokens"] == 6 and len(res["ratios"]) == 2
+    assert res["model"]["d_model"] == 64 and res["model"]["n_heads"] == 2 and res["model"]["seq_len"] == 16
+    assert res["ratio"] == pytest.approx(sum(res["ratios"]) / 2)  # the median of two
+    assert res["cache_tokens_per_s"] > 0 and res["recompute_tokens_per_s"] > 0
+    assert "| generate, KV cache across rounds |" in out.read_text()
