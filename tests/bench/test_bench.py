@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import pytest
 import torch
 
 from loopnet.model import LoopedTransformer
