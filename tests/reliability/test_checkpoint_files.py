@@ -268,3 +268,51 @@ def test_one_fit_per_version_folder(tmp_path):
     assert (kept / "events.out").exists() and not (kept / ck.LOCK_NAME).exists()
     ck.lock_version(kept)  # free again
     ck.release_version_locks()
+
+
+def test_ambiguous_versions_are_listed_in_numeric_order(tmp_path):
+    """version_2 before version_10 (a string sort puts version_10 first), and the example is the newest."""
+    root = tmp_path / "run"
+    for n in (10, 2):
+        save(root / f"version_{n}" / "checkpoints" / "last.ckpt", {})
+    with pytest.raises(ValueError, match=r"hold a last\*\.ckpt: version_2 \(no summary\), version_10 \(no summary\); "
+                                         r"fix: pick one with --trainer.logger.init_args.version N \(e\.g\. 10\)"):
+        ck.run_checkpoint(root)
+
+
+def test_the_lock_file_is_readable_by_others_and_writable_by_its_owner(tmp_path):
+    old = os.umask(0o022)
+    try:
+        ck.lock_version(tmp_path / "v")
+        assert (tmp_path / "v" / ck.LOCK_NAME).stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+        ck.release_version_locks()
+
+
+def test_a_lock_file_replaced_between_open_and_lock_is_taken_anew(tmp_path, monkeypatch):
+    """The holder before us removes the lock file at its end, between our open and our flock: the lock we got
+    is on a file no longer at the path, so the loop opens the new file and locks that one."""
+    import fcntl
+
+    folder = tmp_path / "v"
+    folder.mkdir()
+    path = folder / ck.LOCK_NAME
+    real, calls = fcntl.flock, []
+
+    def flock(fd, op):
+        calls.append(fd)
+        if len(calls) == 1:  # the file our first open found is replaced before it is locked
+            path.unlink()
+            path.write_text("")
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    try:
+        ck.lock_version(folder)
+        held_fd = ck._held[-1][0]
+        assert len(calls) == 2 and os.stat(path).st_ino == os.fstat(held_fd).st_ino
+        assert path.read_text() == str(os.getpid())
+    finally:
+        monkeypatch.setattr(fcntl, "flock", real)
+        ck.release_version_locks()
