@@ -349,3 +349,19 @@ def test_depth_profile_is_drawn_off_the_main_thread_and_its_errors_come_back(tmp
         trainer(tmp_path, [diagnostics], max_steps=5).fit(tiny_module(), random_tokens())
     assert len(drawn_on) == 1 and drawn_on[0] is not threading.main_thread()
     assert diagnostics.profile is False and diagnostics.last_stats["step"] == 4
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"every_n_steps": -1}, "diagnostics.every_n_steps must be >= 0 (0 turns it off), got -1"),
+    ({"hist_samples": 0}, "diagnostics.hist_samples must be >= 1, got 0"),
+])
+def test_bad_settings_are_refused_with_the_setting_named(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        VisitDiagnostics(**kwargs)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("kwargs", [{"every_n_steps": 0}, {"hist_samples": 1}])
+def test_the_edge_values_are_accepted(kwargs):
+    diagnostics = VisitDiagnostics(**kwargs)
+    assert all(getattr(diagnostics, k) == v for k, v in kwargs.items())
