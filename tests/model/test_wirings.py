@@ -116,3 +116,16 @@ def test_last_third_of_six_rounds_is_rounds_five_and_six():
     assert list(model.loss_round_indices(6)) == [5, 6] and list(model.loss_round_indices(3)) == [3]
     assert list(model.loss_round_indices(9)) == [7, 8, 9] and list(model.loss_round_indices(1)) == [1]
     assert list(model.loss_round_indices(12)) == [9, 10, 11, 12]  # ⌈12/3⌉ = 4 rounds
+
+
+def test_a_two_round_loss_is_the_mean_of_both_rounds():
+    """Two loss rounds (last_third at R = 6: rounds 5 and 6) average both, not the first alone."""
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config(residual="preln", loss_rounds="last_third", n_rounds=6))
+    idx, tgt = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        ends = round_ends(model, idx, 6)
+        per_round = [lm_loss(model.lm_head(model.final_norm(ends[r - 1])), tgt) for r in (5, 6)]
+        _, loss = model(idx, tgt)
+    assert abs(float(per_round[0] - per_round[1])) > 1e-4  # the two rounds differ, so the mean is seen
+    assert float(loss) == pytest.approx(float((per_round[0] + per_round[1]) / 2), rel=1e-5)
