@@ -91,7 +91,7 @@ map-smoke: $(STAMP)
 
 # The rival rule and the width study (docs/results/rival/README.md), each resumable (finished cells are skipped).
 # rival: Pre-LN x branch_scale (one, sqrt_depth, wang) x R x lr x 3 seeds (243 fits), then each arm's best rate on
-# fresh seeds (27 fits + 1 DeepLoop, chosen by loopnet.study.followup), and the reports: ~2 h (docs/studies.md).
+# fresh seeds (27 fits + 1 DeepLoop, chosen by loopnet.study.followup), and the reports: ~1.5 h (docs/studies.md).
 # width: at d = 64 and 256, a one-seed pilot (28 fits) and the boundary runs chosen from it (72 fits, 12 of them
 # the pilot's own) into the same folder, and the report: ~2.2-2.9 h, nearly all of it d = 256.
 RIVAL := docs/results/rival
