@@ -30,15 +30,24 @@ def colors(methods):
 
 
 def save(plt, fig, path) -> None:
-    """Every plot is written the same way: tight layout, 120 dpi PNG, figure closed (no leak). A figure of
-    many panels that tight layout cannot fit is saved as laid out (matplotlib's warning says only that)."""
+    """Every plot is written the same way: tight layout, 120 dpi PNG with a 256-colour palette, figure closed
+    (no leak). A figure of many panels that tight layout cannot fit is saved as laid out (matplotlib's
+    warning says only that). The palette (median cut, no dithering: a plot has few colours) makes the file
+    ~3× smaller than matplotlib's RGBA, which matters for reports committed by the dozen."""
+    import io
     import warnings
+
+    from PIL import Image
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Tight layout not applied")
         fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format="png")
     plt.close(fig)
+    image = Image.open(buf).convert("RGB")
+    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, format="PNG",
+                                                                                              optimize=True)
 
 
 

@@ -53,3 +53,20 @@ def test_the_controls_best_rate_censoring_and_paired_difference():
     assert (f"- R = 2: Pre-LN (η* 0.002) − deepnorm (η* 0.001) best loss, seeds 1, 2: +0.055 nat "
             f"[{0.055 - half:+.3f}, {0.055 + half:+.3f}] (per seed +0.060, +0.050).") in md
     assert "- preln at R = 6: not run." in md and "deeploop" not in md
+
+
+def test_report_plots_are_saved_with_a_palette(tmp_path):
+    """`plotting.save` writes a 256-colour palette PNG (a report's plots are committed by the dozen), at the
+    figure's size and with its colours: a red line stays red."""
+    from PIL import Image
+
+    from loopnet.study.plotting import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [0, 1], color=(1.0, 0.0, 0.0), linewidth=6)
+    save(plt, fig, tmp_path / "p.png")
+    image = Image.open(tmp_path / "p.png")
+    assert image.mode == "P" and image.size == (480, 360)
+    colours = {rgb for _, rgb in image.convert("RGB").getcolors(maxcolors=256)}
+    assert (255, 0, 0) in colours and (255, 255, 255) in colours

@@ -48,7 +48,7 @@ def test_width_pilot_is_one_seed_on_the_maps_grid_with_heads_of_32(d, heads):
 def test_map_controls_cover_the_missing_controls():
     below = expand(load_sweep("configs/sweeps/map/controls.yaml"))
     assert _params(below, "model.config.residual", "model.config.n_rounds", "model.optim.lr", "seed_everything") == {
-        ("preln", 12, lr, s) for lr in (1.25e-4, 2.5e-4) for s in (1, 2)}
+        (scheme, R, lr, s) for scheme in ("preln", "postln") for R in (6, 12) for lr in (1.25e-4, 2.5e-4) for s in (1, 2)}
     grid = load_sweep("configs/sweeps/map/grid.yaml")
     assert min(grid.grid["model.optim.lr"]) == 5e-4 > max(c.params["model.optim.lr"] for c in below)
     # The Makefile's selection on the map's grid: Post-LN and Pre-LN at every R (R = 12 already run: skipped)

@@ -50,9 +50,12 @@ def write_sweep(folder: Path, cells: int) -> Path:
 def sweep_process(sweep_file: Path, *args: str, fit_seconds: float = 0.4, crash: str = "", ignore_hup: bool = False):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                FAKE_FIT_SECONDS=str(fit_seconds), FAKE_FIT_CRASH=crash)
-    ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hup else None  # as under nohup
+    # SIGHUP ignored as under nohup, else its default as from a terminal (set either way: the test runner
+    # itself may run under nohup, whose SIG_IGN a child would inherit)
+    hup = signal.SIG_IGN if ignore_hup else signal.SIG_DFL
     return subprocess.Popen([sys.executable, "-c", DRIVER, str(sweep_file), *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, hup))
 
 
 def events(out: Path) -> list[dict]:
