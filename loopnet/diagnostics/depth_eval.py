@@ -24,9 +24,13 @@ JACOBIAN_SEQUENCES = 2  # sequences of the first batch whose round Jacobians are
 JACOBIAN_ITERS = 10  # power-iteration steps: error of order (σ2/σ1)^40
 
 
+def fixed_point_prefix(stage: str) -> str:
+    """The tag group of a stage's round profile: ``fixed_point`` at validation, ``test_fixed_point`` at test."""
+    return "fixed_point" if stage == "val" else f"{stage}_fixed_point"
+
+
 def fixed_point_tag(stage: str, quantity: str, round_: int) -> str:
-    prefix = "fixed_point" if stage == "val" else f"{stage}_fixed_point"
-    return f"{prefix}/{quantity}/r{round_:02d}"
+    return f"{fixed_point_prefix(stage)}/{quantity}/r{round_:02d}"
 
 
 class DepthEvaluation:
@@ -91,12 +95,10 @@ class DepthEvaluation:
                         experiment.add_figure("frontier/loss_vs_rounds", fig, global_step=trainer.global_step)
             _print_frontier(frontier)
 
-
     def _write_round_images(self, trainer, stage: str, profile: dict) -> None:
         """Each quantity of the round profile as an image against r (`profile.round_pngs`)."""
         from .profile import round_pngs, write_png
 
-        prefix = fixed_point_tag(stage, "", 0).split("/")[0]
         pngs = None
         for logger in trainer.loggers:
             experiment = getattr(logger, "experiment", None)
@@ -104,7 +106,7 @@ class DepthEvaluation:
                 continue
             if pngs is None:
                 per_round = {q: profile.get(q) or [] for q in QUANTITIES}
-                pngs = round_pngs(per_round, prefix, self.train_rounds, self.ylims)
+                pngs = round_pngs(per_round, fixed_point_prefix(stage), self.train_rounds, self.ylims)
             for tag, png in pngs.items():
                 write_png(experiment, tag, png, trainer.global_step)
 

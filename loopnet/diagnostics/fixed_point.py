@@ -129,17 +129,19 @@ class RoundProfileMeter:
         add up; σ_max, measured on each process's first batch, becomes the mean over the processes that
         measured it. `reduce` sums a float64 tensor over the processes (`Strategy.reduce(...,
         reduce_op="sum")`), a collective every rank must call."""
-        M, names = self.max_rounds, TOKEN_WEIGHTED
-        sums = [v for q in names for v in self.sums.get(q, [0.0] * M)]
-        sigma = [math.nan if v is None else v for v in (self.sigma or [None] * M)]
-        measured = [0.0 if math.isnan(v) else 1.0 for v in sigma]
-        total = reduce(torch.tensor([*sums, self.weight, *[0.0 if math.isnan(v) else v for v in sigma], *measured],
-                                    dtype=torch.float64)).tolist()
-        had = set(self.sums) | {q for i, q in enumerate(names) if any(total[i * M:(i + 1) * M])}
-        self.sums = {q: total[i * M:(i + 1) * M] for i, q in enumerate(names) if q in had}
-        self.weight = total[len(names) * M]
-        sigma_sum, counts = total[len(names) * M + 1:len(names) * M + 1 + M], total[len(names) * M + 1 + M:]
-        self.sigma = None if not any(counts) else [s / c if c else None for s, c in zip(sigma_sum, counts)]
+        M, Q = self.max_rounds, len(TOKEN_WEIGHTED)
+        sums = torch.tensor([self.sums.get(q, [0.0] * M) for q in TOKEN_WEIGHTED], dtype=torch.float64)  # [Q, M]
+        sigma = torch.tensor([math.nan if v is None else v for v in (self.sigma or [None] * M)], dtype=torch.float64)
+        measured = ~sigma.isnan()
+        packed = torch.cat([sums.flatten(), torch.tensor([self.weight], dtype=torch.float64), sigma.nan_to_num(0.0),
+                            measured.double()])
+        sums, weight, sigma_sum, counts = reduce(packed).split([Q * M, 1, M, M])
+        sums = sums.view(Q, M)
+        # a quantity another process measured counts here too (nan, a round without it, is not 0)
+        self.sums = {q: row.tolist() for q, row in zip(TOKEN_WEIGHTED, sums) if q in self.sums or bool(row.ne(0).any())}
+        self.weight = float(weight)
+        self.sigma = None if not bool(counts.any()) else [s / c if c else None for s, c in
+                                                         zip(sigma_sum.tolist(), counts.tolist())]
 
     def compute(self) -> dict[str, list[float | None]]:
         out = {q: [None if math.isnan(s) else s / self.weight for s in acc] for q, acc in self.sums.items()}

@@ -66,9 +66,8 @@ def draw_depth(ax, visits: list[Visit], lines: list[tuple[list[float], dict]], l
             ax.plot(*zip(*points), **{"marker": ".", "linewidth": 1.6, "markersize": 4, **style})
     if log and ax.lines:
         ax.set_yscale("log")
-    if ylim is not None and ax.lines:
-        lo, hi = ax.get_ylim()
-        ax.set_ylim(min(lo, ylim[0]), max(hi, ylim[1]))
+    if ax.lines:
+        _widen(ax, ylim)
     # A light line where each round (and the prelude's end, the coda) starts; labels r1, r2, … (a few
     # only), P and C for the prelude and the coda.
     starts = [i for i, v in enumerate(visits, start=1) if v.block == 1 and v.sublayer == "attn"]
@@ -80,12 +79,26 @@ def draw_depth(ax, visits: list[Visit], lines: list[tuple[list[float], dict]], l
     label = lambda v: f"r{v.round}" if v.looped else v.part[0].upper()  # noqa: E731
     ax.set_xticks(ticks, [label(visits[i - 1]) for i in ticks])
     ax.set_xlim(0.5, len(visits) + 0.5)
+    _finish_axes(ax, log, font)
+    return ax.get_ylim()
+
+
+def _widen(ax, ylim: tuple[float, float] | None) -> None:
+    """Extend the y-axis to also cover `ylim` (the earlier steps' union), when given."""
+    if ylim is not None:
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, ylim[0]), max(hi, ylim[1]))
+
+
+def _finish_axes(ax, log: bool, font: int, y_ticks: bool = True) -> None:
+    """The cards' common look: small ticks, a few short y labels (`_few_y_ticks`), a light y grid, no top or
+    right spine."""
     ax.tick_params(labelsize=font - 1, length=3, pad=2)
-    _few_y_ticks(ax, log)
+    if y_ticks:
+        _few_y_ticks(ax, log)
     ax.grid(True, which="major", axis="y", alpha=0.3)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    return ax.get_ylim()
 
 
 def _few_y_ticks(ax, log: bool) -> None:
@@ -193,9 +206,8 @@ def round_figure(quantity: str, values: list[float | None], train_rounds: int | 
         ax.set_yscale("log")
     if quantity == "sigma_max" and points:
         ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle=":")
-    if ylim is not None and points:
-        lo, hi = ax.get_ylim()
-        ax.set_ylim(min(lo, ylim[0]), max(hi, ylim[1]))
+    if points:
+        _widen(ax, ylim)
     n = len(values)
     if train_rounds and train_rounds < n:
         ax.axvline(train_rounds, color="0.5", linewidth=1.0, linestyle="--")
@@ -206,12 +218,7 @@ def round_figure(quantity: str, values: list[float | None], train_rounds: int | 
     ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
     ax.set_xlim(0.5, max(n, 1) + 0.5)
     ax.set_xlabel("round r", fontsize=FONT - 2, labelpad=1)
-    ax.tick_params(labelsize=FONT - 1, length=3, pad=2)
-    if points:
-        _few_y_ticks(ax, log)
-    ax.grid(True, which="major", axis="y", alpha=0.3)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    _finish_axes(ax, log, FONT, y_ticks=bool(points))
     ax.set_title(title, fontsize=FONT, pad=4)
     fig.subplots_adjust(left=0.2, right=0.97, bottom=0.2, top=0.88)
     fig.ylim = ax.get_ylim() if points else None
