@@ -57,9 +57,16 @@ def machine(device: str | None = None) -> dict:
     return info
 
 
+def error_line(prog: str, message: str) -> None:
+    """`<prog>: error: <message>` on stderr in one write: the ranks of a run share one stderr, and a line
+    written in pieces (print's text, then its newline) interleaves with another rank's."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.stderr.flush()
+
+
 def fail(prog: str, message: str) -> None:
     """`<prog>: error: <message>` on stderr, exit status 2."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    error_line(prog, message)
     sys.exit(2)
 
 

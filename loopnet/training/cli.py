@@ -31,13 +31,13 @@ from loopnet.data import TokenStreamDataModule
 from loopnet.data.preflight import check_hub
 from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
 from loopnet.diagnostics import DivergenceGuard
-from loopnet.env import one_line_errors
+from loopnet.env import error_line, one_line_errors
 from loopnet.files import atomic_write, check_run_folder, check_writable
 from loopnet.model import LoopConfig
 from loopnet.training import resume, trust
 from loopnet.training.console import guard_console
 from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
-from loopnet.training.errors import OneLineErrors, PeerLost, dead_ranks, peer_lost
+from loopnet.training.errors import OneLineErrors, PeerLost, Reported, dead_ranks, peer_lost
 from loopnet.training.module import LoopedLM
 from loopnet.training.precheck import LINKS, check_settings, normalize_argv, precheck
 from loopnet.training.run_folders import SaveConfigOnStart, check_fresh_version, evaluate_in_run_folder, run_name
@@ -80,8 +80,8 @@ def _summary_before_termination(terminate_all):
                 for callback in trainer.callbacks:
                     if isinstance(callback, DivergenceGuard) and trainer.lightning_module is not None:
                         callback.on_exception(trainer, trainer.lightning_module, lost)
-                print(f"loopnet: error: {lost}; every process of the run stops now; fix: see that rank's output "
-                      f"for why it ended, then run the same command with --ckpt_path last", file=sys.stderr, flush=True)
+                error_line("loopnet", f"{lost}; every process of the run stops now; fix: see that rank's output "
+                                      f"for why it ended, then run the same command with --ckpt_path last")
         except Exception as err:  # the termination goes on whatever happens here
             print(f"loopnet: could not write the run summary ({err!r})", file=sys.stderr, flush=True)
         # Lightning's termination, but rank 0 itself exits 1 (an error, as when a collective fails first)
@@ -311,15 +311,17 @@ def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI
             if settings is not None and cli_class is LoopnetCLI and argv[0] in READ_DATA:
                 check_hub(settings.data, argv)  # `loopnet` itself did before importing Lightning
             build(None if args is None else argv, cli_class)
+    except Reported:  # its line is out already (ResumeOnEveryRank)
+        sys.exit(2)
     except PeerLost as err:  # a DDP rank died: one line, not gloo's multi-line traceback
         if os.environ.get("LOOPNET_DEBUG"):
             raise
-        print(f"loopnet: error: {err}", file=sys.stderr)
+        error_line("loopnet", str(err))
         sys.exit(1)
     except OSError as err:  # disk full or over quota while writing a checkpoint or the run summary
         if err.errno not in (errno.ENOSPC, errno.EDQUOT) or os.environ.get("LOOPNET_DEBUG"):
             raise
-        print(f"loopnet: error: {err}", file=sys.stderr)
+        error_line("loopnet", str(err))
         sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C before training started (during training GracefulInterrupt handles it)
         print("loopnet: interrupted", file=sys.stderr)

@@ -3,6 +3,7 @@
     OneLineErrors   a jsonargparse parser's command-line or config error as one line on stderr (the
                     early checks' parser and LightningCLI's share it, so both say it alike)
     peer_lost       one line for a DDP collective that failed because a peer process ended
+    Reported        an error already printed (on every rank, before any rank exits)
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import difflib
 import os
 import re
 import signal
-import sys
 
+from loopnet.env import fail
 from loopnet.training.subcommands import SUBCOMMANDS
 
 
@@ -28,8 +29,7 @@ class OneLineErrors:
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LOOPNET_DEBUG"):
             super().error(message, ex)  # raises: jsonargparse's internal parsing relies on it
-        print(f"loopnet: error: {self.one_line(message, ex)}", file=sys.stderr)
-        sys.exit(2)
+        fail("loopnet", self.one_line(message, ex))
 
     def one_line(self, message: str, ex: Exception | None = None) -> str:
         """`<problem>; fix: <what to do>` for the parser's error `message`."""
@@ -70,6 +70,10 @@ class OneLineErrors:
 # How gloo and NCCL report a peer process that died in the middle of a collective.
 PEER_ERROR = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|NCCL communicator was "
                         r"aborted|DistNetworkError", re.IGNORECASE)
+
+
+class Reported(Exception):
+    """An error this process has already printed as its one line: the command only exits with status 2."""
 
 
 class PeerLost(RuntimeError):

@@ -15,6 +15,9 @@ import os
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from loopnet.env import error_line
+from loopnet.training.errors import Reported
+
 SHARED_FS = ("every node must see the same run folder; fix: put --trainer.logger.init_args.save_dir (and "
              "--checkpoint.dirpath, if given) on a filesystem that all nodes mount (a shared filesystem), "
              "e.g. /shared/runs")
@@ -43,6 +46,13 @@ class ResumeOnEveryRank(Callback):
         found = [rank for rank, flag in enumerate(flags.flatten().tolist()) if flag]
         if found and len(found) < trainer.world_size:
             missing = [rank for rank in range(trainer.world_size) if rank not in found]
-            raise ValueError(
+            message = (
                 f"--ckpt_path last: rank(s) {found} found a checkpoint to resume from and rank(s) {missing} did not "
                 f"(rank {trainer.global_rank} looked in {self.where}: {self.found or 'none'}): {SHARED_FS}")
+            if os.environ.get("LOOPNET_DEBUG"):
+                raise ValueError(message)
+            # Written here, then a barrier: the first rank to exit has torchrun stop the others, which could
+            # cut a rank still in Lightning's teardown off before its line.
+            error_line("loopnet", f"{message} (set LOOPNET_DEBUG=1 for the traceback)")
+            trainer.strategy.barrier("resume_on_every_rank")
+            raise Reported(message)

@@ -32,3 +32,30 @@ def test_checking_a_command_ignores_the_callers_own_arguments(monkeypatch, recwa
     assert check_command(["fit", *SHORT]) is None
     assert sys.argv == ["loopnet", "sweep", "grid.yaml"]
     assert not [w for w in recwarn if "args parameter" in str(w.message)]
+
+
+def test_an_error_line_is_one_write_so_ranks_sharing_stderr_do_not_interleave(monkeypatch):
+    """Two ranks wrote `print(line)` to one pipe at once: the text, then the newline, in separate writes,
+    so the two lines came out as one (`...traceback)loopnet: error: ...`). A write of at most PIPE_BUF
+    bytes to a pipe is atomic: the whole line goes in one."""
+    import io
+    import sys
+
+    from loopnet.env import error_line, fail
+
+    class Recorder(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+            return super().write(text)
+
+    for call in (lambda: error_line("loopnet", "a problem; fix: this"), lambda: fail("loopnet", "a problem; fix: this")):
+        monkeypatch.setattr(sys, "stderr", Recorder())
+        try:
+            call()
+        except SystemExit as stop:
+            assert stop.code == 2
+        assert sys.stderr.writes == ["loopnet: error: a problem; fix: this\n"]
