@@ -92,8 +92,9 @@ map-smoke: $(STAMP)
 # The rival rule and the width study (docs/results/rival/README.md), each resumable (finished cells are skipped).
 # rival: Pre-LN x branch_scale (one, sqrt_depth, wang) x R x lr x 3 seeds (243 fits), then each arm's best rate on
 # fresh seeds (27 fits + 1 DeepLoop, chosen by loopnet.study.followup), and the reports: ~1.5 h (docs/studies.md).
-# width: at d = 64 and 256, a one-seed pilot (28 fits) and the boundary runs chosen from it (72 fits, 12 of them
-# the pilot's own) into the same folder, and the report: ~2.2-2.9 h, nearly all of it d = 256.
+# width: at d = 64 and 256, a one-seed pilot (28 fits), the boundary runs chosen from it (~60 fits, into a folder
+# of their own), a report of each, then the readings: ~2.2-2.9 h, nearly all of it d = 256. A stage whose report
+# (or boundary sweep file) is committed is skipped, so the study can be run a stage at a time.
 RIVAL := docs/results/rival
 rival: $(STAMP)
 	$(LN) sweep configs/sweeps/rival/grid.yaml --jobs 2
@@ -105,13 +106,17 @@ rival: $(STAMP)
 
 width: $(STAMP)
 	for d in 64 256; do \
-	  $(LN) sweep configs/sweeps/width/d$${d}_pilot.yaml --jobs 2 && \
-	  $(PY) -m loopnet.study.followup width runs/sweeps/width_d$$d --out configs/sweeps/width/d$${d}_boundary.yaml && \
-	  $(LN) sweep configs/sweeps/width/d$${d}_boundary.yaml --jobs 2 && \
-	  $(LN) report runs/sweeps/width_d$$d --out $(RIVAL)/width_d$$d --title "Width d = $$d: the boundary of DeepNorm and DeepLoop at R = 2 and 12" \
+	  { test -f $(RIVAL)/width_d$$d/pilot/cells.csv || \
+	    { $(LN) sweep configs/sweeps/width/d$${d}_pilot.yaml --jobs 2 && \
+	      $(LN) report runs/sweeps/width_d$$d --out $(RIVAL)/width_d$$d/pilot --title "Width d = $$d, the pilot: DeepNorm and DeepLoop at R = 2 and 12, one seed"; }; } && \
+	  { test -f configs/sweeps/width/d$${d}_boundary.yaml || \
+	    $(PY) -m loopnet.study.followup width runs/sweeps/width_d$$d --out configs/sweeps/width/d$${d}_boundary.yaml; } && \
+	  { test -f $(RIVAL)/width_d$$d/boundary/cells.csv || \
+	    { $(LN) sweep configs/sweeps/width/d$${d}_boundary.yaml --jobs 2 && \
+	      $(LN) report runs/sweeps/width_d$${d}_boundary --out $(RIVAL)/width_d$$d/boundary --title "Width d = $$d, the boundary: six rates at x sqrt(2) around the pilot's, 3 seeds"; }; } \
 	  || exit 1; done
-	$(PY) -m loopnet.study.report.width 64=$(RIVAL)/width_d64 128=$(MAP)/grid,$(MAP)/boundary 256=$(RIVAL)/width_d256 \
-	  --out docs/results/width/readings.md
+	$(PY) -m loopnet.study.report.width 64=$(RIVAL)/width_d64/pilot,$(RIVAL)/width_d64/boundary \
+	  128=$(MAP)/grid,$(MAP)/boundary 256=$(RIVAL)/width_d256/pilot,$(RIVAL)/width_d256/boundary --out docs/results/width/readings.md
 
 # The rival pipeline end to end on 20-step fits (a few minutes): sweep -> report -> the confirmation's sweep file,
 # all under runs/sweeps/rival_smoke (not results).

@@ -30,9 +30,9 @@ rival-confirm  per Pre-LN arm (`model.config.branch_scale`) and R, the best rate
            R, at the map's confirmed best rate (configs/sweeps/map/confirm.yaml), on the seeds of 4, 5, 6 that
            the map's confirmation lacks, so that the secondary reading pairs three seeds.
 width      per (scheme, R) of a width's one-seed pilot: η_p = the largest rate where every seed trains (as
-           `boundary`), and six rates η_p·2^(k/2), k = −2 … 3, × seeds 1, 2, 3. The file repeats the pilot's
-           grid and folder, so the pilot's cells are in its manifest and report; a boundary cell equal to a
-           pilot cell (seed 1 at η_p/2, η_p, 2·η_p) is the same cell and runs once.
+           `boundary`), and six rates η_p·2^(k/2), k = −2 … 3, × seeds 1, 2, 3, less the pilot's own cells
+           (seed 1 at η_p/2, η_p, 2·η_p where on its grid), into `<pilot folder>_boundary` as the map's
+           boundary beside its grid; the width readings merge the two reports.
 
 Each writes a sweep file (the rule, the numbers it was read from, the cells) for `loopnet sweep`.
 """
@@ -213,6 +213,7 @@ WIDTH_SEEDS = [1, 2, 3]
 
 
 def width(runs, plateau: float, folder: Path) -> tuple[dict, list[str]]:
+    """The boundary runs of one width beside its pilot (the module's docstring: `width`)."""
     try:
         pilot = json.loads((folder / "sweep.json").read_text())["spec"]
     except (FileNotFoundError, KeyError, json.JSONDecodeError):
@@ -223,13 +224,18 @@ def width(runs, plateau: float, folder: Path) -> tuple[dict, list[str]]:
         raise ValueError(f"no finished {' or '.join(SCHEMES)} run in {folder}; fix: run the width pilot first")
     for scheme, rounds in found:
         eta, note = largest_trained(trained_fraction(runs, scheme, rounds, plateau))
-        include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds],
-                        LR_KEY: [_rate(eta * 2 ** (k / 2)) for k in WIDTH_STEPS], "seed_everything": WIDTH_SEEDS})
-        notes.append(f"{scheme} at R = {rounds}: {note}")
+        rates = [_rate(eta * 2 ** (k / 2)) for k in WIDTH_STEPS]
+        ran = {(float(r.lr), r.seed) for r in runs if (r.scheme, r.rounds) == (scheme, rounds) and r.lr is not None}
+        for seed in WIDTH_SEEDS:
+            todo = [lr for lr in rates if not any(math.isclose(lr, done, rel_tol=1e-9) and s == seed for done, s in ran)]
+            if todo:
+                include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds],
+                                LR_KEY: todo, "seed_everything": [seed]})
+        notes.append(f"{scheme} at R = {rounds}: {note}; rates {', '.join(f'{lr:g}' for lr in rates)}")
     spec = {"description": f"The width study's boundary runs beside the pilot (loopnet.study.followup width): "
                            f"{pilot.get('description', '')}".strip(),
-            **{k: pilot[k] for k in ("base", "overrides", "grid") if k in pilot},
-            "include": include, "out": pilot["out"]}
+            **{k: pilot[k] for k in ("base", "overrides") if k in pilot},
+            "include": include, "out": f"{pilot['out'].rstrip('/')}_boundary"}
     return spec, notes
 
 

@@ -172,12 +172,18 @@ def test_width_boundary_is_six_rates_around_the_pilots_edge_beside_the_pilot(tmp
     followup.main(["width", str(tmp_path / "width_d64"), "--plateau", str(PLATEAU), "--out", str(out)])
     boundary = load_sweep(out)
     cells = expand(boundary)
-    assert boundary.out == pilot.out and boundary.overrides == pilot.overrides and boundary.base == pilot.base
-    assert {c.id for c in expand(pilot)} <= {c.id for c in cells}  # the pilot's cells, by the same names
+    assert str(boundary.out) == f"{pilot.out}_boundary" and boundary.overrides == pilot.overrides and boundary.base == pilot.base
+    assert not {c.id for c in expand(pilot)} & {c.id for c in cells}  # the pilot's cells are not run again
+    both = [c.params for c in [*expand(pilot), *cells]]
     for (scheme, r), edge in PILOT_EDGE.items():
-        mine = [c for c in cells if (c.params["model.config.residual"], c.params["model.config.n_rounds"]) == (scheme, r)]
-        rates = {c.params["model.optim.lr"] for c in mine if c.params["seed_everything"] in (2, 3)}
-        assert sorted(rates) == pytest.approx([edge * 2 ** (k / 2) for k in range(-2, 4)], rel=5e-3)  # 3 digits
-    # 28 pilot cells + per (scheme, R) 6 rates × 3 seeds, less seed 1 at the pilot's rates among them: η_p/2, η_p
-    # and 2·η_p on the grid (3 each), except DeepLoop at R = 12, whose 2·η_p = 6.4e-2 is above it (2)
-    assert len(cells) == 28 + 3 * 15 + 16
+        rates = [edge * 2 ** (k / 2) for k in range(-2, 4)]
+        for seed in (1, 2, 3):
+            mine = sorted(p["model.optim.lr"] for p in both if (p["model.config.residual"], p["model.config.n_rounds"],
+                                                                 p["seed_everything"]) == (scheme, r, seed))
+            if seed == 1:  # the pilot's grid and the boundary rates off it
+                assert all(any(lr == pytest.approx(x, rel=5e-3) for lr in mine) for x in rates)
+            else:
+                assert mine == pytest.approx(rates, rel=5e-3)  # 3 digits
+    # per (scheme, R) 6 rates × 3 seeds, less seed 1 at the pilot's rates among them: η_p/2, η_p and 2·η_p on
+    # the grid (3 each), except DeepLoop at R = 12, whose 2·η_p = 6.4e-2 is above it (2)
+    assert len(cells) == 3 * 15 + 16
