@@ -1,6 +1,6 @@
 """Generation speed with and without the KV cache across rounds, as a ratio measured in one run.
 
-    loopnet bench generation [--reps 5] [--prompt 8] [--new 112] [--out generation.md] [--json g.json]
+    loopnet bench generation [--reps 5] [--prompt 8] [--new 112] [--no-compile] [--out generation.md] [--json g.json]
     loopnet bench generation --d_model 512 --seq_len 512 --new 504     # how the ratio grows with size
 
 The model is `configs/cpu.yaml`'s size over `configs/base.yaml` (d 128, 4 heads, 128 positions, K = 2,
@@ -9,9 +9,11 @@ weights without an exit criterion). One prompt of `--prompt` random tokens conti
 `--new` tokens, within the 128 positions: `generate(cache=False)` (the whole context through the model
 for every token, the LM head at its last position only, as nanoGPT's generate) and `generate(cache=True)`
 (one position per token through every round, its keys and values cached) take turns, `reps` times in
-alternating order; the ratio is the median of the paired time ratios, so that a shared machine's load
-cancels. Both must give the same
-tokens (the run says whether they did).
+rotating order, with `generate(cache=True, compile=True)` (each token's step one `torch.compile` graph
+over a static cache) as a third unless `--no-compile`; its compile (the first call, untimed in the rows)
+is reported on its own. Each ratio is the median of the paired time ratios against the recompute of the
+same repetition, so that a shared machine's load cancels. Every path must give the same tokens (the run
+says whether they did).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def cpu_config() -> dict:
 
 
 def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None = None,
-        seq_len: int | None = None) -> dict:
+        seq_len: int | None = None, compiled: bool = True) -> dict:
     from loopnet.env import machine
     from loopnet.model import LoopConfig, LoopedTransformer
 
@@ -58,18 +60,26 @@ def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None
     torch.manual_seed(seed)
     model = LoopedTransformer(config).eval()
     prompt = torch.randint(0, 50257, (1, prompt_len)).tolist()
-    tokens, times = {}, {True: [], False: []}
-    model.generate(prompt, 4, cache=True)  # warm-up of both paths
-    model.generate(prompt, 4, cache=False)
+    modes = {"recompute": {"cache": False}, "cache": {"cache": True}}
+    compile_s = None
+    if compiled:
+        modes["compiled"] = {"cache": True, "compile": True}
+        t = time.perf_counter()
+        model.generate(prompt, 4, cache=True, compile=True)  # the compile, timed on its own
+        compile_s = time.perf_counter() - t
+    for kwargs in modes.values():  # warm-up of every path
+        model.generate(prompt, 4, **kwargs)
+    tokens, times = {}, {mode: [] for mode in modes}
+    names = list(modes)
     for rep in range(reps):
-        for cache in ((False, True) if rep % 2 == 0 else (True, False)):
+        for mode in names[rep % len(names):] + names[: rep % len(names)]:  # rotating order
             t = time.perf_counter()
-            out = model.generate(prompt, new, cache=cache)
-            times[cache].append(time.perf_counter() - t)
-            tokens.setdefault(cache, out.tokens)
-            print(f"[bench generation] rep {rep + 1}/{reps} cache={cache}: {new / times[cache][-1]:8.1f} tokens/s",
+            out = model.generate(prompt, new, **modes[mode])
+            times[mode].append(time.perf_counter() - t)
+            tokens.setdefault(mode, out.tokens)
+            print(f"[bench generation] rep {rep + 1}/{reps} {mode}: {new / times[mode][-1]:8.1f} tokens/s",
                   file=sys.stderr, flush=True)
-    ratios = [a / b for a, b in zip(times[False], times[True])]
+    ratios = {mode: [a / b for a, b in zip(times["recompute"], times[mode])] for mode in modes}
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=CONFIGS.parent, check=True).stdout.strip()
@@ -79,10 +89,14 @@ def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None
         "model": {k: getattr(config, k) for k in ("vocab_size", "seq_len", "d_model", "n_heads", "n_blocks",
                                                    "n_rounds", "residual", "wiring", "positions")},
         "prompt_tokens": prompt_len, "new_tokens": new, "reps": reps,
-        "recompute_tokens_per_s": new / statistics.median(times[False]),
-        "cache_tokens_per_s": new / statistics.median(times[True]),
-        "ratio": statistics.median(ratios), "ratios": ratios, "target": TARGET,
-        "same_tokens": tokens[True] == tokens[False],
+        "recompute_tokens_per_s": new / statistics.median(times["recompute"]),
+        "cache_tokens_per_s": new / statistics.median(times["cache"]),
+        "ratio": statistics.median(ratios["cache"]), "ratios": ratios["cache"], "target": TARGET,
+        "same_tokens": tokens["cache"] == tokens["recompute"],
+        **({"compiled_tokens_per_s": new / statistics.median(times["compiled"]),
+            "compiled_ratio": statistics.median(ratios["compiled"]), "compiled_ratios": ratios["compiled"],
+            "compile_s": compile_s, "compiled_same_tokens": tokens["compiled"] == tokens["recompute"]}
+           if compiled else {}),
         "machine": machine("cpu"), "load_at_start": load_at_start, "load_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
@@ -90,15 +104,24 @@ def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None
 
 def markdown(res: dict, command: str) -> str:
     m = res["machine"]
-    met = "met" if res["ratio"] >= res["target"] else "NOT met"
+
+    def met(ratio: float) -> str:
+        return f"≥ {res['target']:g}× ({'met' if ratio >= res['target'] else 'NOT met'})"
+
+    rows = ["| row | tokens/s | ratio | target |", "|---|---|---|---|",
+            f"| generate, recompute (cache: false) | {res['recompute_tokens_per_s']:.1f} | 1.00 | baseline |",
+            f"| generate, KV cache across rounds | {res['cache_tokens_per_s']:.1f} | {res['ratio']:.2f} | {met(res['ratio'])} |"]
+    same = f"same greedy tokens: {res['same_tokens']}"
+    if "compiled_ratio" in res:
+        rows.append(f"| generate, KV cache, compiled step (compile: true) | {res['compiled_tokens_per_s']:.1f} | "
+                    f"{res['compiled_ratio']:.2f} | {met(res['compiled_ratio'])} |")
+        same += (f" (cache), {res['compiled_same_tokens']} (compiled). Compiled: paired ratios "
+                 f"{', '.join(f'{r:.2f}' for r in res['compiled_ratios'])}; its compile (first call, not in the "
+                 f"row) took {res['compile_s']:.1f} s")
     return "\n".join([
-        "| row | tokens/s | ratio | target |",
-        "|---|---|---|---|",
-        f"| generate, recompute (cache: false) | {res['recompute_tokens_per_s']:.1f} | 1.00 | baseline |",
-        f"| generate, KV cache across rounds | {res['cache_tokens_per_s']:.1f} | {res['ratio']:.2f} | "
-        f"≥ {res['target']:g}× ({met}) |",
+        *rows,
         "",
-        f"Paired ratios: {', '.join(f'{r:.2f}' for r in res['ratios'])}; same greedy tokens: {res['same_tokens']}.",
+        f"Paired ratios (cache): {', '.join(f'{r:.2f}' for r in res['ratios'])}; {same}.",
         f"Model: {res['model']}; prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new, batch 1, fp32.",
         f"Command: `{command}`; commit {res['commit']}; {res['date']}; {m.get('cpu')} ({m.get('cpus')} CPUs, "
         f"{m.get('torch_threads')} torch threads), torch {m.get('torch')}; load average {res['load_at_start']} "
@@ -115,12 +138,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--new", type=int, default=112, help="tokens to generate (default 112)")
     p.add_argument("--d_model", type=int, help="another width (heads of 32), to see how the ratio grows with it")
     p.add_argument("--seq_len", type=int, help="another context length (prompt + new tokens must fit in it)")
+    p.add_argument("--no-compile", dest="compiled", action="store_false",
+                   help="leave out the compiled step's row (its compile takes tens of seconds)")
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.reps < 1 or args.prompt < 1 or args.new < 1:
         p.error("--reps, --prompt and --new must be >= 1")
-    res = run(args.reps, args.prompt, args.new, d_model=args.d_model, seq_len=args.seq_len)
+    res = run(args.reps, args.prompt, args.new, d_model=args.d_model, seq_len=args.seq_len, compiled=args.compiled)
     text = markdown(res, " ".join(["loopnet bench generation", *(argv or [])]))
     print(text)
     if args.out:

@@ -7,6 +7,11 @@ of the core, and once per prelude or coda block where the model has them. The ke
 e.g. ("core", r, k). Each sequence of the batch has its own length: the next call writes its
 positions `positions[b]` (a [B, T] tensor) and attends to the cached positions up to them.
 
+Static (`static=True`, for a compiled decode step): every call writes by scatter and attends over the
+whole capacity under a mask of the positions not yet reached, so that each call has the same shapes and
+one compiled graph serves every token (the default slices up to the newest position: less work eagerly,
+a new shape every token).
+
 Exited tokens (adaptive exit): a token that stops after round e supplies, for every later round
 r > e, the keys and values of its round e (`fill_later_rounds`), so that later tokens reading round
 r find a dense row. Huginn's cache instead stores what ran and resolves a missing entry when it is
@@ -22,8 +27,9 @@ import torch.nn.functional as F
 class KVCache:
     """Keys and values [B, H, capacity, d_h] per attention visit, allocated at the first write."""
 
-    def __init__(self, batch: int, capacity: int, device: torch.device | str):
-        self.capacity = capacity
+    def __init__(self, batch: int, capacity: int, device: torch.device | str, static: bool = False):
+        self.capacity, self.static = capacity, static
+        self.span = torch.arange(capacity, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # filled positions per sequence
         self.positions: torch.Tensor | None = None  # [B, T] positions of the current call
         self.store: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -60,6 +66,12 @@ class KVCache:
         of the queries q over every cached position up to each query's own."""
         K, V = self._slot(key, k)
         pos = self.positions
+        if self.static:  # fixed shapes: unfilled positions (zeros) lie past every query's own and are masked
+            index = pos[:, None, :, None].expand(-1, K.size(1), -1, K.size(3))
+            K.scatter_(2, index, k)
+            V.scatter_(2, index, v)
+            mask = self.span[None, None, :] <= pos[:, :, None]  # [B, T, capacity]
+            return F.scaled_dot_product_attention(q, K, V, attn_mask=mask[:, None])
         if self.shared is not None:
             p = self.shared
             K[:, :, p], V[:, :, p] = k[:, :, 0], v[:, :, 0]

@@ -376,7 +376,7 @@ class LoopedTransformer(nn.Module):
                  n_vocab: int | None = None, window: int | None = None,
                  stop: Callable[[int, list[int]], bool] | None = None, cache: bool = True,
                  exit: str = "none", exit_threshold: float | None = None,
-                 max_rounds: int | None = None) -> Generation:
+                 max_rounds: int | None = None, compile: bool = False) -> Generation:
         """Continue each prompt (token ids; a [B, T] tensor is B prompts) by up to `max_new_tokens` tokens
         at R' = `rounds`, with `sample_next(temperature, top_k)` over the first `n_vocab` ids (default all).
 
@@ -401,12 +401,22 @@ class LoopedTransformer(nn.Module):
         in for the rounds it skipped (`KVCache.fill_later_rounds`), and the coda reads its round-r state.
         The prompt's (or a rebuilt context's) tokens but the last run every round. Without the cache the
         window runs every round at every position and the criterion picks the round of the last position
-        only. `Generation.rounds` holds the rounds each token used."""
+        only. `Generation.rounds` holds the rounds each token used.
+
+        `compile` (with the cache, without an exit criterion): each new token's step, every round and the
+        head, runs as one `torch.compile` graph over a static cache (`KVCache(static=True)`: fixed shapes,
+        attention over the whole window under a mask). It pays a compile (seconds to tens of seconds, once
+        per model, batch size and R') for a faster token: worth it for long generations. The tokens equal
+        the eager cache's up to float rounding (the masked attention sums in another order)."""
         cfg = self.config
         W = cfg.seq_len if window is None else window
         if not 1 <= W <= cfg.seq_len:
             raise ValueError(f"window must be in [1, seq_len={cfg.seq_len}], got {W}; fix: give a shorter window")
         check_exit(exit, exit_threshold)
+        if compile and not (cache and exit == "none"):
+            raise ValueError("model.generate.compile needs the cache and no exit criterion (a token's rounds must not "
+                             "depend on its values); fix: set model.generate.cache: true and model.generate.exit: none, "
+                             "or compile: false")
         R = (rounds or cfg.n_rounds) if exit == "none" or max_rounds is None else max_rounds
         if R < 1:
             raise ValueError(f"rounds must be >= 1, got {R}; fix: give a round count R' >= 1")
@@ -419,6 +429,8 @@ class LoopedTransformer(nn.Module):
         used: list[list[int]] = [[] for _ in sequences]
         active = list(range(len(sequences)))
         kv: KVCache | None = None
+        static = compile and cache and exit == "none"
+        step = torch.compile(self._next_logits, dynamic=False) if static else self._next_logits
         # The head's weight W [V, d] as a row-major [d, V] copy, once per call: a token's logits h·Wᵀ are then a
         # vector times a row-major matrix, which CPU BLAS runs 2-3× faster than F.linear's dot product per row
         # of W (V 50304, d 128: 0.6 against 1.2-2.2 ms a token), and the head is the bulk of a cached token.
@@ -430,7 +442,7 @@ class LoopedTransformer(nn.Module):
                 # A new cache over each window but its last token (right-padded), run through every round;
                 # the last token then goes as every new token does, one position through the rounds.
                 windows = [sequences[i][-W:] for i in active]
-                kv = KVCache(len(active), W, device)
+                kv = KVCache(len(active), W, device, static=static)
                 width = max(map(len, windows)) - 1
                 if width:
                     prefix = torch.zeros(len(windows), width, dtype=torch.long)
@@ -453,7 +465,10 @@ class LoopedTransformer(nn.Module):
                     inputs[row, : len(w)] = torch.tensor(w)
                 inputs, positions = inputs.to(device), None
                 last = torch.tensor([len(w) - 1 for w in windows], device=device)
-            logits, exit_round = self._next_logits(inputs, positions, last, kv, R, exit, exit_threshold, head_t)
+            # The compiled step once the cache holds every visit's slot (a one-token prompt fills them in its
+            # first step, eagerly); dynamo would not trace their allocation.
+            run = step if kv is not None and kv.store else self._next_logits
+            logits, exit_round = run(inputs, positions, last, kv, R, exit, exit_threshold, head_t)
             if kv is not None:
                 kv.end(positions[:, 0])
                 if exit != "none":

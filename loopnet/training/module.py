@@ -289,7 +289,8 @@ class LoopedLM(L.LightningModule):
         prompt = batch[0].tolist()
         out = self.model.generate([prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
                                   top_k=g.top_k, n_vocab=vocab.size, cache=g.cache,
-                                  exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds)
+                                  exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds,
+                                  compile=g.compile)
         new, self.generated_rounds = out.tokens[0], out.rounds[0]
         rank_zero_info(f"loopnet: {len(new)} tokens generated, {out.mean_rounds():.2f} rounds per token "
                        f"(exit: {g.exit}; rounds per token {self.generated_rounds})")

@@ -93,6 +93,8 @@ class GenerateConfig:
         exit_threshold: The criterion's threshold (None: Huginn's default, kl 1e-3, latent 0.03,
             entropy 1e-3, argmax 5).
         max_rounds: Most rounds a token runs with an exit criterion (None: `rounds`, or the training R).
+        compile: With the cache and no exit criterion, run each token's step as one `torch.compile` graph:
+            a compile of seconds to tens of seconds for a faster token (docs/inference.md).
     """
 
     prompt: str = "ROMEO:"
@@ -104,6 +106,7 @@ class GenerateConfig:
     exit: str = "none"
     exit_threshold: Optional[float] = None
     max_rounds: Optional[int] = None
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for ok, what, fix in (
@@ -121,6 +124,9 @@ class GenerateConfig:
              "give e.g. 1e-3 for kl, or null for the criterion's default"),
             (self.max_rounds is None or self.max_rounds >= 1, f"model.generate.max_rounds={self.max_rounds} must be >= 1",
              "give the most rounds a token may run, or null for `rounds`"),
+            (not self.compile or (self.cache and self.exit == "none"),
+             "model.generate.compile needs the cache and no exit criterion (a token's rounds must not depend on its values)",
+             "set model.generate.cache: true and model.generate.exit: none, or compile: false"),
         ):
             if not ok:
                 raise ValueError(f"{what}; fix: {fix}")

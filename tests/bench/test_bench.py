@@ -180,9 +180,9 @@ def test_step_memory_and_trainers_follow_the_precision(monkeypatch):
     assert seen == ["bf16-mixed", "32-true"]
 
 
-def test_generation_bench_measures_both_paths_on_the_same_tokens(tmp_path):
-    """`loopnet bench generation` at a small size: both paths run, give the same greedy tokens, and the table
-    and JSON carry what was measured (tokens/s of each, the paired ratios and their median)."""
+def test_generation_bench_measures_every_path_on_the_same_tokens(tmp_path):
+    """`loopnet bench generation` at a small size: the three paths run, give the same greedy tokens, and the
+    table and JSON carry what was measured (tokens/s of each, the paired ratios and their median, the compile)."""
     import json
 
     from loopnet.bench import generation
@@ -195,4 +195,10 @@ def test_generation_bench_measures_both_paths_on_the_same_tokens(tmp_path):
     assert res["model"]["d_model"] == 64 and res["model"]["n_heads"] == 2 and res["model"]["seq_len"] == 16
     assert res["ratio"] == pytest.approx(sum(res["ratios"]) / 2)  # the median of two
     assert res["cache_tokens_per_s"] > 0 and res["recompute_tokens_per_s"] > 0
-    assert "| generate, KV cache across rounds |" in out.read_text()
+    assert res["compiled_same_tokens"] is True and len(res["compiled_ratios"]) == 2 and res["compile_s"] > 0
+    assert res["compiled_ratio"] == pytest.approx(sum(res["compiled_ratios"]) / 2)
+    table = out.read_text()
+    assert "| generate, KV cache across rounds |" in table and "| generate, KV cache, compiled step" in table
+    generation.main(["--reps", "1", "--prompt", "4", "--new", "2", "--d_model", "64", "--seq_len", "16",
+                     "--no-compile", "--json", str(js)])
+    assert "compiled_ratio" not in json.loads(js.read_text())

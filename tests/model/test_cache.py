@@ -42,19 +42,21 @@ def recompute(model, prompt, max_new, rounds, window):
     return new
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["sliced", "static"])
 @pytest.mark.parametrize("positions", ["learned", "rope"])
 @pytest.mark.parametrize("wiring", list(WIRINGS))
 @pytest.mark.parametrize("rounds", [None, 5])  # R' = R = 3 and R' = 5
 @torch.no_grad()
-def test_cached_logits_equal_the_full_forward_at_every_position(wiring, positions, rounds):
+def test_cached_logits_equal_the_full_forward_at_every_position(wiring, positions, rounds, static):
     """Prefill 5 tokens, then feed the others one at a time through the cache: each position's logits
     equal those of one forward over the whole sequence. Both sum the same fp32 products, in another
-    order: the difference is rounding, far below 1e-4 at d = 32 and logits of order 1."""
+    order: the difference is rounding, far below 1e-4 at d = 32 and logits of order 1. The static cache
+    (a compiled step's) attends over all 16 positions under a mask: the masked ones add exact zeros."""
     model = make(wiring, positions)
     idx = torch.randint(0, 97, (2, 14), generator=torch.Generator().manual_seed(1))
     R = rounds or model.config.n_rounds
     full, _ = model(idx, rounds=rounds)
-    kv = KVCache(2, 16, "cpu")
+    kv = KVCache(2, 16, "cpu", static=static)
     P = 5
     positions_ = torch.arange(P).expand(2, P)
     kv.begin(positions_)
@@ -98,6 +100,20 @@ def test_past_the_window_the_context_is_cropped_and_the_cache_rebuilt(positions)
     assert got == [recompute(model, p, 9, None, window) for p in prompts]
     with pytest.raises(ValueError, match="window must be in"):
         model.generate(prompts, 1, window=17)
+
+
+def test_a_compiled_step_gives_the_tokens_of_the_eager_cache_and_the_recompute():
+    """`compile=True`: ragged prompts (one of one token, whose first step runs eagerly and fills the cache's
+    slots), a window that one prompt outgrows (the cache rebuilt), untied prelude and coda, qk-norm, RoPE:
+    the greedy tokens of the eager cache and the recompute. One compile (batch 2, R' = R), no recompile."""
+    model = make("prelude_coda_flt", "rope")
+    prompts, window = [[3, 1, 4, 1, 5, 9, 2], [6]], 8
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = model.generate(prompts, 9, window=window, compile=True)
+    assert got.tokens == model.generate(prompts, 9, window=window).tokens
+    assert got.tokens == [recompute(model, p, 9, None, window) for p in prompts]
+    assert got.rounds == [[model.config.n_rounds] * 9] * 2
 
 
 def test_fill_later_rounds_copies_the_exit_rounds_keys_and_values():

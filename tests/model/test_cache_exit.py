@@ -55,6 +55,13 @@ def test_bad_exit_settings_are_refused(model):
         model.generate([[1]], 1, exit="cosine")
     with pytest.raises(ValueError, match="exit_threshold=-1 must be >= 0"):
         model.generate([[1]], 1, exit="kl", exit_threshold=-1)
+    for kwargs in ({"exit": "kl"}, {"cache": False}):  # a compiled step needs fixed work per token
+        with pytest.raises(ValueError, match="compile needs the cache and no exit criterion"):
+            model.generate([[1]], 1, compile=True, **kwargs)
+    from loopnet.training.options import GenerateConfig  # the config says so before Lightning's import
+
+    with pytest.raises(ValueError, match="compile needs the cache and no exit criterion"):
+        GenerateConfig(compile=True, exit="argmax")
 
 
 def test_criteria_follow_their_formulas():
