@@ -59,3 +59,21 @@ def test_an_error_line_is_one_write_so_ranks_sharing_stderr_do_not_interleave(mo
         except SystemExit as stop:
             assert stop.code == 2
         assert sys.stderr.writes == ["loopnet: error: a problem; fix: this\n"]
+
+
+def test_a_trainer_command_flushes_subnormal_floats_before_it_builds_the_trainer(monkeypatch):
+    """A collapsed loop's vanishing gradients crossed the subnormal range, where x86 is ~10-100x slower
+    (steps of 0.5 s became 8-11 s at d = 256, R = 12). `main` turns flush-to-zero on before the Trainer exists:
+    1e-39 (subnormal: below float32's smallest normal, 1.18e-38) times 1 is then 0."""
+    import torch
+
+    from loopnet.training import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "build", lambda *a, **k: seen.append((torch.tensor([1e-39]) * 1.0).item()))
+    assert (torch.tensor([1e-39]) * 1.0).item() > 0  # off in the test process
+    try:
+        cli.main(["fit", "--trainer.max_steps", "1"], prechecked=True)
+    finally:
+        torch.set_flush_denormal(False)
+    assert seen == [0.0]

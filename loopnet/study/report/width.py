@@ -1,11 +1,11 @@
 """The width study's reading (docs/results/rival/README.md, section 2), by the rule stated there before the run:
 
-    python -m loopnet.study.report.width 64=docs/results/rival/width_d64 \\
-        128=docs/results/map/grid,docs/results/map/boundary 256=docs/results/rival/width_d256 \\
-        --out docs/results/width/readings.md
+    python -m loopnet.study.report.width 64=docs/results/rival/width_d64/pilot,docs/results/rival/width_d64/boundary \\
+        128=docs/results/map/grid,docs/results/map/boundary \\
+        256=docs/results/rival/width_d256/pilot,docs/results/rival/width_d256/boundary --out docs/results/width/readings.md
 
 Each D=FOLDER[,FOLDER...] gives a width's cells: report folders (cells.csv) or sweep run folders
-(runs/sweeps/width_d64); d = 128 is the map's grid and boundary. Per width, one Firth common-slope logistic
+(runs/sweeps/width_d64, runs/sweeps/width_d64_boundary); d = 128 is the map's grid and boundary. Per width, one Firth common-slope logistic
 fit of "trains" on log10 lr, one intercept per (scheme, R) for DeepNorm and DeepLoop at R = 2 and 12
 (`boundary.fit`), gives with profile-likelihood 95% intervals:
 - the ratio of 50% rates η50(DeepLoop) / η50(DeepNorm) at R = 2 and at R = 12;
@@ -188,7 +188,8 @@ def plot_boundary(fits: dict, path: Path) -> None:
 def parse_width(text: str) -> tuple[int, list[str]]:
     d, sep, folders = text.partition("=")
     if not sep or not d.isdigit() or not folders:
-        raise ValueError(f"{text!r} is not D=FOLDER[,FOLDER...]; fix: e.g. 64=docs/results/rival/width_d64")
+        raise ValueError(f"{text!r} is not D=FOLDER[,FOLDER...]; fix: e.g. "
+                         "64=docs/results/rival/width_d64/pilot,docs/results/rival/width_d64/boundary")
     return int(d), folders.split(",")
 
 
