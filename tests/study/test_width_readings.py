@@ -101,3 +101,17 @@ def test_bad_width_argument_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         width.main(["64", "--out", str(tmp_path / "x.md")])
     assert "D=FOLDER" in capsys.readouterr().err
+
+
+def test_the_committed_readings_are_what_the_code_computes_from_the_committed_cells(tmp_path, capsys):
+    """docs/results/width/readings.md, recomputed from the committed reports with `make width`'s arguments
+    (2,000 bootstrap draws, seeded): the same text, figure for figure."""
+    results = MAP.parent
+    args = [f"64={results}/rival/width_d64/pilot,{results}/rival/width_d64/boundary",
+            f"128={results}/map/grid,{results}/map/boundary",
+            f"256={results}/rival/width_d256/pilot,{results}/rival/width_d256/boundary"]
+    out = tmp_path / "readings.md"
+    width.main([*args, "--out", str(out)])
+    committed = (results / "width" / "readings.md").read_text()
+    assert out.read_text().replace(str(out), "docs/results/width/readings.md").replace(f"{results}/", "docs/results/") \
+        == committed
