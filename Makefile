@@ -93,8 +93,8 @@ map-smoke: $(STAMP)
 # rival: Pre-LN x branch_scale (one, sqrt_depth, wang) x R x lr x 3 seeds (243 fits), then each arm's best rate on
 # fresh seeds (27 fits + 1 DeepLoop, chosen by loopnet.study.followup), and the reports: ~1.5 h (docs/studies.md).
 # width: at d = 64 and 256, a one-seed pilot (28 fits), the boundary runs chosen from it (~60 fits, into a folder
-# of their own), a report of each, then the readings: ~1 h measured (docs/studies.md), most of it d = 256. A stage whose report
-# (or boundary sweep file) is committed is skipped, so the study can be run a stage at a time.
+# of their own), a report of each, then the readings: ~1 h measured (docs/studies.md), most of it d = 256. A stage
+# whose report (or boundary sweep file) is committed is skipped, so the study can be run a stage at a time.
 RIVAL := docs/results/rival
 rival: $(STAMP)
 	$(LN) sweep configs/sweeps/rival/grid.yaml --jobs 2
