@@ -36,3 +36,11 @@ def pytest_collection_modifyitems(config, items):
             continue
         if module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_runtest_teardown(item):
+    """A test that calls a Trainer command in this process turns flush-to-zero on (`training/cli.flush_denormals`):
+    off again after it, so that no later test's floats depend on the order the tests ran in."""
+    import torch
+
+    torch.set_flush_denormal(False)

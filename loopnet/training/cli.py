@@ -298,11 +298,13 @@ def flush_denormals() -> None:
     """CPU arithmetic flushes subnormal floats (|x| < 1.2e-38) to zero, as GPUs' fast paths do. A loop whose
     gradients vanish through the rounds (a collapsed DeepNorm at R = 12) otherwise carries its backward
     through the subnormal range, which x86 runs ~10-100x slower: steps of 0.5 s became 8-11 s. A gradient
-    that small moves no weight (Adam divides it by √v + ε, ε = 1e-8). Set before the first parallel region,
-    so that the intra-op threads, which copy the creating thread's float state, flush too."""
+    that small moves no weight (Adam divides it by √v + ε, ε = 1e-8), but a softmax whose exp underflows
+    into that range sums a 0 instead: a loss can differ in its last bits from a run without it.
+    LOOPNET_FLUSH_DENORMAL=0 keeps subnormals (to reproduce such a run to the bit). Set before the first
+    parallel region, so that the intra-op threads, which copy the creating thread's float state, flush too."""
     import torch
 
-    torch.set_flush_denormal(True)
+    torch.set_flush_denormal(os.environ.get("LOOPNET_FLUSH_DENORMAL", "1") != "0")
 
 
 def main(args: list[str] | None = None, cli_class: type[LoopnetCLI] = LoopnetCLI, prechecked: bool = False) -> None:

@@ -33,6 +33,18 @@ PINNED = {
     "flt_rope": (dict(residual="deepnorm", wiring="flt", positions="rope"),
                  ["0x1.0a55cc0000000p+2", "0x1.0b825c0000000p+2", "0x1.0968020000000p+2", "0x1.0c8b5a0000000p+2"]),
 }
+# The same kernels on an Intel CPU (GenuineIntel; the above: AMD EPYC): equal but for preln_inject_all's first loss,
+# 2 ulp away (recorded on 6c91a37, one and two threads alike); the three steps after it are bit for bit the AMD ones.
+PINNED_INTEL = {"preln_inject_all": ["0x1.0b17620000000p+2", "0x1.0bbc0e0000000p+2", "0x1.09ef160000000p+2",
+                                     "0x1.0e2a4e0000000p+2"]}
+
+
+def cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
 
 
 class Losses(L.Callback):
@@ -61,6 +73,8 @@ def pin_losses(tmp_path, steps: int = 4, **overrides) -> list[float]:
 @pytest.mark.parametrize("case", list(PINNED))
 def test_the_default_model_trains_as_before_to_the_last_bit(tmp_path, case):
     overrides, pinned = PINNED[case]
+    if cpu_vendor() == "GenuineIntel":
+        pinned = PINNED_INTEL.get(case, pinned)
     assert [x.hex() for x in pin_losses(tmp_path, **overrides)] == pinned
 
 
