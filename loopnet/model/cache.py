@@ -29,7 +29,7 @@ class KVCache:
 
     def __init__(self, batch: int, capacity: int, device: torch.device | str, static: bool = False):
         self.capacity, self.static = capacity, static
-        self.span = torch.arange(capacity, device=device)
+        self.span = torch.arange(capacity, device=device) if static else None  # the static mask's positions
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # filled positions per sequence
         self.positions: torch.Tensor | None = None  # [B, T] positions of the current call
         self.store: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

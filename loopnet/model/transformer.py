@@ -429,8 +429,7 @@ class LoopedTransformer(nn.Module):
         used: list[list[int]] = [[] for _ in sequences]
         active = list(range(len(sequences)))
         kv: KVCache | None = None
-        static = compile and cache and exit == "none"
-        step = torch.compile(self._next_logits, dynamic=False) if static else self._next_logits
+        step = torch.compile(self._next_logits, dynamic=False) if compile else self._next_logits  # checked above
         # The head's weight W [V, d] as a row-major [d, V] copy, once per call: a token's logits h·Wᵀ are then a
         # vector times a row-major matrix, which CPU BLAS runs 2-3× faster than F.linear's dot product per row
         # of W (V 50304, d 128: 0.6 against 1.2-2.2 ms a token), and the head is the bulk of a cached token.
@@ -442,7 +441,7 @@ class LoopedTransformer(nn.Module):
                 # A new cache over each window but its last token (right-padded), run through every round;
                 # the last token then goes as every new token does, one position through the rounds.
                 windows = [sequences[i][-W:] for i in active]
-                kv = KVCache(len(active), W, device, static=static)
+                kv = KVCache(len(active), W, device, static=compile)
                 width = max(map(len, windows)) - 1
                 if width:
                     prefix = torch.zeros(len(windows), width, dtype=torch.long)
