@@ -125,36 +125,16 @@ rival-smoke: $(STAMP)
 	$(LN) report runs/sweeps/rival_smoke --title "Rival smoke (20 steps: not results)"
 	$(PY) -m loopnet.study.followup rival-confirm runs/sweeps/rival_smoke --out runs/sweeps/rival_smoke/confirm.yaml
 
-# Mutation testing (docs/testing.md; not part of CI): mutmut changes the code one small bug at a time in the
-# modules where a silent bug corrupts the science, and runs on each mutant the quick tests of MUTANT_TESTS that
-# reach the changed function. In a scratch copy of the tree (MUTANTS_DIR): the source here is never touched.
-# torch.compile does not trace through mutmut's trampolines: the compile tests are left out.
-# The paths live here only. Hours on a loaded 2-core machine (docs/testing.md); one module at a time:
-# `make mutants MUTATE=loopnet/model/scales.py MUTANT_TESTS=tests/model/test_scales_direct.py`.
+# Mutation testing (docs/testing.md; not part of CI): mutmut changes the code one small bug at a time where a
+# silent bug corrupts the science, and runs on each mutant the quick tests that reach the changed function.
+# The groups (functions mutated, tests that guard them) live in scripts/mutants.py; each runs in a scratch copy
+# of the tree under MUTANTS_DIR (this checkout is never touched). `make mutants GROUPS="schedule probe"`: some.
 MUTANTS_DIR ?= /tmp/loopnet-mutants
-MUTATE ?= loopnet/model/scales.py loopnet/model/transformer.py loopnet/diagnostics/probe.py \
-          loopnet/diagnostics/callback.py loopnet/data/datamodule.py loopnet/data/stream.py \
-          loopnet/training/module.py loopnet/checkpoints.py
-MUTANT_TESTS ?= tests/model/test_model.py tests/diagnostics/test_probe.py tests/diagnostics/test_visit_values.py \
-          tests/data/test_datamodule.py tests/data/test_stream.py tests/data/test_held_out.py \
-          tests/training/test_optim.py tests/training/test_lr_schedule.py tests/reliability/test_checkpoint_files.py
 MUTANT_JOBS ?= 2
+GROUPS ?=
 mutants: $(STAMP)
 	$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -e '.[test,mutants]'
-	rm -rf $(MUTANTS_DIR) && mkdir -p $(MUTANTS_DIR)
-	git ls-files -z --cached --others --exclude-standard -- . ':!.venv' | xargs -0 -I{} sh -c 'test ! -f "{}" || cp --parents "{}" $(MUTANTS_DIR)/'
-	{ echo '[mutmut]'; echo 'source_paths = loopnet'; echo 'only_mutate ='; for f in $(MUTATE); do echo "    $$f"; done; \
-	  echo 'pytest_add_cli_args_test_selection ='; for f in $(MUTANT_TESTS); do echo "    $$f"; done; \
-	  echo 'pytest_add_cli_args ='; echo '    -m'; echo '    not slow'; echo '    -k'; echo '    not compile'; \
-	  echo '    -p'; echo '    no:cacheprovider'; \
-	  echo 'process_isolation = forkserver'; } > $(MUTANTS_DIR)/setup.cfg
-	cd $(MUTANTS_DIR) && OMP_NUM_THREADS=1 $(abspath $(PY)) -m mutmut run --max-children $(MUTANT_JOBS) > mutmut-run.log 2>&1; \
-	  status=$$?; tail -5 mutmut-run.log; exit $$status
-	cd $(MUTANTS_DIR) && $(abspath $(PY)) -m mutmut results --all true > results.txt; \
-	  awk -F': ' '{ split($$1, p, /\.x/); m = p[1]; n[m]++; if ($$2 == "killed" || $$2 == "timeout") k[m]++; \
-	    if ($$2 == "survived" || $$2 == "no tests") s[m] = s[m] " " $$1 } \
-	    END { for (m in n) printf "%-32s %4d mutants  %4d killed  %5.1f%%\n", m, n[m], k[m], 100 * k[m] / n[m] }' results.txt | sort
-	@echo "survivors: grep -v -e killed -e timeout $(MUTANTS_DIR)/results.txt; one: cd $(MUTANTS_DIR) && $(abspath $(PY)) -m mutmut show NAME"
+	MUTANTS_DIR=$(MUTANTS_DIR) MUTANT_JOBS=$(MUTANT_JOBS) $(PY) scripts/mutants.py $(GROUPS)
 
 
 # make tensorboard PORT=6007: another port (one is in use, or two boards at once)

@@ -44,6 +44,13 @@ from loopnet.data.vocab import VocabName
 from loopnet.data.vocabulary import VOCABULARIES, CompactVocab, Vocabulary
 
 
+def _arguments(frame) -> dict[str, Any]:
+    """The arguments of the method running in `frame`, by name, without `self`. A helper, so that no
+    local of that frame holds the frame or its locals (a reference cycle)."""
+    info = inspect.getargvalues(frame)
+    return {name: info.locals[name] for name in info.args[1:]}
+
+
 class TokenStreamDataModule(L.LightningDataModule):
     """GPT-2-tokenized text streamed through `datasets`, packed into (inputs, targets) windows.
 
@@ -121,10 +128,12 @@ class TokenStreamDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
     ):
         super().__init__()
-        # Same as save_hyperparameters(), but handing over this frame inline: Lightning's default
-        # stores inspect.currentframe() in a local, a cycle that keeps the caller's whole stack
-        # (and any DataLoader workers in it) alive until the cyclic garbage collector runs.
-        self.save_hyperparameters(frame=inspect.currentframe())
+        # Same as save_hyperparameters(), with this frame handed over inline and the arguments read off
+        # its own code: Lightning's default keeps inspect.currentframe() in a local (a cycle that holds
+        # the caller's whole stack, and any DataLoader workers in it, until the cyclic collector runs) and
+        # names the arguments from type(self).__init__'s signature, which a wrapper (mutation testing's
+        # trampolines) hides.
+        self.save_hyperparameters(_arguments(inspect.currentframe()), frame=inspect.currentframe())
         for arg, value, low in (
             ("seq_len", seq_len, 1),
             ("batch_size", batch_size, 1),
