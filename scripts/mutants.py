@@ -57,7 +57,8 @@ GROUPS = {
                       "xǁLoopedTransformerǁloss_round_indices", "xǁLoopedTransformerǁiter_rounds",
                       "xǁLoopedTransformerǁhead", "xǁLoopedTransformerǁfinish", "xǁLoopedTransformerǁforward"),
                      ("tests/model/test_model.py", "tests/model/test_wirings.py", "tests/model/test_recipe_model.py",
-                      "tests/model/test_scales_direct.py", "tests/diagnostics/test_probe.py")),
+                      "tests/model/test_cache.py", "tests/model/test_loop_arguments.py", "tests/training/test_recipe_optim.py",
+                      "tests/diagnostics/test_probe.py")),
     # The per-visit probe: forward statistics, per-visit gradients, κ̂: the whole file.
     "probe": Group("loopnet/diagnostics/probe.py", ("*",),
                    ("tests/diagnostics/test_probe.py", "tests/diagnostics/test_visit_values.py",

@@ -201,10 +201,11 @@ def test_forward_statistics_match_their_definitions():
     assert torch.equal(probe.hist[3]["state"], last[:: last.numel() // 100])
 
 
-def test_preln_state_is_the_stream_and_truncated_rounds_have_no_gradient():
+@pytest.mark.parametrize("keep_grads", [False, True])
+def test_preln_state_is_the_stream_and_truncated_rounds_have_no_gradient(keep_grads):
     torch.manual_seed(0)
     model = LoopedTransformer(tiny_config(residual="preln", truncate_rounds=1))
-    probe = VisitProbe()
+    probe = VisitProbe(keep_grads=keep_grads)
     step(model, probe)
     for v in probe.visits:
         resid, state_dev, _ = probe.forward_stats(v).tolist()
@@ -254,3 +255,61 @@ def test_micro_batches_average_the_forward_values_and_the_output_is_read_off_the
     assert float(out["log_z"]) == pytest.approx(float(oa["log_z"] + ob["log_z"]) / 2, rel=1e-5)
     assert float(out["logit_absmax"]) == max(float(oa["logit_absmax"]), float(ob["logit_absmax"]))
     assert VisitProbe().output_quantities() == {} and torch.isnan(VisitProbe().act_grad_norm(both.visits[0]))
+
+
+def test_branch_ratio_of_a_small_or_zero_skip_path():
+    """branch_ratio = ‖f‖ / (α‖x‖) also below ‖x‖ = 1 (a stream near 0 early in a Post-LN model), and finite
+    (‖f‖ / 1e-30) when the skip path is exactly 0."""
+    probe = VisitProbe()
+    x, branch = torch.full((1, 2, 4), 1e-3), torch.full((1, 2, 4), 2e-3)  # ‖x‖ = √8·1e-3, ‖f‖ = √8·2e-3
+    trace = VisitTrace(x=x, alpha=0.5, branch=branch, stream=0.5 * x + branch, state=0.5 * x + branch, params={})
+    probe.on_visit(Visit(1, 1, "attn"), trace)
+    assert probe.forward_quantities(Visit(1, 1, "attn"))["branch_ratio"].item() == pytest.approx(4.0, rel=1e-6)
+    zero = VisitTrace(x=torch.zeros(1, 2, 4), alpha=1.0, branch=branch, stream=branch, state=branch, params={})
+    probe.on_visit(Visit(1, 1, "ffn"), zero)
+    ratio = probe.forward_quantities(Visit(1, 1, "ffn"))["branch_ratio"].item()
+    assert ratio == pytest.approx(8**0.5 * 2e-3 / 1e-30, rel=1e-6)
+
+
+def test_by_default_the_probe_keeps_no_gradient_tensors_and_no_histogram_samples():
+    torch.manual_seed(0)
+    probe = VisitProbe()
+    step(LoopedTransformer(tiny_config()), probe)
+    assert probe.grads == {} and probe.hist == {} and len(probe.param_sq) == len(probe.visits)
+
+
+def test_a_rounds_histogram_samples_its_last_visit_whatever_order_the_visits_arrive_in():
+    """The last visit of a round (highest block, FFN after attention) is the round's output; an earlier visit
+    seen after it (a block re-run in the backward) does not replace it, the same visit seen again (the next
+    micro-batch) does."""
+    probe = VisitProbe(hist_samples=4)
+
+    def trace(value):
+        x = torch.full((1, 2, 4), value)
+        return VisitTrace(x=x, alpha=1.0, branch=x, stream=x, state=x, params={})
+
+    probe.on_visit(Visit(1, 2, "ffn"), trace(3.0))
+    probe.on_visit(Visit(1, 2, "attn"), trace(2.0))
+    probe.on_visit(Visit(1, 1, "ffn"), trace(1.0))
+    assert torch.equal(probe.hist[1]["state"], torch.full((4,), 3.0))
+    probe.on_visit(Visit(1, 2, "ffn"), trace(5.0))
+    assert torch.equal(probe.hist[1]["state"], torch.full((4,), 5.0))
+    probe.on_visit(Visit(2, 1, "attn"), trace(7.0))
+    assert torch.equal(probe.hist[2]["state"], torch.full((4,), 7.0)) and probe.hist[1]["state"][0] == 5.0
+
+
+@pytest.mark.parametrize("keep_grads", [False, True])
+def test_before_a_backward_every_alignment_term_is_zero_and_kappa_is_zero(keep_grads):
+    """No gradient yet (a fresh probe, then a forward without backward): both terms are exact zeros, as
+    0-d tensors, and κ̂ = 0 for every sublayer and the model."""
+    torch.manual_seed(0)
+    model = LoopedTransformer(tiny_config())
+    probe = VisitProbe(keep_grads=keep_grads)
+    params = physical_sublayers(model)
+    for _ in range(2):
+        num, den = probe.alignment_terms(params)
+        assert set(num) == set(den) == set(params)
+        for j in params:
+            assert num[j].shape == den[j].shape == () and float(num[j]) == 0.0 and float(den[j]) == 0.0
+        assert all(float(k) == 0.0 for k in probe.kappa(params).values())
+        step(model, probe, backward=False)
