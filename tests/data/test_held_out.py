@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from loopnet.data import EOT_ID, TokenStreamDataModule, gpt2_encoding
+from loopnet.data.errors import DataConfigError
 
 from .conftest import make_docs
 
@@ -83,3 +84,65 @@ def test_resume_starts_at_the_first_batch_not_consumed(tmp_path):
         for i, (x, f) in enumerate(zip(head[:k] + tail, full)):
             assert torch.equal(x, f), (k, i)
         assert resumed.state_dict()["ranks"][0]["consumed"] == 60  # counts on from k
+
+
+@pytest.mark.parametrize("make_source", [parquet_source, text_source], ids=["parquet", "text"])
+def test_validation_windows_are_kept_per_rank_and_world_size(tmp_path, make_source):
+    """Computed once per (rank, world size) and kept; rank r of W gets windows r, r + W, ... of the whole
+    split (the same count on every rank); val_max_tokens keeps the first windows; a compact vocabulary's
+    windows are GPT-2's renumbered."""
+    kw = dict(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1, cache_dir=str(tmp_path / "cache"),
+              **make_source(tmp_path))
+    dm = TokenStreamDataModule(**kw)
+    whole = dm.val_windows(0, 1)
+    assert dm.val_windows(0, 1) is whole and dm.val_windows() is whole  # no Trainer: rank 0 of 1
+    n = len(whole) // 2 * 2
+    assert n >= 4 and whole.shape[1] == SEQ + 1
+    assert torch.equal(dm.val_windows(0, 2), whole[0:n:2]) and torch.equal(dm.val_windows(1, 2), whole[1:n:2])
+    assert torch.equal(dm.val_windows(0, 1), whole)
+    first = TokenStreamDataModule(**kw, val_max_tokens=2 * SEQ).val_windows(0, 1)
+    assert 2 <= len(first) < len(whole) and torch.equal(first, whole[:len(first)])
+    compact = TokenStreamDataModule(**kw, vocab="compact")
+    table = torch.from_numpy(compact.vocabulary.table).long()
+    assert torch.equal(compact.val_windows(0, 1), table[whole])
+
+
+def one_document_held_out(tmp_path, last: str) -> dict:
+    """A parquet corpus of 10 documents whose held-out part (val_fraction 0.1: the last one) is `last`."""
+    texts = [" ".join(f"doc{i} word" for _ in range(30)) for i in range(9)] + [last]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
+    return dict(source="files", path=str(tmp_path / "c.parquet"), seq_len=SEQ, batch_size=BATCH,
+                val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+
+
+def test_a_split_of_one_window_serves_one_device_and_is_refused_for_two(tmp_path):
+    kw = one_document_held_out(tmp_path, " word" * 20)  # 20 tokens + end-of-text: one window of 17
+    assert TokenStreamDataModule(**kw).val_windows(0, 1).shape == (1, SEQ + 1)
+    with pytest.raises(DataConfigError) as err:
+        TokenStreamDataModule(**kw).val_windows(0, 2)
+    assert str(err.value) == ("The validation split holds 1 windows of seq_len + 1 = 17 tokens (the last 1 of 10 "
+                              "documents), fewer than the 2 device(s). Fix: raise val_fraction, lower seq_len, "
+                              "or add data")
+
+
+def test_a_split_too_short_for_one_window_is_refused(tmp_path):
+    kw = one_document_held_out(tmp_path, " word" * 3)
+    with pytest.raises(DataConfigError, match=r"^The validation split holds 0 windows of seq_len \+ 1 = 17 tokens"):
+        TokenStreamDataModule(**kw).val_windows(0, 1)
+
+
+def test_each_rank_trains_on_its_own_documents_and_the_state_carries_the_data_settings(tmp_path, monkeypatch):
+    """Two ranks of the data module itself (rank and world size as a Trainer would give them) read disjoint
+    training documents within an epoch, none held out; the loader's resume state records the module's
+    data settings (what a resume checks)."""
+    kw = dict(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1, shuffle_buffer=4,
+              cache_dir=str(tmp_path / "cache"), **parquet_source(tmp_path))
+    read = []
+    for rank in (0, 1):
+        dm = TokenStreamDataModule(**kw)
+        monkeypatch.setattr(dm, "_rank_world", lambda rank=rank: (rank, 2))
+        read.append(doc_ids(training_windows(dm, epochs=0.4)))  # 0.4 of the corpus: within each rank's half
+        state = dm.train_dataloader().state_dict()["ranks"][0]
+        assert state["config"].items() >= dm._config().items()
+    held = set(range(N_DOCS - 6, N_DOCS))
+    assert read[0] and read[1] and not read[0] & read[1] and not (read[0] | read[1]) & held
