@@ -62,13 +62,16 @@ def test_training_never_reads_a_held_out_document(tmp_path, make_source):
         assert dm.n_held_out == 6 and held == set(range(N_DOCS - 6, N_DOCS))
 
 
-def test_resume_starts_at_the_first_batch_not_consumed(tmp_path):
+@pytest.mark.parametrize("make_source", [parquet_source, text_source], ids=["parquet", "text"])
+def test_resume_starts_at_the_first_batch_not_consumed(tmp_path, make_source):
     """Under Lightning the loader yields a batch ahead of the one trained on (prefetch): the state
-    counts consumed batches only, and a resumed loader yields batch k next, not k + 1."""
-    kw = dict(seq_len=SEQ, batch_size=BATCH, seed=5, val_fraction=0.2, shuffle_buffer=7, **text_source(tmp_path))
-    full = [x for x, _ in itertools.islice(iter(TokenStreamDataModule(**kw).train_dataloader()), 60)]
+    counts consumed batches only, and a resumed loader yields batch k next, not k + 1; also in the
+    second epoch (k = 230: past the ~190 batches of one)."""
+    kw = dict(seq_len=SEQ, batch_size=BATCH, seed=5, val_fraction=0.2, shuffle_buffer=7, **make_source(tmp_path))
+    n = 260
+    full = [x for x, _ in itertools.islice(iter(TokenStreamDataModule(**kw).train_dataloader()), n)]
     assert all(not torch.equal(a, b) for a, b in zip(full, full[1:]))  # a shift by one shows
-    for k in (1, 17, 45):
+    for k in (1, 17, 45, 230):
         loader = TokenStreamDataModule(**kw).train_dataloader()
         loader.count_consumed = True  # as under a Trainer
         it = iter(loader)
@@ -76,14 +79,14 @@ def test_resume_starts_at_the_first_batch_not_consumed(tmp_path):
         for _ in range(k):
             loader.mark_consumed()
         state = loader.state_dict()
-        assert state["ranks"][0]["consumed"] == k
+        assert state["ranks"][0]["consumed"] == k and state["ranks"][0]["version"] == 1
         resumed = TokenStreamDataModule(**kw).train_dataloader()
         resumed.load_state_dict(state)
-        tail = [x for x, _ in itertools.islice(iter(resumed), 60 - k)]
-        assert len(head[:k] + tail) == 60
+        tail = [x for x, _ in itertools.islice(iter(resumed), n - k)]
+        assert len(head[:k] + tail) == n
         for i, (x, f) in enumerate(zip(head[:k] + tail, full)):
             assert torch.equal(x, f), (k, i)
-        assert resumed.state_dict()["ranks"][0]["consumed"] == 60  # counts on from k
+        assert resumed.state_dict()["ranks"][0]["consumed"] == n  # counts on from k
 
 
 @pytest.mark.parametrize("make_source", [parquet_source, text_source], ids=["parquet", "text"])
@@ -146,3 +149,70 @@ def test_each_rank_trains_on_its_own_documents_and_the_state_carries_the_data_se
         assert state["config"].items() >= dm._config().items()
     held = set(range(N_DOCS - 6, N_DOCS))
     assert read[0] and read[1] and not read[0] & read[1] and not (read[0] | read[1]) & held
+
+
+def test_a_loader_that_lost_the_consumed_batchs_state_says_so(tmp_path):
+    """The loader keeps the states of the last 2·slots + 16 = 18 batches yielded; when the last consumed batch
+    is older (more prefetched than that), its state is gone and state_dict() refuses instead of guessing."""
+    loader = TokenStreamDataModule(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1,
+                                   **text_source(tmp_path)).train_dataloader()
+    loader.count_consumed = True
+    it = iter(loader)
+    for _ in range(5 + 17):  # batches 0..21: the history holds 4..21
+        next(it)
+    for _ in range(5):
+        loader.mark_consumed()
+    assert loader.state_dict()["ranks"][0]["consumed"] == 5  # batch 4's state is kept
+    next(it)  # the history holds 5..22: batch 4's state is gone
+    with pytest.raises(RuntimeError) as err:
+        loader.state_dict()
+    assert str(err.value) == "ResumableLoader lost track of consumed batches (more than its history prefetched)"
+
+
+def test_a_state_from_another_device_count_or_stream_is_refused_naming_it(tmp_path):
+    kw = dict(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1, **text_source(tmp_path))
+    loader = TokenStreamDataModule(**kw).train_dataloader()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    with pytest.raises(DataConfigError) as err:
+        TokenStreamDataModule(**kw).train_dataloader().load_state_dict({"ranks": state["ranks"] * 2})
+    assert str(err.value) == ("The checkpoint's data state is for 2 ranks, this run has 1. "
+                              "Exact data resume needs the same number of devices")
+    other = {"ranks": [state["ranks"][0] | {"config": state["ranks"][0]["config"] | {"seed": 1}}]}
+    with pytest.raises(DataConfigError) as err:
+        TokenStreamDataModule(**kw).train_dataloader().load_state_dict(other)
+    assert str(err.value) == ("The checkpoint's data stream differs from this run's (checkpoint, now): "
+                              "{'seed': (1, 0)}. Exact data resume needs the same data settings, num_workers and "
+                              "devices")
+    moved = {"ranks": [state["ranks"][0] | {"config": state["ranks"][0]["config"] | {"revision": "abc123"}}]}
+    with pytest.raises(DataConfigError) as err:
+        TokenStreamDataModule(**kw).train_dataloader().load_state_dict(moved)
+    assert str(err.value).endswith("num_workers and devices; fix: read the commit it was trained on with "
+                                   "`--data.revision abc123`")
+
+
+def tiny_training_split(tmp_path) -> tuple[dict, int]:
+    """A parquet corpus whose training part (9 documents; the 10th held out) holds N tokens per epoch."""
+    texts = [" word" * (i + 1) for i in range(9)] + [" held out" * 40]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
+    enc = gpt2_encoding()
+    n = sum(len(enc.encode_ordinary(t)) + 1 for t in texts[:9])  # each document ends with end-of-text
+    return dict(source="files", path=str(tmp_path / "c.parquet"), batch_size=1, seed=0, val_fraction=0.1,
+                shuffle_buffer=1), n
+
+
+def test_a_training_split_of_one_window_trains_and_a_smaller_one_is_refused_naming_it(tmp_path, monkeypatch):
+    kw, n = tiny_training_split(tmp_path)
+    it = iter(TokenStreamDataModule(**kw, seq_len=n - 1).train_dataloader())  # N = seq_len + 1: one window
+    assert [next(it)[0].shape for _ in range(3)] == [(1, n - 1)] * 3
+    with pytest.raises(DataConfigError) as err:
+        next(iter(TokenStreamDataModule(**kw, seq_len=n).train_dataloader()))
+    assert str(err.value) == (f"the training split has {n} tokens per epoch, fewer than one window of "
+                              f"seq_len + 1 = {n + 1}. Fix: add data, lower seq_len")
+    dm = TokenStreamDataModule(**kw, seq_len=n)
+    monkeypatch.setattr(dm, "_rank_world", lambda: (1, 2))
+    with pytest.raises(DataConfigError, match=rf"^rank 1/2, worker 0/1: the training split has \d+ tokens per epoch, "
+                                              rf"fewer than one window of seq_len \+ 1 = {n + 1}\. Fix: add data, "
+                                              r"lower seq_len, or use fewer workers/devices$"):
+        next(iter(dm.train_dataloader()))
