@@ -62,8 +62,9 @@ def load_checkpoint_meta(path: str) -> dict:
         # mmap: only the pickled metadata is read; the tensors stay on disk (this is a check, not the load)
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:
-        try:  # names what the file would import, without running anything
-            unsafe = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5]) or "unknown objects"
+        try:  # names what the file would import, without running anything (torch's list is in set order)
+            found = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+            unsafe = ", ".join(found[:5]) or "unknown objects"
         except Exception:
             unsafe = "unknown objects"
         raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "

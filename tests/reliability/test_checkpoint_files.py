@@ -64,6 +64,7 @@ def test_the_loader_asks_torch_for_weights_only_explicitly(tmp_path, monkeypatch
     ckpt = ck.load_checkpoint_meta(str(path))
     assert ckpt["global_step"] == 3 and torch.equal(ckpt["state_dict"]["w"], torch.ones(2))
     assert len(calls) == 1 and calls[0]["weights_only"] is True and calls[0]["map_location"] == "cpu"
+    assert calls[0]["mmap"] is True  # a check: the tensors stay on disk, only the pickled metadata is read
 
 
 def test_unreadable_files_are_named_with_the_fix(tmp_path):
@@ -316,3 +317,150 @@ def test_a_lock_file_replaced_between_open_and_lock_is_taken_anew(tmp_path, monk
     finally:
         monkeypatch.setattr(fcntl, "flock", real)
         ck.release_version_locks()
+
+
+# ----------------------------------------------------------------------------------------- more edges
+class Unsafe1: pass  # noqa: E701  (six classes the restricted unpickler refuses, named in its message)
+class Unsafe2: pass  # noqa: E701
+class Unsafe3: pass  # noqa: E701
+class Unsafe4: pass  # noqa: E701
+class Unsafe5: pass  # noqa: E701
+class Unsafe6: pass  # noqa: E701
+
+
+def test_a_refused_pickle_names_the_first_five_objects_it_would_import_in_order(tmp_path, monkeypatch):
+    path = save(tmp_path / "six.ckpt", {"state_dict": {}, "objs": [Unsafe1(), Unsafe2(), Unsafe3(), Unsafe4(),
+                                                                    Unsafe5(), Unsafe6()]})
+    with pytest.raises(ValueError) as err:
+        ck.load_checkpoint_meta(str(path))
+    named = ", ".join(f"{__name__}.Unsafe{i}" for i in range(1, 6))
+    assert str(err.value) == (f"refused to load {path}: unpickling it would import or run code ({named}), which "
+                              "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint "
+                              "written by `loopnet fit`, and never load files from untrusted sources")
+    for unnamed in (lambda p: [], lambda p: 1 / 0):  # none found, or the scan itself fails
+        monkeypatch.setattr(torch.serialization, "get_unsafe_globals_in_checkpoint", unnamed)
+        with pytest.raises(ValueError, match=r"would import or run code \(unknown objects\), which"):
+            ck.load_checkpoint_meta(str(path))
+
+
+@pytest.mark.parametrize("message, why", [
+    ("First sentence. Second one. Third.\nSecond line.", "First sentence"),
+    ("x" * 250 + ". Rest.", "x" * 200),
+    ("", ""),
+])
+def test_an_unreadable_file_is_named_with_the_first_sentence_of_torchs_reason(tmp_path, monkeypatch, message, why):
+    """The reason shown: the first line's first sentence, without its period, at most 200 characters."""
+    path = save(tmp_path / "x.ckpt", {"state_dict": {}})
+
+    def fail(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(torch, "load", fail)
+    with pytest.raises(ValueError) as err:
+        ck.load_checkpoint_meta(str(path))
+    assert str(err.value) == (f"{path} is not a readable checkpoint, it is corrupt or truncated (RuntimeError: {why}); "
+                              "fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt")
+
+
+def test_a_missing_file_is_named_as_unreadable(tmp_path):
+    with pytest.raises(ValueError, match=r"is not a readable checkpoint, it is corrupt or truncated \(FileNotFoundError"):
+        ck.load_checkpoint_meta(str(tmp_path / "missing.ckpt"))
+
+
+def test_a_folder_given_as_a_checkpoint_names_its_newest_last_of_three(tmp_path):
+    folder = tmp_path / "checkpoints"
+    for i, name in enumerate(("last.ckpt", "last-v2.ckpt", "last-v1.ckpt")):  # newest: last-v1
+        os.utime(save(folder / name, {"state_dict": {}}), (1000 + i, 1000 + i))
+    with pytest.raises(ValueError, match=rf"e\.g\. {folder}/last-v1\.ckpt$"):
+        ck.check_checkpoint_file(str(folder))
+
+
+def test_three_ambiguous_versions_suggest_the_newest(tmp_path):
+    root = tmp_path / "run"
+    for n in (3, 12, 7):
+        save(root / f"version_{n}" / "checkpoints" / "last.ckpt", {})
+    with pytest.raises(ValueError, match=r": version_3 \(no summary\), version_7 \(no summary\), version_12 \(no "
+                                         r"summary\); fix: pick one with --trainer\.logger\.init_args\.version N \(e\.g\. 12\)"):
+        ck.run_checkpoint(root)
+
+
+def test_last_checkpoint_of_a_logger_without_a_name_looks_in_its_save_dir(tmp_path):
+    ckpt = save(tmp_path / "version_0" / "checkpoints" / "last.ckpt", {})
+    for name in ("", None):
+        cfg = Namespace(trainer=Namespace(logger=Namespace(class_path="x", init_args=Namespace(save_dir=str(tmp_path),
+                                                                                               name=name))))
+        assert ck.last_checkpoint(cfg) == (ckpt, f"{tmp_path}/version_*/checkpoints/last*.ckpt")
+
+
+def test_a_lock_held_by_a_process_that_wrote_no_pid_names_it_unknown(tmp_path):
+    import fcntl
+
+    folder = tmp_path / "v"
+    folder.mkdir()
+    fd = os.open(folder / ck.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ValueError, match=rf"^{folder} is in use by another loopnet fit \(pid unknown\)"):
+            ck.lock_version(folder)
+    finally:
+        os.close(fd)
+
+
+def test_releasing_goes_on_past_a_folder_that_is_not_empty(tmp_path):
+    """Every lock is released, and each one's empty made folders removed, also after a folder that holds a
+    run's files (kept)."""
+    first, second = tmp_path / "a" / "version_0", tmp_path / "b" / "version_0"
+    ck.lock_version(first)
+    ck.lock_version(second)  # released first: its folder holds a file
+    (second / "events.out").write_text("x")
+    ck.release_version_locks()
+    assert not (first / ck.LOCK_NAME).exists() and not (tmp_path / "a").exists()
+    assert (second / "events.out").exists() and not (second / ck.LOCK_NAME).exists()
+    ck.lock_version(first)  # free again
+    ck.release_version_locks()
+
+
+def test_the_atomic_checkpoint_io_is_built_on_first_use_and_other_names_are_missing():
+    from lightning.fabric.plugins import TorchCheckpointIO
+
+    from loopnet.checkpoints import AtomicCheckpointIO
+
+    assert issubclass(AtomicCheckpointIO, TorchCheckpointIO) and AtomicCheckpointIO.__module__ == "loopnet.checkpoints"
+    with pytest.raises(AttributeError) as err:
+        ck.NoSuchThing  # noqa: B018
+    assert str(err.value) == "module 'loopnet.checkpoints' has no attribute 'NoSuchThing'"
+
+
+class Keeper:
+    """A ModelCheckpoint with the given last and best checkpoint paths."""
+
+    def __new__(cls, last, best):
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        cb = ModelCheckpoint()
+        cb.last_model_path, cb.best_model_path = str(last or ""), str(best or "")
+        return cb
+
+
+@pytest.mark.parametrize("own, kept, newer", [
+    (5, [(3, None)], True), (5, [(3, 4), (None, 2)], True), (5, [(5, None)], False), (5, [(3, 7)], False),
+    (None, [(3, None)], False), ("missing", [(3, None)], False), ("unreadable", [(3, None)], False),
+    (5, [("unreadable", 3)], True),
+])
+def test_newer_than_kept_compares_the_global_steps(tmp_path, own, kept, newer):
+    """The interruption checkpoint is newer than what the fit keeps when its global_step exceeds every kept
+    one's (last and best of each ModelCheckpoint); a missing or unreadable file holds no step."""
+    from types import SimpleNamespace
+
+    def ckpt(step):
+        if step is None:
+            return None
+        path = tmp_path / f"{uuid.uuid4().hex}.ckpt"
+        if step == "unreadable":
+            path.write_bytes(b"not a checkpoint")
+        elif step != "missing":
+            save(path, {"state_dict": {}, "global_step": step})
+        return path
+
+    trainer = SimpleNamespace(checkpoint_callbacks=[object()] + [Keeper(ckpt(a), ckpt(b)) for a, b in kept])
+    assert ck.newer_than_kept(None if own is None else str(ckpt(own)), trainer) is newer

@@ -6,6 +6,7 @@ then a cosine from lr down to min_lr_ratio·lr over the remaining D − W steps,
 """
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -115,3 +116,27 @@ def test_a_decay_of_one_step_and_no_length_at_all():
     with pytest.raises(ValueError, match=r"^set trainer\.max_steps \(or model\.optim\.decay_steps\) so the cosine "
                                          r"schedule has a length$"):
         module.configure_optimizers()
+
+
+def test_muon_and_its_adamw_take_their_settings_from_optim():
+    """Muon on the blocks' matrices with optim's momentum, rate and decay; AdamW on the other matrices with
+    optim's decay and on norms and biases with none (torch's defaults differ from each value given here)."""
+    module = LoopedLM(config=tiny_config(), optim=OptimConfig(optimizer="muon", lr=LR, muon_lr=0.02, weight_decay=0.3,
+                                                              muon_momentum=0.8, warmup_steps=1, decay_steps=5))
+    optimizer = module.configure_optimizers()["optimizer"]
+    (muon,), (rest, no_decay) = optimizer.muon.param_groups, optimizer.adamw.param_groups
+    assert (muon["lr"], muon["momentum"], muon["weight_decay"]) == (0.02, 0.8, 0.3)
+    assert (rest["weight_decay"], no_decay["weight_decay"]) == (0.3, 0.0)
+    assert {id(p) for p in muon["params"]} == {id(p) for _, p in module.muon_matrices()}
+
+
+def test_muon_under_fsdp_is_refused_naming_the_fix():
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    module = LoopedLM(config=tiny_config(), optim=OptimConfig(optimizer="muon", decay_steps=5))
+    # A stand-in Trainer: Lightning builds an FSDP Trainer only with a GPU; the check reads its strategy only.
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), max_steps=5, precision_plugin=None)
+    with pytest.raises(ValueError) as err:
+        module.configure_optimizers()
+    assert str(err.value) == ("model.optim.optimizer=muon needs whole 2-D matrices, and FSDP shards them into 1-D "
+                              "slices; fix: train with DDP (trainer.strategy: ddp) or optimizer: adamw")
