@@ -80,11 +80,9 @@ GROUPS = {
     "stream": Group("loopnet/data/stream.py",
                     ("x_val_windows", "x_pack_windows", "xǁTrainStreamǁslot_texts", "xǁTrainStreamǁdocuments",
                      "xǁResumableLoaderǁ*"),
-                    ("tests/data/test_held_out.py", "tests/data/test_datamodule.py", "tests/data/test_stream.py",
-                     "tests/data/test_packing.py", "tests/data/test_ddp.py"),
-                    # test_ddp (slow: two gloo processes, forked, so the mutant runs in both) gathers the ranks'
-                    # resume states; the resume with loader workers costs ~40 s a mutant.
-                    deselect="not (test_exact_resume_across_epochs and 2)", markers=""),
+                    ("tests/data/test_held_out.py", "tests/data/test_stream_state.py", "tests/data/test_datamodule.py",
+                     "tests/data/test_stream.py", "tests/data/test_packing.py", "tests/data/test_compact_vocab.py"),
+                    deselect="not test_exact_resume_across_epochs"),  # its loader workers: ~40 s a mutant
     # The learning-rate schedule and the optimiser's parameter groups.
     "schedule": Group("loopnet/training/module.py",
                       ("xǁLoopedLMǁconfigure_optimizers", "xǁLoopedLMǁ_param_groups"),

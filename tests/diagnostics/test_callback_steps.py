@@ -63,3 +63,24 @@ def test_physical_sublayers_are_what_the_visits_name_with_the_parameters_they_re
     for j, params in physical.items():
         assert set(params) == set(keep.params[j])
         assert all(params[n].data_ptr() == keep.params[j][n].data_ptr() for n in params), j
+
+
+def test_with_sampled_rounds_the_update_size_reads_the_steps_own_draw():
+    """A model that samples R per step: the step's outputs before its update are taken at that step's drawn
+    rounds and α (LoopedLM.draw), not at the mean R."""
+    config = tiny_config(wiring="inject", round_sampling="poisson_truncated", backprop_rounds=2, max_rounds=6,
+                         scales_depth="sampled")
+    lm = tiny_module(config=config)
+    step = next(s for s in range(100) if lm.draw(s).rounds != config.n_rounds)  # a draw other than the mean
+    draw = lm.draw(step)
+    cb = VisitDiagnostics(every_n_steps=1)
+    cb.on_fit_start(SimpleNamespace(strategy=None, is_global_zero=False, loggers=[]), lm)
+    trainer_ = SimpleNamespace(global_step=step, max_steps=1000, accumulate_grad_batches=1, world_size=1)
+    batch = next(iter(random_tokens(4, seed=2)))
+    cb.on_train_batch_start(trainer_, lm, batch, 0)
+    lm.model.attach_observer(None)
+    assert cb._draw == (draw.rounds, draw.alpha) and draw.alpha != lm.model.alpha
+    with torch.no_grad():
+        expected = round_outputs(lm.model, batch[0], draw.rounds, draw.alpha)
+    assert len(cb._outputs_before) == draw.rounds + 1
+    assert all(torch.equal(a, b) for a, b in zip(cb._outputs_before, expected))
