@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass(frozen=True)
 class Group:
     """One mutmut run: `functions` (mutmut's names: `x_<function>` at module level, `xǁ<Class>ǁ<method>`
-    in a class; fnmatch patterns) in `module`, guarded by the quick tests `tests`."""
+    in a class; fnmatch patterns) in `module`, guarded by the quick tests `tests` (files, or file::test)."""
 
     module: str
     functions: tuple[str, ...]
@@ -58,8 +58,10 @@ GROUPS = {
                       "xǁLoopedTransformerǁloss_round_indices", "xǁLoopedTransformerǁiter_rounds",
                       "xǁLoopedTransformerǁhead", "xǁLoopedTransformerǁfinish", "xǁLoopedTransformerǁforward"),
                      ("tests/model/test_model.py", "tests/model/test_wirings.py", "tests/model/test_recipe_model.py",
-                      "tests/model/test_cache.py", "tests/model/test_loop_arguments.py", "tests/training/test_recipe_optim.py",
-                      "tests/diagnostics/test_probe.py")),
+                      "tests/model/test_loop_arguments.py", "tests/diagnostics/test_probe.py",
+                      "tests/model/test_cache.py::test_cached_logits_equal_the_full_forward_at_every_position",
+                      "tests/training/test_recipe_optim.py::test_the_model_adds_the_z_term_on_the_fused_and_the_plain_path"),
+                     deselect="not static"),  # the static cache (a compiled step's) is cache.py's, not the loop's
     # The per-visit probe: forward statistics, per-visit gradients, κ̂: the whole file.
     "probe": Group("loopnet/diagnostics/probe.py", ("*",),
                    ("tests/diagnostics/test_probe.py", "tests/diagnostics/test_visit_values.py")),

@@ -34,6 +34,8 @@ def test_each_group_names_functions_and_tests_that_exist(name):
     for pattern in group.functions:
         assert fnmatch.filter(functions, pattern), f"{name}: {pattern} matches no function of {group.module}"
     for test in group.tests:
-        assert (ROOT / test).is_file(), f"{name}: no {test}"
+        path, _, function = test.partition("::")
+        assert (ROOT / path).is_file(), f"{name}: no {path}"
+        assert not function or f"def {function}(" in (ROOT / path).read_text(), f"{name}: no {test}"
     dotted = group.module.removesuffix(".py").replace("/", ".")
     assert all(p.startswith(dotted + ".") and p.endswith("__mutmut_*") for p in group.patterns())

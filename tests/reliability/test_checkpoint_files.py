@@ -344,7 +344,7 @@ def test_a_refused_pickle_names_the_first_five_objects_it_would_import_in_order(
 
 
 @pytest.mark.parametrize("message, why", [
-    ("First sentence. Second one. Third.\nSecond line.", "First sentence"),
+    ("First sentence ends in X. Second one. Third.\nSecond line.", "First sentence ends in X"),
     ("x" * 250 + ". Rest.", "x" * 200),
     ("", ""),
 ])
