@@ -41,14 +41,30 @@ def test_a_resume_past_the_first_64_documents_continues_exactly(tmp_path):
     resumed_equals_uninterrupted(kw, ks=(5, 90, 130), n=150)
 
 
-def test_a_resume_mid_epoch_on_a_corpus_of_under_two_windows(tmp_path):
+@pytest.mark.parametrize("lengths, seq_len", [
+    ([5] * 9, 35),  # 9 × 6 = 54 tokens an epoch, windows every 35: window 2 starts in document 5
+    ([29] + [2] * 8, 30),  # 30 + 8 × 3 = 54, windows every 30: window 2 starts at document 1
+], ids=["doc5", "doc1"])
+def test_a_resume_mid_epoch_on_a_corpus_of_under_two_windows(tmp_path, lengths, seq_len):
     """The second window spans the epoch's end: resumed from its start, the rest of that epoch holds less than
     a window, which is not the "training split too small" refusal (that counts whole epochs only)."""
-    texts = [" word" * 5 for _ in range(9)] + [" held out" * 40]  # 9 × 6 = 54 training tokens per epoch
+    texts = [" word" * n for n in lengths] + [" held out" * 40]  # each document ends with end-of-text
     pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
-    kw = dict(seq_len=35, batch_size=1, seed=0, source="files", path=str(tmp_path / "c.parquet"), val_fraction=0.1,
-              shuffle_buffer=1)  # 36 < 54 < 72: windows 1 and 2 of the stream start mid-document, mid-epoch
+    kw = dict(seq_len=seq_len, batch_size=1, seed=0, source="files", path=str(tmp_path / "c.parquet"),
+              val_fraction=0.1, shuffle_buffer=1)
     resumed_equals_uninterrupted(kw, ks=(1, 2, 3), n=6)
+
+
+def test_each_pass_over_the_training_documents_is_the_next_epoch(tmp_path):
+    """The stream reads epoch 0's documents, then epoch 1's (each epoch's order its own), and says so."""
+    texts = [f"doc{i} " + " ".join(["word"] * 20) for i in range(10)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
+    dm = TokenStreamDataModule(seq_len=16, batch_size=1, source="files", path=str(tmp_path / "c.parquet"),
+                               val_fraction=0.1)
+    dm.setup()
+    s = dm._train_stream(0, 1)
+    epochs = [pos["epoch"] for pos, _ in itertools.islice(s.documents(0), 3 * 9)]
+    assert epochs == [0] * 9 + [1] * 9 + [2] * 9
 
 
 def test_ranks_and_loader_workers_read_disjoint_parquet_parts_covering_the_training_rows(tmp_path):
@@ -76,6 +92,7 @@ def test_the_next_loader_worker_follows_the_batches_done(tmp_path):
                     val=None, shuffle_buffer=1, num_slots=3)
     s.start = {"next_slot": 1, "slots": [None] * 3}
     loader = ResumableLoader(s)
+    assert loader.state_dict()["ranks"][0]["consumed"] == 0  # nothing yielded yet
     for done, slot in ((0, 1), (1, 2), (2, 0), (4, 2), (5, 0)):
         loader._yielded = done  # batches yielded (and counted as consumed: no Trainer)
         assert loader.state_dict()["ranks"][0]["next_slot"] == slot, done
@@ -132,8 +149,8 @@ def test_an_empty_corpus_is_refused_naming_its_documents(tmp_path):
 
 @pytest.mark.parametrize("texts, fraction, reason", [
     # held-out documents too short for a window: their count, and the general fix
-    (["held a", "held b", "other " * 50], 0.1, "(2 held-out document(s)), fewer than the 1 device(s). Fix: raise "
-                                               "val_fraction, lower seq_len, or add data"),
+    (["held a", "held b", "other " * 50, ""], 0.1, "(2 held-out document(s)), fewer than the 1 device(s). Fix: raise "
+                                                   "val_fraction, lower seq_len, or add data"),  # the last: empty
     # none held out, and 10 documents × 0.1 = 1: the hold-out could have picked one, so the general fix
     (["other " * 20] * 10, 0.1, "(0 held-out document(s)), fewer than the 1 device(s). Fix: raise val_fraction, "
                                 "lower seq_len, or add data"),
@@ -175,3 +192,13 @@ def test_a_resume_at_the_start_of_a_later_read_of_64_documents_is_mid_epoch(tmp_
     kw = dict(seq_len=128, batch_size=1, seed=0, source="files", path=str(d / "*.txt"), val_fraction=1e-9,
               shuffle_buffer=1)
     resumed_equals_uninterrupted(kw, ks=(1, 2), n=4)
+
+
+def test_a_loader_built_without_pin_memory_yields_plain_tensors(tmp_path):
+    d = tmp_path / "txt"
+    d.mkdir()
+    (d / "a.txt").write_text(" ".join(["word"] * 50))
+    s = TrainStream(load_documents("files", str(d / "*.txt")), text_column="text", seq_len=4, batch_size=1, seed=0,
+                    val=None, shuffle_buffer=1)
+    x, y = next(iter(ResumableLoader(s)))
+    assert not x.is_pinned() and not y.is_pinned() and x.shape == y.shape == (1, 4)

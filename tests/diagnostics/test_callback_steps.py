@@ -71,7 +71,8 @@ def test_with_sampled_rounds_the_update_size_reads_the_steps_own_draw():
     config = tiny_config(wiring="inject", round_sampling="poisson_truncated", backprop_rounds=2, max_rounds=6,
                          scales_depth="sampled")
     lm = tiny_module(config=config)
-    step = next(s for s in range(100) if lm.draw(s).rounds != config.n_rounds)  # a draw other than the mean
+    # a step whose draw is neither the mean R nor step 0's (the module's own step outside a Trainer)
+    step = next(s for s in range(1, 100) if lm.draw(s).rounds not in (config.n_rounds, lm.draw(0).rounds))
     draw = lm.draw(step)
     cb = VisitDiagnostics(every_n_steps=1)
     cb.on_fit_start(SimpleNamespace(strategy=None, is_global_zero=False, loggers=[]), lm)
@@ -84,3 +85,9 @@ def test_with_sampled_rounds_the_update_size_reads_the_steps_own_draw():
         expected = round_outputs(lm.model, batch[0], draw.rounds, draw.alpha)
     assert len(cb._outputs_before) == draw.rounds + 1
     assert all(torch.equal(a, b) for a, b in zip(cb._outputs_before, expected))
+
+
+def test_a_module_that_draws_nothing_runs_the_models_own_rounds():
+    from loopnet.diagnostics.callback import step_draw
+
+    assert step_draw(torch.nn.Module(), 3) == (None, None)
