@@ -9,8 +9,8 @@ of the tree (MUTANTS_DIR/<group>): the checkout is never touched.
     python scripts/mutants.py schedule probe       some groups
     python scripts/mutants.py --table              the table (and the survivors) of the last runs
 
-Slow tests are left out (they run loopnet in subprocesses, where the mutant is not active) unless a group
-names them, and so are the `torch.compile` tests (dynamo does not trace through mutmut's trampolines).
+Slow tests are left out (they run loopnet in subprocesses, where the mutant is not active), and so are the
+`torch.compile` tests (dynamo does not trace through mutmut's trampolines).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class Group:
     functions: tuple[str, ...]
     tests: tuple[str, ...]
     deselect: str = ""  # a pytest -k expression: quick tests that reach the code but cost minutes per mutant
-    markers: str = "not slow"  # pytest -m: slow tests run loopnet in subprocesses, where the mutant is not active
 
     def patterns(self) -> list[str]:
         dotted = self.module.removesuffix(".py").replace("/", ".")
@@ -100,8 +99,8 @@ def setup_cfg(group: Group) -> str:
     lines = ["[mutmut]", "source_paths = loopnet", "only_mutate =", f"    {group.module}",
              "pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in group.tests]
     k = "not compile" + (f" and {group.deselect}" if group.deselect else "")
-    lines += ["pytest_add_cli_args ="] + (["    -m", f"    {group.markers}"] if group.markers else [])
-    lines += ["    -k", f"    {k}", "    -p", "    no:cacheprovider", "process_isolation = forkserver"]
+    lines += ["pytest_add_cli_args =", "    -m", "    not slow", "    -k", f"    {k}", "    -p", "    no:cacheprovider",
+              "process_isolation = forkserver"]
     return "\n".join(lines) + "\n"
 
 
