@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,13 +106,13 @@ def setup_cfg(group: Group) -> str:
 
 
 def copy_tree(dest: Path) -> None:
-    """The checkout's files as git sees them (tracked and untracked, not ignored), without the venv."""
+    """The checkout's files as git sees them (tracked and untracked, not ignored: not the venv)."""
     shutil.rmtree(dest, ignore_errors=True)
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                            cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
     for name in files:
         src = ROOT / name
-        if name and src.is_file() and not name.startswith(".venv/"):
+        if name and src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
 
@@ -146,19 +147,18 @@ def results(base: Path, name: str) -> dict[str, str] | None:
 
 def table(base: Path, names: list[str]) -> None:
     print(f"{'group':<12} {'module':<34} {'mutants':>7} {'killed':>7} {'survived':>8} {'no tests':>8} {'rate':>6}")
-    for name in names:
-        res = results(base, name)
+    runs = {name: results(base, name) for name in names}  # each results.txt read once
+    for name, res in runs.items():
         if res is None:
             print(f"{name:<12} not run")
             continue
-        counts = {s: sum(1 for v in res.values() if v == s) for s in set(res.values())}
-        killed = counts.get("killed", 0) + counts.get("timeout", 0)
+        counts = Counter(res.values())
+        killed = counts["killed"] + counts["timeout"]
         rate = 100 * killed / len(res) if res else float("nan")
-        print(f"{name:<12} {GROUPS[name].module:<34} {len(res):>7} {killed:>7} {counts.get('survived', 0):>8} "
-              f"{counts.get('no tests', 0):>8} {rate:>5.1f}%")
-    for name in names:
-        res = results(base, name) or {}
-        left = sorted(m for m, s in res.items() if s not in ("killed", "timeout"))
+        print(f"{name:<12} {GROUPS[name].module:<34} {len(res):>7} {killed:>7} {counts['survived']:>8} "
+              f"{counts['no tests']:>8} {rate:>5.1f}%")
+    for name, res in runs.items():
+        left = sorted(m for m, s in (res or {}).items() if s not in ("killed", "timeout"))
         if left:
             print(f"\n{name}: {len(left)} not killed (cd {base / name} && {sys.executable} -m mutmut show NAME)")
             for m in left:
