@@ -61,6 +61,49 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = No
     return torch.multinomial(F.softmax(logits, -1), 1)
 
 
+# Inductor's options for a compiled decode step: its one-row matmuls (one position, batch 1) as fused
+# multiply-reductions in inductor's own C++ kernels instead of a BLAS call each (inductor's decompose_mm
+# pass; on CPU it applies to a first dimension of 1 and other dimensions up to 2048). A cached token's
+# matmuls are tiny, and a BLAS call's overhead (and MKL's generic path on AMD) outweighs the work: the
+# whole step becomes one kernel. No effect on a GPU's decode (the pass needs there a first dimension of 10240+).
+DECODE_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+
+
+class HeadColumns:
+    """The LM head's weight W [V, d] laid out for a generated token's logits h·Wᵀ on CPU: Wᵀ cut into
+    `chunks` column blocks [chunks, d, ⌈V/chunks⌉] (the last zero-padded), multiplied as one batched
+    matmul. MKL runs a single row times one [d, V] matrix on one thread (V 50304, d 128: 0.8-1.2 ms on
+    the AMD machine however many threads torch has), a batch of blocks on all of them (0.35-0.55 ms on
+    two); each logit is the same d-term dot product, so the logits equal F.linear's up to rounding. On
+    other devices they are F.linear's. `key` tells whether it still holds for a weight (`matches`)."""
+
+    def __init__(self, weight: torch.Tensor, chunks: int):
+        V, d = weight.shape
+        self.vocab, self.key, self.weight = V, self._key(weight, chunks), weight
+        self.columns = None
+        if weight.device.type == "cpu":
+            width = -(-V // chunks)
+            columns = torch.empty(chunks * width, d, dtype=weight.dtype)
+            columns[:V], columns[V:] = weight, 0
+            self.columns = columns.view(chunks, width, d).transpose(1, 2).contiguous()
+
+    @staticmethod
+    def _key(weight: torch.Tensor, chunks: int) -> tuple:
+        # an optimiser step or a load writes the weight in place, which bumps its version
+        return weight.data_ptr(), weight._version, weight.dtype, weight.device, tuple(weight.shape), chunks
+
+    def matches(self, weight: torch.Tensor, chunks: int) -> bool:
+        return self.key == self._key(weight, chunks)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [B, d] → logits [B, V]."""
+        if self.columns is None:
+            return F.linear(h, self.weight)
+        chunks, d, width = self.columns.shape
+        blocks = torch.bmm(h.expand(chunks, *h.shape), self.columns)  # [chunks, B, width]
+        return blocks.transpose(0, 1).reshape(h.size(0), chunks * width)[:, : self.vocab]
+
+
 @dataclass
 class Generation:
     """What `LoopedTransformer.generate` returns: the new token ids of each prompt, in prompt order, and
@@ -102,6 +145,7 @@ class LoopedTransformer(nn.Module):
         self.z_term: torch.Tensor | None = None
         self._head_z: torch.Tensor | None = None  # the last head evaluation's mean (log Z)², with z-loss on
         self._compiled_head = None
+        self._generation_head: HeadColumns | None = None  # generate's layout of the head, kept while the weight holds
         # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
         self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
         self._injection_matmul = {"linear": 2 * cfg.d_model ** 2, "diagonal": cfg.d_model ** 2}.get(cfg.injection, 0)
@@ -403,11 +447,12 @@ class LoopedTransformer(nn.Module):
         window runs every round at every position and the criterion picks the round of the last position
         only. `Generation.rounds` holds the rounds each token used.
 
-        `compile` (with the cache, without an exit criterion): each new token's step, every round and the
-        head, runs as one `torch.compile` graph over a static cache (`KVCache(static=True)`: fixed shapes,
-        attention over the whole window under a mask). It pays a compile (seconds to tens of seconds, once
-        per model, batch size and R') for a faster token: worth it for long generations. The tokens equal
-        the eager cache's up to float rounding (the masked attention sums in another order)."""
+        `compile` (with the cache, without an exit criterion): each new token's step up to the final Norm
+        (`_final_state`: every round, the coda) runs as one `torch.compile` graph (`DECODE_OPTIONS`) over a
+        static cache (`KVCache(static=True)`: fixed shapes, attention over the whole window under a mask);
+        the head follows eagerly. It pays a compile (seconds to tens of seconds, once per model, batch size
+        and R') for a faster token: worth it for long generations. The tokens equal the eager cache's up to
+        float rounding (the masked attention and the fused matmuls sum in another order)."""
         cfg = self.config
         W = cfg.seq_len if window is None else window
         if not 1 <= W <= cfg.seq_len:
@@ -429,11 +474,13 @@ class LoopedTransformer(nn.Module):
         used: list[list[int]] = [[] for _ in sequences]
         active = list(range(len(sequences)))
         kv: KVCache | None = None
-        step = torch.compile(self._next_logits, dynamic=False) if compile else self._next_logits  # checked above
-        # The head's weight W [V, d] as a row-major [d, V] copy, once per call: a token's logits h·Wᵀ are then a
-        # vector times a row-major matrix, which CPU BLAS runs 2-3× faster than F.linear's dot product per row
-        # of W (V 50304, d 128: 0.6 against 1.2-2.2 ms a token), and the head is the bulk of a cached token.
-        head_t = self.lm_head.weight.t().contiguous()
+        step = torch.compile(self._final_state, dynamic=False, options=DECODE_OPTIONS) if compile else self._final_state
+        # The head's weight as column blocks (`HeadColumns`), kept across calls until the weight changes: the
+        # head is the bulk of a cached token.
+        chunks = max(1, torch.get_num_threads())
+        if self._generation_head is None or not self._generation_head.matches(self.lm_head.weight, chunks):
+            self._generation_head = HeadColumns(self.lm_head.weight, chunks)
+        head = self._generation_head
         for _ in range(max_new_tokens):
             if not active:
                 break
@@ -464,10 +511,14 @@ class LoopedTransformer(nn.Module):
                     inputs[row, : len(w)] = torch.tensor(w)
                 inputs, positions = inputs.to(device), None
                 last = torch.tensor([len(w) - 1 for w in windows], device=device)
-            # The compiled step once the cache holds every visit's slot (a one-token prompt fills them in its
-            # first step, eagerly); dynamo would not trace their allocation.
-            run = step if kv is not None and kv.store else self._next_logits
-            logits, exit_round = run(inputs, positions, last, kv, R, exit, exit_threshold, head_t)
+            if exit == "none":
+                # The compiled step once the cache holds every visit's slot (a one-token prompt fills them in its
+                # first step, eagerly); dynamo would not trace their allocation. The head runs eagerly after it.
+                run = step if kv is not None and kv.store else self._final_state
+                logits = head.logits(run(inputs, positions, last, kv, R))
+                exit_round = torch.full((len(active),), R, dtype=torch.long, device=device)
+            else:
+                logits, exit_round = self._exit_logits(inputs, positions, last, kv, R, exit, exit_threshold, head)
             if kv is not None:
                 kv.end(positions[:, 0])
                 if exit != "none":
@@ -485,8 +536,16 @@ class LoopedTransformer(nn.Module):
             active = [active[row] for row in still]
         return Generation(new, used)
 
-    def _next_logits(self, inputs, positions, last, kv, R: int, exit: str, threshold, head_t: torch.Tensor):
-        """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]).
+    def _final_state(self, inputs, positions, last, kv, R: int) -> torch.Tensor:
+        """What the head reads for each row's next token: the final Norm of the coda's output [B, d] at
+        position `last[b]`, after R rounds (the coda, where there is one, reads every position; the head
+        then reads only each row's last, as nanoGPT's generate does)."""
+        *_, (_, x) = self.iter_rounds(inputs, R, positions=positions, kv=kv)
+        return self.final_norm(self.finish(x, kv=kv)[torch.arange(inputs.size(0), device=inputs.device), last])
+
+    def _exit_logits(self, inputs, positions, last, kv, R: int, exit: str, threshold, head: HeadColumns):
+        """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]) under
+        the exit criterion `exit`.
 
         Runs up to R rounds and stops once every row exited. With the cache (one position per row) the
         coda, where there is one, reads and writes the cache at each readout; it runs once more at the
@@ -497,13 +556,8 @@ class LoopedTransformer(nn.Module):
         exit_round = torch.full((B,), R, dtype=torch.long, device=inputs.device)
 
         def readout(x):  # logits [B, V] at each row's last position of the loop state x
-            # The coda reads every position (the cached: its one), the head only each row's last (as nanoGPT's
-            # generate does), as h·Wᵀ with Wᵀ stored row-major (`head_t`).
-            return self.final_norm(self.finish(x, kv=kv)[rows, last]) @ head_t
+            return head.logits(self.final_norm(self.finish(x, kv=kv)[rows, last]))  # as `_final_state`
 
-        if exit == "none":
-            *_, (_, x) = self.iter_rounds(inputs, R, positions=positions, kv=kv)
-            return readout(x), exit_round
         criterion = ExitCriterion(exit, threshold)
         done = torch.zeros(B, dtype=torch.bool, device=inputs.device)
         chosen_logits = chosen_x = None
