@@ -1,6 +1,6 @@
 """Generation speed with and without the KV cache across rounds, as a ratio measured in one run.
 
-    loopnet bench generation [--reps 5] [--prompt 8] [--new 112] [--no-compile] [--out generation.md] [--json g.json]
+    loopnet bench generation [--reps 9] [--prompt 8] [--new 112] [--no-compile] [--out generation.md] [--json g.json]
     loopnet bench generation --d_model 512 --seq_len 512 --new 504     # how the ratio grows with size
 
 The model is `configs/cpu.yaml`'s size over `configs/base.yaml` (d 128, 4 heads, 128 positions, K = 2,
@@ -133,7 +133,7 @@ def markdown(res: dict, command: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="loopnet bench generation", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=5, help="paired repetitions (default 5)")
+    p.add_argument("--reps", type=int, default=9, help="paired repetitions (default 9)")
     p.add_argument("--prompt", type=int, default=8, help="prompt tokens (default 8)")
     p.add_argument("--new", type=int, default=112, help="tokens to generate (default 112)")
     p.add_argument("--d_model", type=int, help="another width (heads of 32), to see how the ratio grows with it")
