@@ -516,9 +516,10 @@ class LoopedTransformer(nn.Module):
                 # first step, eagerly); dynamo would not trace their allocation. The head runs eagerly after it.
                 run = step if kv is not None and kv.store else self._final_state
                 logits = head.logits(run(inputs, positions, last, kv, R))
-                exit_round = torch.full((len(active),), R, dtype=torch.long, device=device)
+                rounds_used = [R] * len(active)
             else:
                 logits, exit_round = self._exit_logits(inputs, positions, last, kv, R, exit, exit_threshold, head)
+                rounds_used = exit_round.tolist()
             if kv is not None:
                 kv.end(positions[:, 0])
                 if exit != "none":
@@ -528,7 +529,7 @@ class LoopedTransformer(nn.Module):
             for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
                 sequences[i].append(token)
                 new[i].append(token)
-                used[i].append(int(exit_round[row]))
+                used[i].append(rounds_used[row])
                 if stop is None or not stop(i, new[i]):
                     still.append(row)
             if kv is not None and len(still) < len(active):
@@ -541,7 +542,11 @@ class LoopedTransformer(nn.Module):
         position `last[b]`, after R rounds (the coda, where there is one, reads every position; the head
         then reads only each row's last, as nanoGPT's generate does)."""
         *_, (_, x) = self.iter_rounds(inputs, R, positions=positions, kv=kv)
-        return self.final_norm(self.finish(x, kv=kv)[torch.arange(inputs.size(0), device=inputs.device), last])
+        return self._readout(x, last, kv)
+
+    def _readout(self, x: torch.Tensor, last: torch.Tensor, kv: KVCache | None) -> torch.Tensor:
+        """The final Norm [B, d] of the coda's output on the loop state x, at each row's position `last[b]`."""
+        return self.final_norm(self.finish(x, kv=kv)[torch.arange(x.size(0), device=x.device), last])
 
     def _exit_logits(self, inputs, positions, last, kv, R: int, exit: str, threshold, head: HeadColumns):
         """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]) under
@@ -556,7 +561,7 @@ class LoopedTransformer(nn.Module):
         exit_round = torch.full((B,), R, dtype=torch.long, device=inputs.device)
 
         def readout(x):  # logits [B, V] at each row's last position of the loop state x
-            return head.logits(self.final_norm(self.finish(x, kv=kv)[rows, last]))  # as `_final_state`
+            return head.logits(self._readout(x, last, kv))
 
         criterion = ExitCriterion(exit, threshold)
         done = torch.zeros(B, dtype=torch.bool, device=inputs.device)
