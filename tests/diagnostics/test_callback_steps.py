@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from loopnet.diagnostics import VisitDiagnostics
-from loopnet.diagnostics.callback import physical_sublayers, total_norm
+from loopnet.diagnostics.callback import physical_sublayers, step_draw, total_norm
 from loopnet.diagnostics.update_size import round_outputs
 from loopnet.model import LoopedTransformer
 from tests.helpers import tiny_config
@@ -88,6 +88,4 @@ def test_with_sampled_rounds_the_update_size_reads_the_steps_own_draw():
 
 
 def test_a_module_that_draws_nothing_runs_the_models_own_rounds():
-    from loopnet.diagnostics.callback import step_draw
-
     assert step_draw(torch.nn.Module(), 3) == (None, None)
