@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from .cache import KVCache
 from .config import LoopConfig
 from .exit import ExitCriterion, check_exit
+from .head import GreedyScreen, HeadColumns
 from .injection import make_injection
 from .kernels import LinearCrossEntropy, z_loss_term
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
@@ -67,41 +68,6 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = No
 # matmuls are tiny, and a BLAS call's overhead (and MKL's generic path on AMD) outweighs the work: the
 # whole step becomes one kernel. No effect on a GPU's decode (the pass needs there a first dimension of 10240+).
 DECODE_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
-
-
-class HeadColumns:
-    """The LM head's weight W [V, d] laid out for a generated token's logits h·Wᵀ on CPU: Wᵀ cut into
-    `chunks` column blocks [chunks, d, ⌈V/chunks⌉] (the last zero-padded), multiplied as one batched
-    matmul. MKL runs a single row times one [d, V] matrix on one thread (V 50304, d 128: 0.8-1.2 ms on
-    the AMD machine however many threads torch has), a batch of blocks on all of them (0.35-0.55 ms on
-    two); each logit is the same d-term dot product, so the logits equal F.linear's up to rounding. On
-    other devices they are F.linear's. `key` tells whether it still holds for a weight (`matches`)."""
-
-    def __init__(self, weight: torch.Tensor, chunks: int):
-        V, d = weight.shape
-        self.vocab, self.key, self.weight = V, self._key(weight, chunks), weight
-        self.columns = None
-        if weight.device.type == "cpu":
-            width = -(-V // chunks)
-            columns = torch.empty(chunks * width, d, dtype=weight.dtype)
-            columns[:V], columns[V:] = weight, 0
-            self.columns = columns.view(chunks, width, d).transpose(1, 2).contiguous()
-
-    @staticmethod
-    def _key(weight: torch.Tensor, chunks: int) -> tuple:
-        # an optimiser step or a load writes the weight in place, which bumps its version
-        return weight.data_ptr(), weight._version, weight.dtype, weight.device, tuple(weight.shape), chunks
-
-    def matches(self, weight: torch.Tensor, chunks: int) -> bool:
-        return self.key == self._key(weight, chunks)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h [B, d] → logits [B, V]."""
-        if self.columns is None:
-            return F.linear(h, self.weight)
-        chunks, d, width = self.columns.shape
-        blocks = torch.bmm(h.expand(chunks, *h.shape), self.columns)  # [chunks, B, width]
-        return blocks.transpose(0, 1).reshape(h.size(0), chunks * width)[:, : self.vocab]
 
 
 @dataclass
@@ -145,7 +111,9 @@ class LoopedTransformer(nn.Module):
         self.z_term: torch.Tensor | None = None
         self._head_z: torch.Tensor | None = None  # the last head evaluation's mean (log Z)², with z-loss on
         self._compiled_head = None
-        self._generation_head: HeadColumns | None = None  # generate's layout of the head, kept while the weight holds
+        # generate's copies of the head's weight (`loopnet.model.head`), kept while the weight is unchanged
+        self._generation_head: HeadColumns | None = None
+        self._greedy_screen: GreedyScreen | None = None
         # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
         self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
         self._injection_matmul = {"linear": 2 * cfg.d_model ** 2, "diagonal": cfg.d_model ** 2}.get(cfg.injection, 0)
@@ -450,7 +418,9 @@ class LoopedTransformer(nn.Module):
         `compile` (with the cache, without an exit criterion): each new token's step up to the final Norm
         (`_final_state`: every round, the coda) runs as one `torch.compile` graph (`DECODE_OPTIONS`) over a
         static cache (`KVCache(static=True)`: fixed shapes, attention over the whole window under a mask);
-        the head follows eagerly. It pays a compile (seconds to tens of seconds, once per model, batch size
+        the head follows eagerly, but for greedy decoding on CPU, where the step ends in the argmax of a
+        bf16 copy of the head that a rounding bound proves exact, or leaves a near tie to the fp32 logits
+        (`GreedyScreen`). It pays a compile (seconds to tens of seconds, once per model, batch size
         and R') for a faster token: worth it for long generations. The tokens equal the eager cache's up to
         float rounding (the masked attention and the fused matmuls sum in another order)."""
         cfg = self.config
@@ -474,13 +444,11 @@ class LoopedTransformer(nn.Module):
         used: list[list[int]] = [[] for _ in sequences]
         active = list(range(len(sequences)))
         kv: KVCache | None = None
-        step = torch.compile(self._final_state, dynamic=False, options=DECODE_OPTIONS) if compile else self._final_state
-        # The head's weight as column blocks (`HeadColumns`), kept across calls until the weight changes: the
-        # head is the bulk of a cached token.
-        chunks = max(1, torch.get_num_threads())
-        if self._generation_head is None or not self._generation_head.matches(self.lm_head.weight, chunks):
-            self._generation_head = HeadColumns(self.lm_head.weight, chunks)
-        head = self._generation_head
+        # A compiled greedy step ends in the argmax of the head (`GreedyScreen`), any other at the final Norm.
+        screen = self._screen() if compile and temperature <= 0 else None
+        if compile:
+            step = torch.compile(self._final_state if screen is None else self._greedy_step, dynamic=False,
+                                 options=DECODE_OPTIONS)
         for _ in range(max_new_tokens):
             if not active:
                 break
@@ -511,20 +479,28 @@ class LoopedTransformer(nn.Module):
                     inputs[row, : len(w)] = torch.tensor(w)
                 inputs, positions = inputs.to(device), None
                 last = torch.tensor([len(w) - 1 for w in windows], device=device)
+            tokens = None
             if exit == "none":
                 # The compiled step once the cache holds every visit's slot (a one-token prompt fills them in its
-                # first step, eagerly); dynamo would not trace their allocation. The head runs eagerly after it.
-                run = step if kv is not None and kv.store else self._final_state
-                logits = head.logits(run(inputs, positions, last, kv, R))
+                # first step, eagerly); dynamo would not trace their allocation.
+                if compile and kv.store and screen is not None:
+                    h, picked, settled = step(inputs, positions, last, kv, R, *screen.args(V))
+                    tokens = picked.tolist() if bool(settled.all()) else None  # else a near tie: fp32 decides
+                else:
+                    h = (step if compile and kv.store else self._final_state)(inputs, positions, last, kv, R)
+                if tokens is None:
+                    logits = self._head_columns().logits(h)
                 rounds_used = [R] * len(active)
             else:
-                logits, exit_round = self._exit_logits(inputs, positions, last, kv, R, exit, exit_threshold, head)
+                logits, exit_round = self._exit_logits(inputs, positions, last, kv, R, exit, exit_threshold,
+                                                       self._head_columns())
                 rounds_used = exit_round.tolist()
             if kv is not None:
                 kv.end(positions[:, 0])
                 if exit != "none":
                     kv.fill_later_rounds(exit_round, R, cfg.n_blocks, positions[:, 0])
-            tokens = sample_next(logits[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
+            if tokens is None:
+                tokens = sample_next(logits[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
             still = []
             for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
                 sequences[i].append(token)
@@ -536,6 +512,28 @@ class LoopedTransformer(nn.Module):
                 kv.keep(still)
             active = [active[row] for row in still]
         return Generation(new, used)
+
+    def _head_columns(self) -> HeadColumns:
+        """The head's weight as column blocks for the next token's fp32 logits (`HeadColumns`)."""
+        chunks = max(1, torch.get_num_threads())
+        if self._generation_head is None or not self._generation_head.matches(self.lm_head.weight, chunks):
+            self._generation_head = HeadColumns(self.lm_head.weight, chunks)
+        return self._generation_head
+
+    def _screen(self) -> GreedyScreen | None:
+        """The head's bf16 copy for a compiled greedy step (`GreedyScreen`); None off the CPU (a GPU's
+        F.linear is not the bottleneck there) or when the weight is outside bf16's normal range."""
+        weight = self.lm_head.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return None
+        if self._greedy_screen is None or not self._greedy_screen.matches(weight):
+            self._greedy_screen = GreedyScreen(weight)
+        return self._greedy_screen if self._greedy_screen.usable else None
+
+    def _greedy_step(self, inputs, positions, last, kv, R: int, *screen_args) -> tuple:
+        """`_final_state` h [B, d], then `GreedyScreen.screen(h, *screen_args)`: (h, token [B], settled [B])."""
+        h = self._final_state(inputs, positions, last, kv, R)
+        return h, *GreedyScreen.screen(h, *screen_args)
 
     def _final_state(self, inputs, positions, last, kv, R: int) -> torch.Tensor:
         """What the head reads for each row's next token: the final Norm of the coda's output [B, d] at
