@@ -75,7 +75,8 @@ class GreedyScreen:
         self.norms = (w.double().norm(dim=1) * (1 + 2.0 ** -20)).float()  # [V]
         self.eps = (2.0 ** -8 + (d + 2) * 2.0 ** -23) * (1 + 2.0 ** -10)
         magnitude = w.abs()
-        self.usable = bool(torch.isfinite(self.low).all()) and bool(((magnitude == 0) | (magnitude >= 2.0 ** -126)).all())
+        normal = (magnitude == 0) | (magnitude >= 2.0 ** -126)
+        self.usable = bool(torch.isfinite(self.low).all()) and bool(normal.all())
 
     def matches(self, weight: torch.Tensor) -> bool:
         return self.key == weight_key(weight)
