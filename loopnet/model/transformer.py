@@ -449,6 +449,7 @@ class LoopedTransformer(nn.Module):
         if compile:
             step = torch.compile(self._final_state if screen is None else self._greedy_step, dynamic=False,
                                  options=DECODE_OPTIONS)
+        head: HeadColumns | None = None  # the fp32 head, looked up once, when a token first needs its logits
         for _ in range(max_new_tokens):
             if not active:
                 break
@@ -483,17 +484,19 @@ class LoopedTransformer(nn.Module):
             if exit == "none":
                 # The compiled step once the cache holds every visit's slot (a one-token prompt fills them in its
                 # first step, eagerly); dynamo would not trace their allocation.
-                if compile and kv.store and screen is not None:
+                compiled = compile and kv.store
+                if compiled and screen is not None:
                     h, picked, settled = step(inputs, positions, last, kv, R, *screen.args(V))
                     tokens = picked.tolist() if bool(settled.all()) else None  # else a near tie: fp32 decides
                 else:
-                    h = (step if compile and kv.store else self._final_state)(inputs, positions, last, kv, R)
+                    h = (step if compiled else self._final_state)(inputs, positions, last, kv, R)
                 if tokens is None:
-                    logits = self._head_columns().logits(h)
+                    head = head or self._head_columns()
+                    logits = head.logits(h)
                 rounds_used = [R] * len(active)
             else:
-                logits, exit_round = self._exit_logits(inputs, positions, last, kv, R, exit, exit_threshold,
-                                                       self._head_columns())
+                head = head or self._head_columns()
+                logits, exit_round = self._exit_logits(inputs, positions, last, kv, R, exit, exit_threshold, head)
                 rounds_used = exit_round.tolist()
             if kv is not None:
                 kv.end(positions[:, 0])
