@@ -11,6 +11,8 @@ import torch
 from loopnet.model import LoopedTransformer
 from tests.helpers import run_command, tiny_config
 
+pytestmark = pytest.mark.slow
+
 VARIANTS = ["bare", "lightning", "diagnostics@2", "diagnostics@50", "compile", "checkpoint", "R=1", "R=3", "R=12",
             "data", "nanoGPT", "preln R=1"]
 

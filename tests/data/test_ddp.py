@@ -15,6 +15,8 @@ from loopnet.data import TokenStreamDataModule
 from .conftest import make_docs
 from .test_stream import draw
 
+pytestmark = pytest.mark.slow
+
 
 def _free_port() -> int:
     with socket.socket() as s:

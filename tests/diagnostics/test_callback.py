@@ -21,6 +21,8 @@ from tests.helpers import wait_until
 from .helpers import random_tokens, tiny_module, trainer
 from .reference import expected_values, visit_gradients
 
+pytestmark = pytest.mark.slow
+
 K, R, EVERY, STEPS, CLIP = 2, 3, 2, 5, 1e-4
 
 

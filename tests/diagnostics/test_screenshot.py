@@ -14,8 +14,11 @@ from loopnet.model import visit_order
 from tests.reliability.helpers import ROOT, env
 from tests.helpers import run_command
 
-pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("chromium", "chromium-headless-shell")),
-                                reason="no Chromium (apt-get install chromium)")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not any(shutil.which(c) for c in ("chromium", "chromium-headless-shell")),
+                       reason="no Chromium (apt-get install chromium)"),
+]
 
 
 def test_screenshot_of_a_logdir(tmp_path):

@@ -7,6 +7,8 @@ import pytest
 
 from .helpers import RUN, SHORT, finished_run, load, loopnet, snapshot
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def prior(tmp_path_factory):

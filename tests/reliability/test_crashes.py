@@ -9,6 +9,8 @@ import pytest
 
 from .helpers import RUN, SHORT, TINY, Progress, callbacks, finish, loopnet, spawn, wait_for
 
+pytestmark = pytest.mark.slow
+
 COMPACT = ["--data.vocab", "compact", "--model.config.vocab_size", "19136"]  # the corpus's 19,083 ids
 
 

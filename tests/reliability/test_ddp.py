@@ -8,6 +8,8 @@ import pytest
 
 from .helpers import RUN, TINY, RankRecorder, callbacks, finish, load, loopnet, spawn
 
+pytestmark = pytest.mark.slow
+
 ARGS = [*TINY, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4"]
 
 

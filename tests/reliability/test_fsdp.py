@@ -27,6 +27,8 @@ from tests.helpers import run_command
 from .fsdp_cpu import CLIP, MODEL
 from .helpers import ROOT, env
 
+pytestmark = pytest.mark.slow
+
 MODES = ("grads", "gathers", "resume", "guard")
 
 

@@ -5,6 +5,7 @@ one activation checkpoint per Block, sharded checkpoints."""
 import re
 from typing import Union
 
+import pytest
 import yaml
 from jsonargparse import ArgumentParser
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
@@ -15,6 +16,8 @@ from loopnet.model.layers import Block
 
 from .fsdp_cpu import FSDP_YAML
 from .helpers import ROOT, loopnet
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_scaling_out_page_shows_configs_fsdp_yaml():

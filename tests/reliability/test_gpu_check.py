@@ -21,6 +21,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import device_wheels  # noqa: E402
 import gpu_check  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 HEADER = ["GPU check on CPU dry run (toy size)", "", "| check | result | measured | limit | s |",
           "|---|---|---|---|---|"]
 

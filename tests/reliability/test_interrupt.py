@@ -20,6 +20,8 @@ from tests.helpers import Watch
 from .helpers import (RUN, TINY, KillDuringSave, Progress, SlowInterruptSave, callbacks, env, event_files, finish, load,
                       loopnet, scalars, spawn, stderr_so_far, wait_for)
 
+pytestmark = pytest.mark.slow
+
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 STOP_ARGS = [*TINY, "--trainer.max_steps", "1000", "--trainer.val_check_interval", "3"]

@@ -6,6 +6,8 @@ import pytest
 
 from .helpers import TINY, SignalAt, SignalInValidation, callbacks, loopnet, record
 
+pytestmark = pytest.mark.slow
+
 ARGS = [*TINY, "--trainer.max_steps", "6", "--trainer.val_check_interval", "3"]  # validations at steps 3 and 6
 
 

@@ -17,6 +17,8 @@ from loopnet.checkpoints import LOCK_NAME
 
 from .helpers import RUN, TINY, SignalAt, callbacks, finish, loopnet, spawn
 
+pytestmark = pytest.mark.slow
+
 ARGS = [*TINY, "--trainer.max_steps", "6", "--trainer.val_check_interval", "2"]
 
 

@@ -4,6 +4,8 @@ import pytest
 
 from .helpers import TINY, finish, spawn
 
+pytestmark = pytest.mark.slow
+
 
 def test_a_fit_prints_no_advert_and_no_library_deprecations(tmp_path):
     res = finish(spawn("fit", *TINY, "--trainer.max_steps", "1", cwd=tmp_path))

@@ -10,6 +10,8 @@ import torch
 
 from .helpers import RUN, TINY, SignalAt, callbacks, event_files, load, loopnet, scalars
 
+pytestmark = pytest.mark.slow
+
 # Dropout on, so the resumed run must also continue the RNG streams, not only weights and data.
 ARGS = [*TINY, "--model.config.dropout", "0.1"]
 

@@ -13,6 +13,8 @@ import torch
 
 from .helpers import RUN, SHORT, RaiseAt, callbacks, finished_run, loopnet, snapshot
 
+pytestmark = pytest.mark.slow
+
 
 def scalar_tags(folder) -> set[str]:
     """The scalar tags TensorBoard reads in `folder` (one run: its own event files only)."""

@@ -13,6 +13,8 @@ from loopnet.training.module import OptimConfig
 
 from .helpers import RUN, TINY, loopnet
 
+pytestmark = pytest.mark.slow
+
 SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
 
 

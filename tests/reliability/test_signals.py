@@ -20,6 +20,8 @@ from tests.helpers import Watch, wait_until
 from .helpers import (RUN, record, TINY, Progress, SignalAt, SignalInValidation, ValidationBatches, callbacks, env, load,
                       loopnet, scalars)
 
+pytestmark = pytest.mark.slow
+
 # Validations of 4 batches at steps 3 and 6.
 ARGS = [*TINY, "--trainer.max_steps", "6", "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "4"]
 

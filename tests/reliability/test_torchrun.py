@@ -21,6 +21,8 @@ from tests.helpers import run_command
 
 from .helpers import ROOT, RUN, TINY, env
 
+pytestmark = pytest.mark.slow
+
 BASH = shutil.which("bash")
 FIT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--data.batch_size", "2"]
 

@@ -24,6 +24,8 @@ from loopnet.study.sweep import LOG, MANIFEST, is_finished, run
 from loopnet.study.unigram import cross_entropy, entropy, unigram_counts, val_limit
 from tests.helpers import communicate, wait_until
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = {
     "model.config.d_model": 32, "model.config.n_heads": 2, "model.config.seq_len": 32, "model.config.n_blocks": 1,

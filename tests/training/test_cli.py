@@ -11,6 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.helpers import run_command
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("cpu.yaml", "study_cpu.yaml", "study_map.yaml", "fsdp.yaml")  # composed on top of a method config, not run alone
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name not in OVERLAYS)

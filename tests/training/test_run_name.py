@@ -11,6 +11,8 @@ from loopnet.model import RUN_SETTINGS, LoopConfig
 from loopnet.training.run_folders import run_name
 from tests.reliability.helpers import ROOT, SHORT, loopnet
 
+pytestmark = pytest.mark.slow
+
 CPU = ["--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml")]
 STUDY = [*CPU, "--config", str(ROOT / "configs/study_cpu.yaml")]
 

@@ -9,6 +9,8 @@ import pytest
 from tests.helpers import run_command
 from tests.reliability.helpers import ROOT, env
 
+pytestmark = pytest.mark.slow
+
 
 def test_the_cli_starts_without_importing_datasets():
     code = "import sys, loopnet.training.cli; print(sorted({'datasets', 'pandas'} & set(sys.modules)))"
