@@ -1,4 +1,4 @@
-"""data.vocab: compact — the corpus's own GPT-2 ids, renumbered; lossless (issue 14)."""
+"""data.vocab: compact — the corpus's own GPT-2 ids, renumbered; lossless."""
 
 import numpy as np
 import pytest

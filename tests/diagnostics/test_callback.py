@@ -106,7 +106,7 @@ def test_logged_values_are_sane(fitted):
 
 
 def test_per_round_charts_hold_that_rounds_visits(fitted):
-    """Issue 16, item 7: the custom chart of a quantity overlaid all 2·K·R visits on one linear axis; each
+    """The custom chart of a quantity overlaid all 2·K·R visits on one linear axis; each
     round now has a category whose charts hold only its 2·K visits (K for the attention quantities). Issue
     23: no chart mixes more than one round's visits (the 'visits' category held 2·K·R visits per run)."""
     import re
@@ -212,7 +212,7 @@ def test_a_later_step_out_of_range_widens_the_axis_and_it_never_shrinks():
 
 
 def test_the_depth_profile_is_the_first_group_tensorboard_opens(fitted):
-    """Issue 23: TensorBoard opened on `epoch`. Its TIME SERIES dashboard (the default) sorts every tag
+    """TensorBoard opened on `epoch`. Its TIME SERIES dashboard (the default) sorts every tag
     (scalars, images, histograms) by name, groups them by the part before the first '/', and opens the
     first two groups (TensorBoard 2.21's webfiles, `zD` and the `tagGroupExpanded` default). With the
     images under `depth/` the depth profile opens first, then Lightning's `epoch`."""
@@ -323,7 +323,7 @@ def test_compiled_model_logs_the_same_visits_as_eager(tmp_path):
 
 
 def test_the_last_step_is_measured(tmp_path):
-    """Issue 16, item 7: a 100-step run measured steps 0 and 50 only, so the summary's end-of-training
+    """A 100-step run measured steps 0 and 50 only, so the summary's end-of-training
     statistics were 50 steps stale."""
     module, diagnostics = tiny_module(SpyLM), VisitDiagnostics(every_n_steps=3, histograms=False, update_size=False)
     trainer(tmp_path, [diagnostics], max_steps=5).fit(module, random_tokens())

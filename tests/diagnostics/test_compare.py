@@ -1,4 +1,4 @@
-"""Issue 23, item 5: `loopnet compare RUN_A RUN_B --steps ...` overlays two runs' depth profiles at chosen
+"""`loopnet compare RUN_A RUN_B --steps ...` overlays two runs' depth profiles at chosen
 steps, from their event files (EventAccumulator), without Lightning; bad input gets one line with the fix."""
 
 import subprocess
@@ -96,7 +96,7 @@ def test_event_dir_finds_the_one_version(two_runs):
 
 
 def test_depth_views_have_few_distinct_y_labels():
-    """Issue 23: at TensorBoard's ~270 px card the profile was illegible (a legend of long names, minor
+    """At TensorBoard's ~270 px card the profile was illegible (a legend of long names, minor
     log ticks labelled "6×10⁻²"). Each view now has 2-5 y labels, all different, with short text."""
     from loopnet.diagnostics.profile import VIEWS, depth_profile, view_figure
 

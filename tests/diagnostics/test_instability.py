@@ -1,4 +1,4 @@
-"""Issue 22, item 3: the instability signals of Wortsman et al. 2023 per visit (the largest attention logit
+"""The instability signals of Wortsman et al. 2023 per visit (the largest attention logit
 q·k/√d_h, max |logit| and mean log Z of each attention visit; the output logits' mean log Z and max
 |logit|), checked against q and k recomputed by hand from each attention layer's weights and the
 visit's input, and against the logits of a forward without any observer."""

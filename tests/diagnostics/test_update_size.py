@@ -1,5 +1,5 @@
 """The update-size diagnostic: the relative change of each round's state and of the logits that one
-optimiser step causes, measured on the step's own batch (issue 14)."""
+optimiser step causes, measured on the step's own batch."""
 
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -168,7 +168,7 @@ class _Payload:
     ("malicious", "unpickling it would import or run code (posix.system"),
 ])
 def test_bad_checkpoint_is_one_line_before_evaluating(kind, problem, tiny_ckpt, tmp_path, capsys, monkeypatch):
-    """Issue 16, item 6: these gave raw tracebacks (with torch's hint to use weights_only=False)."""
+    """These gave raw tracebacks (with torch's hint to use weights_only=False)."""
     import lm_eval
     import torch
 

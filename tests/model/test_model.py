@@ -243,7 +243,7 @@ def test_compiles_without_graph_breaks():
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
-# ------------------------------------------------------------------ init, wirings, FLOPs (issue 14)
+# ------------------------------------------------------------------ init, wirings, FLOPs
 def test_xavier_init_is_deepnets_recipe_and_the_post_ln_default():
     kw = dict(vocab_size=64, seq_len=8, d_model=128, n_heads=4, n_blocks=1, n_rounds=6)
     assert LoopConfig(residual="preln", **kw).init_scheme == "normal"
@@ -313,7 +313,7 @@ def test_flops_count_every_loss_head_and_no_backward_for_truncated_rounds():
     assert model.flops_per_token(seq_len=16, rounds=3, training=False) == 3 * fwd_round + 2 * head
 
 
-# ------------------------------------------------------------------ fused QKV, hand-written RMSNorm (issue 15)
+# ------------------------------------------------------------------ fused QKV, hand-written RMSNorm
 def separate_attention(attn, x, q_src=None):
     """The attention of separate W_Q, W_K, W_V matmuls (the layout before the fused projection)."""
     B, T, C = x.shape

@@ -1,4 +1,4 @@
-"""Issue 23, item 4: `make fit` says how to put `loopnet` on PATH (the venv's bin is not on it), whatever
+"""`make fit` says how to put `loopnet` on PATH (the venv's bin is not on it), whatever
 the fit's outcome, and keeps the fit's exit status."""
 
 import os

@@ -1,4 +1,4 @@
-"""Issue 16, item 7: pyproject.toml builds without setuptools' deprecation warnings (the TOML-table
+"""pyproject.toml builds without setuptools' deprecation warnings (the TOML-table
 `license` stops working in February 2027)."""
 
 import warnings

@@ -187,7 +187,7 @@ def test_summary_is_readable_like_the_checkpoints(prior):
     assert (run / "summary.json").stat().st_mode & 0o777 == (run / "checkpoints" / "last.ckpt").stat().st_mode & 0o777
 
 
-# Issue 16, item 3: each of these failed only after `fit` had created runs/<run>/version_N with an
+# Each of these failed only after `fit` had created runs/<run>/version_N with an
 # "interrupted" summary.json (the vocabulary one with an IndexError in the first step).
 DATA_ERRORS = {
     "empty": (b"", "The corpus is empty", "Fix: point data.path at files that hold text"),
@@ -233,7 +233,7 @@ def test_bad_run_settings_fail_before_anything_is_written(tmp_path, args, proble
 
 @pytest.mark.parametrize("sub", ["test", "fit"])
 def test_last_is_refused_when_several_versions_hold_checkpoints(prior, tmp_path, sub):
-    """Issue 16, item 4: `--ckpt_path last` took the newest last*.ckpt by file time across versions, so a
+    """`--ckpt_path last` took the newest last*.ckpt by file time across versions, so a
     later short fit silently replaced the model `loopnet test` evaluated (or `fit` resumed)."""
     shutil.copytree(prior / "runs", tmp_path / "runs")
     run = tmp_path / "runs" / RUN
@@ -250,7 +250,7 @@ def test_last_is_refused_when_several_versions_hold_checkpoints(prior, tmp_path,
 
 
 def test_option_prefix_is_not_taken_for_the_option(tmp_path):
-    """Issue 16, item 7: `--model.config.n_round 3` ran a whole R = 3 fit (argparse's abbreviations)."""
+    """`--model.config.n_round 3` ran a whole R = 3 fit (argparse's abbreviations)."""
     res = loopnet("fit", *SHORT, "--model.config.n_round", "3", cwd=tmp_path)
     check(res, "--model.config.n_round", "did you mean 'model.config.n_rounds'?")
     assert not (tmp_path / "runs").exists()

@@ -1,4 +1,4 @@
-"""Issue 23: what crashed with a raw error now works or ends in one line that names the problem and the
+"""What crashed with a raw error now works or ends in one line that names the problem and the
 fix: `loopnet predict` on a model trained on a compact vocabulary, a non-UTF-8 corpus read into a
 compact vocabulary, and a DDP rank killed with SIGKILL (rank 0 ended in a multi-line gloo traceback)."""
 

@@ -50,7 +50,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.parametrize("to", ["all_ranks", "rank1"])
 def test_ddp_stops_cleanly_on_a_signal_to_every_rank_or_to_rank_1(tmp_path, to):
-    """Issue 16, item 1: SIGTERM to all ranks (a terminal's Ctrl-C, SLURM, Kubernetes, `timeout`) or to a
+    """SIGTERM to all ranks (a terminal's Ctrl-C, SLURM, Kubernetes, `timeout`) or to a
     rank other than 0 hung the job forever: Lightning's handler broadcasts inside the signal handler."""
     import os
     import signal

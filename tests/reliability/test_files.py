@@ -1,4 +1,4 @@
-"""Issue 16, item 5: what atomic writes leave behind when the disk fills up or the process is killed."""
+"""What atomic writes leave behind when the disk fills up or the process is killed."""
 
 import errno
 import io

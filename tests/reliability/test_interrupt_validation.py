@@ -1,4 +1,4 @@
-"""Issue 16, item 2: a run interrupted around a validation and resumed keeps the same record as the
+"""A run interrupted around a validation and resumed keeps the same record as the
 uninterrupted run: every TensorBoard point at its step, the same val_history and best checkpoint."""
 
 

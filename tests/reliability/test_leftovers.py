@@ -1,4 +1,4 @@
-"""Issue 23, races and leftovers: two fits pinned to one version never both write into it (an exclusive
+"""Races and leftovers: two fits pinned to one version never both write into it (an exclusive
 lock), a crash between a best and a last checkpoint leaves no orphan `best-*-v1.ckpt` after the resume,
 and `summary.json` names only checkpoints that exist (a best one whose write failed is not named; an
 interrupted run names its `last-interrupted.ckpt`)."""

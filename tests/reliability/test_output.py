@@ -1,4 +1,4 @@
-"""Issue 16, item 7: what a command prints that is not about the user's run."""
+"""What a command prints that is not about the user's run."""
 
 import pytest
 

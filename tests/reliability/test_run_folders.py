@@ -1,4 +1,4 @@
-"""Issue 16, item 5: what commands leave in `runs/`: evaluations add no version folder and never touch a
+"""What commands leave in `runs/`: evaluations add no version folder and never touch a
 fit's files, a finished run is not overwritten, a config.yaml link is not written through, a fit that
 fails in its first step leaves no empty version folder."""
 
@@ -49,7 +49,7 @@ def finished(tmp_path_factory):
 
 
 def test_a_fit_says_where_its_run_went(finished):
-    """Issue 16, item 7: fits never printed where the run folder, checkpoints and summary went."""
+    """Fits never printed where the run folder, checkpoints and summary went."""
     lines = (finished / "fit.err").read_text().splitlines()
     folder = f"{finished}/runs/{RUN}/version_0"  # save_dir is made absolute: the same path on every node
     assert f"loopnet: run folder: {folder} (curves: tensorboard --logdir {finished}/runs)" in lines
@@ -109,7 +109,7 @@ def test_a_config_link_is_replaced_not_written_through(run):
 
 
 def test_predict_prints_and_saves_the_text(run):
-    """Issue 16, item 7: `predict` printed into the progress bar and saved nothing."""
+    """`predict` printed into the progress bar and saved nothing."""
     res = loopnet("predict", *SHORT, "--ckpt_path", "last", "--model.generate.max_new_tokens", "4",
                   "--model.generate.prompt", "To be", "--trainer.enable_progress_bar", "true", cwd=run)
     assert res.code == 0, res.err[-3000:]
@@ -121,7 +121,7 @@ def test_predict_prints_and_saves_the_text(run):
 
 
 def test_a_fit_failing_in_its_first_step_leaves_no_empty_run_folder(run):
-    """Issue 16: "failed starts each add a version_N" (6 empty runs of 14 in TensorBoard): a fit past the
+    """Failed starts each added a version_N (6 empty runs of 14 in TensorBoard): a fit past the
     start-up checks that fails in step 1 removes the version folder it created; earlier runs stay as they were."""
     before = snapshot(run / "runs")
     err = failing_fit(run, step=0)

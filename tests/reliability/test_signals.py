@@ -1,4 +1,4 @@
-"""Issue 23, item 3: a stop lands anywhere and the run still ends within seconds with its checkpoint.
+"""A stop lands anywhere and the run still ends within seconds with its checkpoint.
 
 - Output piped through `tee` and Ctrl-C: `tee` dies first, and the run's next write found a broken pipe
   (BrokenPipeError), ending the run in 2.7 s without the interruption checkpoint.

@@ -1,4 +1,4 @@
-"""Issue 22, item 6: the report and probe code stay easy to change: the probe draws through the shared
+"""The report and probe code stay easy to change: the probe draws through the shared
 plotting helper (not the report's private functions), the map's report is its own module, and the
 `loopnet` entry point and the Trainer CLI do not import each other."""
 

@@ -1,4 +1,4 @@
-"""Issue 22, item 2: the stability map's measures, checked by hand on synthetic run summaries (no fits)."""
+"""The stability map's measures, checked by hand on synthetic run summaries (no fits)."""
 
 import json
 import math

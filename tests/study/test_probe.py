@@ -1,4 +1,4 @@
-"""loopnet probe: the update-size test of DeepLoop's theory over R (issue 14)."""
+"""loopnet probe: the update-size test of DeepLoop's theory over R."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""Issue 22, item 5: the byte-level proxy (data.vocab: bytes) and the measurement of where a step goes."""
+"""The byte-level proxy (data.vocab: bytes) and the measurement of where a step goes."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 22, item 1: the probe that separates the update's terms by parameter group, and norm_affine."""
+"""The probe that separates the update's terms by parameter group, and norm_affine."""
 
 import json
 import math

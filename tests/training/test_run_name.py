@@ -1,4 +1,4 @@
-"""Issue 23, item 4: run folders of different model shapes never share a name (`cpu.yaml`'s d = 128 and
+"""Run folders of different model shapes never share a name (`cpu.yaml`'s d = 128 and
 `study_cpu.yaml`'s d = 64 both logged into runs/deeploop_carry_k2_r6/, so the next `--ckpt_path last` was
 refused as ambiguous)."""
 

@@ -1,4 +1,4 @@
-"""Issue 16, item 7: every command paid 6-9 s of start-up, even `--help`; `datasets` (with pandas,
+"""Every command paid 6-9 s of start-up, even `--help`; `datasets` (with pandas,
 ~0.8 s of it) is imported only where documents are read."""
 
 import subprocess
@@ -36,7 +36,7 @@ def _light(*args: str) -> tuple[str, list[str]]:
 
 
 def test_loopnet_help_lists_the_commands_without_importing_lightning():
-    """Issue 16, item 7: `loopnet --help` paid Lightning's import (3-4 s of its 5 s) to list the commands."""
+    """`loopnet --help` paid Lightning's import (3-4 s of its 5 s) to list the commands."""
     out, heavy = _light("--help")
     assert heavy == []
     for command in ("fit", "validate", "test", "predict", "sweep", "report", "probe", "eval", "bench"):
