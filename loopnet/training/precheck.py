@@ -9,7 +9,7 @@ the names of the data sources and vocabularies are imported as they are. So conf
 `config:` includes, option names, types and defaults are read as LightningCLI reads them. The Trainer's
 and the callbacks' options (Lightning's signatures) are taken as they come (a mapping); LightningCLI's
 own parser checks them after the import. Nothing here refuses what that parser accepts
-(tests/training/test_one_reader.py).
+(tests/training/test_precheck.py).
 
     normalize_argv   `--key -1e-3` -> `--key=-1e-3` (argparse takes `-1e-3` for an option)
     parser           the Lightning-free parser of a subcommand

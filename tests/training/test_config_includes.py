@@ -2,7 +2,7 @@
 does not set itself. jsonargparse replaces a whole nested section (`model:`) of an included file when the
 including file has a section of the same name, so the shipped configs set their values as dotted keys
 (`model.config.residual: deeploop`); this test reads each one as the early checks read it (the parser
-LightningCLI's is held equal to in test_one_reader) and compares leaf by leaf."""
+LightningCLI's is held equal to in test_precheck) and compares leaf by leaf."""
 
 from __future__ import annotations
 

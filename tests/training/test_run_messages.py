@@ -1,4 +1,5 @@
-"""A newcomer's first hour: what a first run prints and warns about."""
+"""What a first run prints and warns about: the resume hint after the progress bar, a fit that ends before its
+first validation, the per-round losses' order."""
 
 from __future__ import annotations
 
