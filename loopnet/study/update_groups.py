@@ -29,6 +29,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a function needs it (a light module)
+    import torch
 
 GROUPS = ("embed+head", "norm", "VOfc", "QK")
 GROUP_TEXT = {"embed+head": "embeddings + head", "norm": "norm gains", "VOfc": "V/O/fc1/fc2 (β-scaled)",
@@ -37,7 +41,7 @@ OPTIMIZERS = ("adamw", "sgd", "muon")
 OPTIMIZER_TEXT = {"adamw": "AdamW", "sgd": "SGD", "muon": "Muon (+ AdamW on the rest)"}
 
 
-def group_masks(model) -> dict[str, dict[str, "torch.Tensor"]]:
+def group_masks(model) -> dict[str, dict[str, torch.Tensor]]:
     """Group -> {parameter name: 0/1 mask of its elements in the group} (names of `named_parameters`,
     so a tied head is the embedding). Masks of one parameter over the groups sum to one."""
     import torch

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from loopnet.model import LoopedTransformer, Visit, residual_scales, visit_order
-from loopnet.model.layers import unit_rms
 from loopnet.training.module import LoopedLM, OptimConfig
 from tests.helpers import tiny_config
 

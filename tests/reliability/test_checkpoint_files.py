@@ -11,7 +11,6 @@ import torch
 from jsonargparse import Namespace
 
 from loopnet import checkpoints as ck
-from loopnet.model import LoopConfig
 from tests.helpers import tiny_config
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.callbacks import Callback
 
-from loopnet.model.rounds import draw_rounds
 from tests.reliability.helpers import RUN, TINY, SignalAt, callbacks, finish, loopnet, scalars, spawn
 
 pytestmark = pytest.mark.slow
