@@ -2,8 +2,8 @@
 # The GPU check, run on a machine with one or more GPUs (docs/gpu-check.md).
 # Here, once:   make device-wheels   (cp312 wheels, into .whl/, of what the GPU image lacks against its recorded
 #                                     versions, scripts/gpu_image.json; it checks that they fit the 64 MiB carry)
-# There, in one call of the device tool:  bash scripts/gpu_check.sh   with carry [".whl"], timeout_s 540.
-# It runs on the image's torch. Its time is one budget, 8 minutes (scripts/gpu_check.py: BUDGET_S), from which
+# There, in one call of the device tool:  bash scripts/gpu_check.sh   with carry [".whl"], timeout_s 600.
+# It runs on the image's torch. Its time is one budget, 590 s (scripts/gpu_check.py: BUDGET_S), from which
 # every limit below and each check's is derived: the carried wheels' install, the preflight (versions, every
 # requirement met, loopnet's imports), then the checks of scripts/gpu_check.py, MFU first: MFU at GPT-2-small
 # width (d = 768, T = 1024) with compile off and on; the fp32 custom loss (the training head's one-softmax loss)
