@@ -212,3 +212,32 @@ def test_a_branch_lambda_that_is_not_the_three_quarter_arm_is_refused(tmp_path):
     csv_path.write_text(csv_path.read_text().replace("branch_lambda1.18921", "branch_lambda1.5"))
     with pytest.raises(ValueError, match="is not the γ = ¾ arm"):
         gamma.read([tmp_path / "bad"])
+
+
+def test_the_sweep_files_hold_the_preregistered_design():
+    """configs/sweeps/gamma/: the core is 1/√depth and Wang × R ∈ {2, 24} × the ladder's first 9 rates × seeds 1-8
+    (288); the ladder and the tail complete the design (768 and 360); no cell is in two sweeps; the γ = ¾ arm's λ
+    is R^¼; every cell is the map's proxy (the rival grid's base configs), 200 steps."""
+    sweeps = {n: grid.load_sweep(f"configs/sweeps/gamma/{n}.yaml") for n in ("core", "ladder", "tail")}
+    cells = {n: grid.expand(s) for n, s in sweeps.items()}
+    assert {n: len(c) for n, c in cells.items()} == {"core": 288, "ladder": 768, "tail": 360}
+    ids = [c.id for cs in cells.values() for c in cs]
+    assert len(ids) == len(set(ids)) and len({s.out for s in sweeps.values()}) == 3
+    assert all(s.base == grid.load_sweep("configs/sweeps/rival/grid.yaml").base for s in sweeps.values())
+    arm = lambda p: ("deeploop" if p["model.config.residual"] == "deeploop" else "threequarter"
+                     if "model.config.branch_lambda" in p else p["model.config.branch_scale"])
+    core = {(arm(c.params), c.params["model.config.n_rounds"], c.params["model.optim.lr"], c.params["seed_everything"])
+            for c in cells["core"]}
+    assert core == {(a, r, lr, s) for a in ("sqrt_depth", "wang") for r in (2, 24) for lr in gamma.LADDER[:9]
+                    for s in range(1, 9)}
+    both = {(arm(c.params), c.params["model.config.n_rounds"], c.params["model.optim.lr"], c.params["seed_everything"])
+            for n in ("core", "ladder") for c in cells[n]}
+    assert both == {(a, r, lr, s) for a in gamma.ARMS for r in (2, 12, 24) for lr in gamma.LADDER for s in range(1, 9)}
+    for c in (c for cs in cells.values() for c in cs if "model.config.branch_lambda" in c.params):
+        assert c.params["model.config.branch_lambda"] == pytest.approx(c.params["model.config.n_rounds"] ** 0.25,
+                                                                       abs=1e-6)
+        assert c.params["model.config.branch_scale"] == "wang"
+    tail = {c.params["model.optim.lr"] for c in cells["tail"]}
+    assert max(tail) == 0.256 and min(tail) == pytest.approx(gamma.LADDER[-1] * 2 ** 0.5, rel=0.01)
+    assert {c.params["seed_everything"] for c in cells["tail"]} == {1, 2, 3}
+    assert all("trainer.max_steps" not in s.overrides for s in sweeps.values())  # study_map.yaml's 200 steps
