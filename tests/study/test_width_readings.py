@@ -90,7 +90,8 @@ def test_command_with_the_map_at_128(tmp_path, capsys):
                 f"256={write_width(tmp_path / 'd256', D256)}", "--out", str(out), "--boots", "10"])
     printed = capsys.readouterr().out
     assert out.is_file() and (tmp_path / "width" / "readings_boundary_vs_d.png").stat().st_size > 0
-    assert "difference of falls (DeepNorm's − DeepLoop's), d = 64 → 256: +0.15 [+0.15, +0.15]: grows with width" in printed
+    assert ("difference of falls (DeepNorm's − DeepLoop's), d = 64 → 256: +0.15; seed bootstrap (as stated) "
+            "[+0.15, +0.15]: grows with width; profile likelihood [") in printed
     md = out.read_text()
     assert "| 128 | deepnorm | 12 |" in md and "| 128 | deeploop | 2 |" in md
     # d = 128's fit is over the map's grid and boundary at R = 2 and 12, each (scheme, R, rate, seed) once
