@@ -27,7 +27,8 @@ exec > >(tee -a "$OUT/gamma_device.log") 2>&1
 
 if compgen -G ".whl/*.whl" >/dev/null; then
     timeout 30 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || { echo "gamma_device: installing .whl/ failed; fix: make device-wheels"; exit 1; }
+        --target /tmp/site .whl/*.whl \
+        || { echo "gamma_device: installing .whl/ failed; fix: make device-wheels"; exit 1; }
     export PYTHONPATH=/tmp/site:$PWD
 fi
 python3 - <<"PY" || { echo "gamma_device: loopnet does not import here; fix: make device-wheels, carry .whl"; exit 1; }

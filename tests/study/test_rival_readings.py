@@ -252,7 +252,7 @@ def test_an_unfinished_grid_reads_not_resolved_without_failing(tmp_path, capsys)
     assert res["verdict"] == "not resolved"
 
 
-# ---------------------------------------------------------------------------------------- per seed (what each interval is)
+# ------------------------------------------------------------------------ per seed (what each interval is)
 def test_seed_shifts_are_each_seeds_own_vertex_shift(tmp_path):
     """In the synthetic maps every seed's loss is the same exact quadratic plus 0.01·seed, so every seed's own
     vertex is the curve's: Δ_s = −0.5 for each seed of the shifted arm, 0 for the transferring one."""

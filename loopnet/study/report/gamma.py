@@ -319,7 +319,8 @@ def long_sweep(rates: dict, plateau: float) -> str:
 
 def long_check(short: dict, long: dict, plateau: float) -> dict:
     """Per arm: Δ₁₂ at 1,000 steps (each seed's own vertex over the check's rates) minus Δ₁₂ at 200 steps (the
-    same seeds, over the ladder), per seed, with its t interval and its word (holds: inside ±0.15; moves: excludes 0)."""
+    same seeds, over the ladder), per seed, with its t interval and its word (holds: inside ±0.15; moves:
+    excludes 0)."""
     out = {}
     for arm in ARMS:
         a = seed_shifts(long, arm, plateau, R_LO, R_MID)

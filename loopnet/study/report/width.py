@@ -195,7 +195,8 @@ def markdown(widths: dict, fits: dict, trends: dict, plateau: float, argv: list[
     for q, t in trends.items():
         lo, hi = t["profile"]
         md += [f"- **{NAMES[q]}**, d = {d0} → {d1}: change {t['change']:+.2f} decades (×{10 ** t['change']:.2f}).",
-               f"  - As stated before the run: 95% percentile bootstrap over seeds {ci(t['lo'], t['hi'])} ({t['boots']} "
+               f"  - As stated before the run: 95% percentile bootstrap over seeds {ci(t['lo'], t['hi'])} "
+               f"({t['boots']} "
                f"usable draws of {boots}): **{trend_word(t['change'], t['lo'], t['hi'])}**.",
                f"  - Added 2026-12-04: the same model's 95% profile-likelihood interval (the two widths' Firth fits, "
                f"their penalised log-likelihoods summed; χ²₁, approximate coverage): {ci(lo, hi)}: "
