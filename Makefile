@@ -10,7 +10,7 @@ CONFIG ?= configs/deeploop_r6.yaml
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup fit test test-quick tensorboard clean device-wheels study map map-controls map-smoke rival rival-smoke width mutants
+.PHONY: setup fit test test-quick tensorboard clean device-wheels study map map-controls map-smoke rival rival-smoke width gamma-core gamma mutants
 
 setup: $(STAMP)
 
@@ -117,6 +117,28 @@ width: $(STAMP)
 	  || exit 1; done
 	$(PY) -m loopnet.study.report.width 64=$(RIVAL)/width_d64/pilot,$(RIVAL)/width_d64/boundary \
 	  128=$(MAP)/grid,$(MAP)/boundary 256=$(RIVAL)/width_d256/pilot,$(RIVAL)/width_d256/boundary --out docs/results/width/readings.md
+
+# The depth exponent gamma (docs/results/gamma/PREREGISTRATION.md), resumable (finished cells are skipped).
+# gamma-core: the decisive core first (1/sqrt(depth) and Wang x R in {2, 24} x 9 rates x 8 seeds, 288 fits), its
+# report and the readings. gamma: the rest of the 8-seed ladder (768 fits), the high-rate tail (360), the
+# 1,000-step check (120 fits, its sweep file written from the ladder by the pre-registered rule) and the readings.
+GAMMA := docs/results/gamma
+GAMMA_READ = $(PY) -m loopnet.study.report.gamma readings --rival $(RIVAL)/grid --out $(GAMMA)/readings.md
+gamma-core: $(STAMP)
+	$(LN) sweep configs/sweeps/gamma/core.yaml --jobs 2 --threads 1
+	$(LN) report runs/sweeps/gamma_core --out $(GAMMA)/core --title "Depth exponent: the decisive core"
+	$(GAMMA_READ) --cells $(GAMMA)/core
+
+gamma: gamma-core
+	$(LN) sweep configs/sweeps/gamma/ladder.yaml --jobs 2 --threads 1
+	$(LN) sweep configs/sweeps/gamma/tail.yaml --jobs 2 --threads 1
+	$(LN) report runs/sweeps/gamma_ladder --out $(GAMMA)/ladder --title "Depth exponent: the 8-seed ladder"
+	$(LN) report runs/sweeps/gamma_tail --out $(GAMMA)/tail --title "Depth exponent: the high-rate tail"
+	test -f configs/sweeps/gamma/long.yaml || $(PY) -m loopnet.study.report.gamma long-sweep \
+	  --cells $(GAMMA)/core $(GAMMA)/ladder --out configs/sweeps/gamma/long.yaml
+	$(LN) sweep configs/sweeps/gamma/long.yaml --jobs 2 --threads 1
+	$(LN) report runs/sweeps/gamma_long --out $(GAMMA)/long --title "Depth exponent: the 1,000-step check"
+	$(GAMMA_READ) --cells $(GAMMA)/core $(GAMMA)/ladder $(GAMMA)/tail --long $(GAMMA)/long
 
 # The rival pipeline end to end on 20-step fits (a few minutes): sweep -> report -> the confirmation's sweep file,
 # all under runs/sweeps/rival_smoke (not results).

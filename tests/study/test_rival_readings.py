@@ -250,3 +250,72 @@ def test_an_unfinished_grid_reads_not_resolved_without_failing(tmp_path, capsys)
     res = rival.reading(cells, PLATEAU, boots=20)
     assert all(res["shifts"][a] is None for a in rival.ARMS)
     assert res["verdict"] == "not resolved"
+
+
+# ------------------------------------------------------------------------ per seed (what each interval is)
+def test_seed_shifts_are_each_seeds_own_vertex_shift(tmp_path):
+    """In the synthetic maps every seed's loss is the same exact quadratic plus 0.01·seed, so every seed's own
+    vertex is the curve's: Δ_s = −0.5 for each seed of the shifted arm, 0 for the transferring one."""
+    cells = map_cells.merge(sources.read(rival_grid(tmp_path, TRANSFER)))
+    assert rival.seed_shifts(cells, "sqrt_depth", PLATEAU) == pytest.approx({1: -0.5, 2: -0.5, 3: -0.5}, abs=1e-9)
+    assert rival.seed_shifts(cells, "wang", PLATEAU) == pytest.approx({1: 0.0, 2: 0.0, 3: 0.0}, abs=1e-9)
+    rows = {r["pair"]: r for r in rival.pairwise({a: rival.seed_shifts(cells, a, PLATEAU) for a in rival.ARMS})}
+    assert rows[("wang", "sqrt_depth")]["diffs"] == pytest.approx([0.5] * 3, abs=1e-9)
+    assert rows[("wang", "sqrt_depth")]["positive"] == 3
+
+
+def test_a_bootstrap_over_n_seeds_has_few_resamples():
+    assert [rival.resamples(n) for n in (2, 3, 8)] == [3, 10, 6435]
+
+
+GRID = MAP.parent / "rival" / "grid"
+
+
+def test_the_committed_grid_backs_only_part_of_the_ordering():
+    """From the committed cells: each seed's own Δ, and the pairs of arms per seed. ε = 1 → Wang is positive on
+    every seed with a t interval above 0; 1/√depth → Wang is +0.19, +0.03, −0.00 (2 of 3 seeds, t interval
+    across 0); ε = 1 → 1/√depth is positive on 3 of 3 seeds with a t interval that reaches below 0."""
+    grid = map_cells.merge(sources.read(GRID))
+    per = {a: rival.seed_shifts(grid, a, PLATEAU) for a in rival.ARMS}
+    assert [round(v, 3) for v in per["sqrt_depth"].values()] == [-0.242, -0.063, -0.171]
+    assert [round(v, 3) for v in per["wang"].values()] == [-0.055, -0.031, -0.172]
+    rows = {r["pair"]: r for r in rival.pairwise(per)}
+    w_s, s_o, w_o = rows[("wang", "sqrt_depth")], rows[("sqrt_depth", "one")], rows[("wang", "one")]
+    assert [round(d, 2) for d in w_s["diffs"]] == [0.19, 0.03, -0.0] and w_s["positive"] == 2
+    assert w_s["t"]["lo"] < 0 < w_s["t"]["hi"]
+    assert s_o["positive"] == 3 and s_o["t"]["lo"] < 0 < s_o["t"]["hi"]
+    assert w_o["positive"] == 3 and w_o["t"]["lo"] > 0
+
+
+def test_the_post_hoc_best_loss_rests_on_a_near_tie():
+    """Wang − 1/√depth at R = 12 on the grid's seeds: 3 of 3 seeds negative at each arm's lowest grid mean, where
+    the 1/√depth arm's two lowest means (5e-4, 1e-3) differ by 0.00013 nat; 2 of 3 at the confirmation's rate."""
+    grid = map_cells.merge(sources.read(GRID))
+    rows = {r["how"]: r for r in rival.best_loss_check(grid, {"wang": 1e-3, "sqrt_depth": 1e-3}, PLATEAU)}
+    low, conf = rows["lowest grid mean"], rows["the confirmation's rate"]
+    assert low["rates"] == (1e-3, 5e-4) and low["negative"] == 3
+    assert conf["rates"] == (1e-3, 1e-3) and conf["negative"] == 2
+    assert round(low["margin"], 5) == 0.00013
+    assert round(low["t"]["mean"], 3) == -0.021 and round(conf["t"]["mean"], 3) == -0.021
+
+
+def test_two_seed_map_deltas_per_seed():
+    """DeepLoop on the map's 2 seeds: Δ_s +0.0175 and −0.0062, while the two-seed curve's vertex gives +0.024,
+    outside both; its bootstrap interval [−0.006, +0.024] has the estimate as its upper end (3 possible draws)."""
+    grid = map_cells.merge(sources.read(MAP / "grid"))
+    per = rival.seed_shifts(grid, "deeploop", PLATEAU)
+    assert list(per.values()) == pytest.approx([0.0175, -0.0062], abs=1e-4)
+    out = rival.vertex_shift(grid, "deeploop", PLATEAU, boots=2000)
+    assert round(out["delta"], 3) == 0.024 and round(out["hi"], 3) == 0.024 and round(out["lo"], 3) == -0.006
+
+
+def test_the_committed_readings_are_what_the_code_computes_from_the_committed_cells(tmp_path):
+    """docs/results/rival/readings.md, recomputed from the committed reports with `make rival`'s last step (2,000
+    bootstrap draws, seeded): the same text, figure for figure."""
+    results = MAP.parent
+    out = tmp_path / "readings.md"
+    rival.main(["--grid", f"{results}/rival/grid", "--confirm", f"{results}/rival/confirm", "--map", str(MAP),
+                "--out", str(out)])
+    committed = (results / "rival" / "readings.md").read_text()
+    assert out.read_text().replace(f"{results}/", "docs/results/").replace(str(MAP), "docs/results/map") \
+        .replace(str(out), "docs/results/rival/readings.md") == committed

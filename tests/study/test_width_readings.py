@@ -73,6 +73,8 @@ def test_trend_with_a_known_answer(tmp_path, small, large, change, word):
         assert t["change"] == pytest.approx(change[q], abs=2 * TOL)
         assert (t["lo"], t["hi"]) == pytest.approx((change[q], change[q]), abs=2 * TOL)  # every draw is a translate
         assert width.trend_word(t["change"], t["lo"], t["hi"]) == word
+        lo, hi = t["profile"]  # the likelihood's interval holds the change
+        assert lo < t["change"] < hi
 
 
 def test_trend_words():
@@ -88,7 +90,8 @@ def test_command_with_the_map_at_128(tmp_path, capsys):
                 f"256={write_width(tmp_path / 'd256', D256)}", "--out", str(out), "--boots", "10"])
     printed = capsys.readouterr().out
     assert out.is_file() and (tmp_path / "width" / "readings_boundary_vs_d.png").stat().st_size > 0
-    assert "difference of falls (DeepNorm's − DeepLoop's), d = 64 → 256: +0.15 [+0.15, +0.15]: grows with width" in printed
+    assert ("difference of falls (DeepNorm's − DeepLoop's), d = 64 → 256: +0.15; seed bootstrap (as stated) "
+            "[+0.15, +0.15]: grows with width; profile likelihood [") in printed
     md = out.read_text()
     assert "| 128 | deepnorm | 12 |" in md and "| 128 | deeploop | 2 |" in md
     # d = 128's fit is over the map's grid and boundary at R = 2 and 12, each (scheme, R, rate, seed) once
@@ -115,3 +118,45 @@ def test_the_committed_readings_are_what_the_code_computes_from_the_committed_ce
     committed = (results / "width" / "readings.md").read_text()
     assert out.read_text().replace(str(out), "docs/results/width/readings.md").replace(f"{results}/", "docs/results/") \
         == committed
+
+
+def test_change_interval_solves_its_equation(tmp_path):
+    """The change's profile interval: at each end, the two widths' summed penalised log-likelihood, maximised over
+    the small width's value on a grid (no golden section), lies χ²₁(0.95)/2 below its maximum; for two identical
+    widths the interval is symmetric about 0."""
+    import numpy as np
+
+    from loopnet.study import boundary
+
+    a = width.fit_width(cells(write_width(tmp_path / "a", D64)), PLATEAU)
+    b = width.fit_width(cells(write_width(tmp_path / "b", D256)), PLATEAU)
+    w = width.QUANTITIES["ratio12"]
+    lo, hi = width.change_interval(a, b, w)
+    top, v0 = a.value + b.value, a.combination(w)
+    for c in (lo, hi):
+        best = max(a.profile(w, v) + b.profile(w, v + c) for v in np.linspace(v0 - 1, v0 + 1, 801))
+        # the grid's spacing (0.0025) and the bisection's tolerance (1e-3) move the drop by well under 0.05
+        assert 2 * (top - best) == pytest.approx(boundary.CHI2_95, abs=0.05)
+    lo, hi = width.change_interval(a, a, w)
+    assert lo == pytest.approx(-hi, abs=2e-3)
+
+
+def test_the_committed_width_trend_is_not_distinguished_by_the_likelihood():
+    """From the committed cells: the log ratio at R = 12 changes +0.14 decades (×1.39) from d = 64 to 256; the
+    stated seed bootstrap's interval excludes 0, the same model's profile interval [−0.08, +0.37] does not; η50 at
+    R = 2 falls ×0.40 (DeepNorm) and ×0.44 (DeepLoop) per doubling from d = 128 to 256, ×0.50 from 64 to 128."""
+    results = MAP.parent
+    w = {64: [f"{results}/rival/width_d64/pilot", f"{results}/rival/width_d64/boundary"],
+         128: [MAP / "grid", MAP / "boundary"],
+         256: [f"{results}/rival/width_d256/pilot", f"{results}/rival/width_d256/boundary"]}
+    c = {d: map_cells.merge(*(sources.read(f) for f in fs)) for d, fs in w.items()}
+    fits = {d: width.fit_width(c[d], PLATEAU) for d in c}
+    q = width.QUANTITIES["ratio12"]
+    change = fits[256].combination(q) - fits[64].combination(q)
+    assert round(change, 2) == 0.14 and round(10 ** change, 2) == 1.39
+    lo, hi = width.change_interval(fits[64], fits[256], q)
+    assert (round(lo, 2), round(hi, 2)) == (-0.08, 0.37)
+    per_doubling = {(s, d): 10 ** (fits[2 * d].x50((s, 2)) - fits[d].x50((s, 2))) for s in width.SCHEMES
+                    for d in (64, 128)}
+    assert {k: round(v, 2) for k, v in per_doubling.items()} == {
+        ("deepnorm", 64): 0.5, ("deepnorm", 128): 0.4, ("deeploop", 64): 0.5, ("deeploop", 128): 0.44}

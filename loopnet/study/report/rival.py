@@ -34,7 +34,7 @@ from pathlib import Path
 from loopnet.env import one_line_errors
 
 from .. import boundary
-from ..measures import best_rate_shift, paired_interval
+from ..measures import best_rate_shift, paired_interval, quadratic_vertex, trains
 from . import map_cells, sources
 
 ARMS = ("one", "sqrt_depth", "wang")
@@ -208,6 +208,115 @@ def secondary(confirm: dict, plateau: float) -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------------------------------- added 2026-12-04
+def seed_shifts(cells: dict, group: str, plateau: float) -> dict[int, float]:
+    """seed -> Δ_s = log10 η*(12) − log10 η*(2) from that seed's own vertices (each over the rates where it trains,
+    `quadratic_vertex`); seeds without a vertex at either R are left out."""
+    out = {}
+    lo, hi = curve(cells, group, R_LO), curve(cells, group, R_HI)
+    for s in sorted({s for by in (*lo.values(), *hi.values()) for s in by}):
+        xs = []
+        for c in (lo, hi):
+            ok = {lr: by[s] for lr, by in c.items() if s in by and trains("completed", by[s], plateau)}
+            v = quadratic_vertex(ok) if len(ok) >= 3 else None
+            xs.append(None if v is None else v["x"])
+        if None not in xs:
+            out[s] = xs[1] - xs[0]
+    return out
+
+
+def resamples(n: int) -> int:
+    """How many different draws a bootstrap of n seeds can make (multisets of size n from n seeds)."""
+    return math.comb(2 * n - 1, n)
+
+
+PAIRS = (("sqrt_depth", "one"), ("wang", "sqrt_depth"), ("wang", "one"))
+
+
+def pairwise(per: dict[str, dict[int, float]]) -> list[dict]:
+    """Per pair of arms (a, b): Δ_a − Δ_b per seed, the mean with its 95% t interval (n − 1 degrees of freedom) and
+    how many seeds are positive: which of "ε = 1 < 1/√depth < Wang" the seeds back."""
+    out = []
+    for a, b in PAIRS:
+        seeds = sorted(set(per.get(a, {})) & set(per.get(b, {})))
+        diffs = [per[a][s] - per[b][s] for s in seeds]
+        out.append({"pair": (a, b), "seeds": seeds, "diffs": diffs, "t": paired_interval(diffs),
+                    "positive": sum(d > 0 for d in diffs)})
+    return out
+
+
+def best_loss_check(cells: dict, confirm_rates: dict[str, float], plateau: float) -> list[dict]:
+    """At R = 12 on the grid's seeds, Wang's arm − the 1/√depth arm per seed, each at (a) its lowest seed-mean loss
+    on the grid and (b) the rate the confirmation ran; with the 1/√depth arm's margin between its two lowest means
+    (an argmin decided by less than the seeds' spread makes (a) a choice, not a measurement)."""
+    def by_rate(group):
+        return {lr: {c["seed"]: c["loss"] for c in cs if c["status"] == "completed"}
+                for lr, cs in map_cells.by_rate(cells, group, R_HI).items()}
+    rows, curves = [], {g: by_rate(g) for g in ("wang", "sqrt_depth")}
+    means = {g: {lr: statistics.fmean(v.values()) for lr, v in c.items() if v} for g, c in curves.items()}
+    ranked = sorted(means["sqrt_depth"].items(), key=lambda kv: kv[1])
+    margin = ranked[1][1] - ranked[0][1] if len(ranked) > 1 else math.nan
+    for how, rate in (("lowest grid mean", {g: min(m, key=m.get) for g, m in means.items() if m}),
+                      ("the confirmation's rate", confirm_rates)):
+        if not all(g in rate and rate[g] in curves[g] for g in curves):
+            continue
+        a, b = curves["wang"][rate["wang"]], curves["sqrt_depth"][rate["sqrt_depth"]]
+        seeds = sorted(set(a) & set(b))
+        diffs = [a[s] - b[s] for s in seeds]
+        rows.append({"how": how, "rates": (rate["wang"], rate["sqrt_depth"]), "seeds": seeds, "diffs": diffs,
+                     "t": paired_interval(diffs), "negative": sum(d < 0 for d in diffs), "margin": margin})
+    return rows
+
+
+def added_section(grid: dict, shifts: dict, maps: dict, map_grid: dict, confirm: dict, plateau: float) -> list[str]:
+    """The per-seed readings added on 2026-12-04, beside the stated ones, so that each interval says what it is."""
+    per = {g: seed_shifts(grid, g, plateau) for g in ARMS}
+    md = ["## Per seed, and what each interval is (added 2026-12-04)", "",
+          "Δ_s: Δ from one seed's own vertices at R = 2 and 12 (each over the rates where that seed trains). The "
+          "stated Δ is the vertex of the seed-mean curve, which need not lie inside the seeds' own values (a "
+          "vertex is not linear in the losses).", "",
+          "| group | seeds | Δ_s per seed | mean of Δ_s | 95% t interval (n − 1 df) | stated Δ | stated interval "
+          "(seed bootstrap) | possible resamples |", "|---|---|---|---:|---|---:|---|---:|"]
+    rows = [(ARM_NAMES[g], per[g], shifts.get(g)) for g in ARMS]
+    rows += [(s, seed_shifts(map_grid, s, plateau), maps.get(s)) for s in MAP_SCHEMES]
+    for name, values, st in rows:
+        t = paired_interval(list(values.values()))
+        md.append(f"| {name} | {sorted(values)} | " + ", ".join(f"{v:+.3f}" for v in values.values()) + " | "
+                  + (f"{t['mean']:+.3f} | [{t['lo']:+.3f}, {t['hi']:+.3f}]" if t else "— | —") + " | "
+                  + ("" if st is None else f"{st['delta']:+.3f}") + " | "
+                  + ("" if st is None else f"[{st['lo']:+.3f}, {st['hi']:+.3f}]") + f" | {resamples(len(values))} |")
+    md += ["", "A percentile bootstrap over n seeds can draw only C(2n − 1, n) different resamples: 10 for 3 seeds, 3 "
+           "for 2. Each seed drawn n times has probability n^−n (1/27 for 3 seeds, 1/4 for 2), more than the 2.5% a "
+           "95% interval leaves in each tail, so the percentile ends are close to the extreme resamples: the stated "
+           "intervals over the grid's 3 seeds and the map's 2 are ranges of a handful of outcomes, not 95% intervals, "
+           "and their coverage is unknown. The t intervals above assume normal per-seed values; with 3 seeds (2 df) "
+           "they are wide, and with 2 (1 df) wider still.", "",
+           "Which of the ordering ε = 1 < 1/√depth < Wang (in how little the best rate moves) the seeds back: Δ_s of "
+           "the first arm minus the second, per seed.", "",
+           "| pair | per seed | seeds positive | mean | 95% t interval |", "|---|---|---:|---:|---|"]
+    for row in pairwise(per):
+        a, b = row["pair"]
+        t = row["t"]
+        md.append(f"| {ARM_NAMES[a]} − {ARM_NAMES[b]} | " + ", ".join(f"{d:+.3f}" for d in row["diffs"])
+                  + f" | {row['positive']} of {len(row['diffs'])} | "
+                  + (f"{t['mean']:+.3f} | [{t['lo']:+.3f}, {t['hi']:+.3f}]" if t else "— | —") + " |")
+    conf = {g: next(iter(map_cells.by_rate(confirm, g, R_HI)), None) for g in ("wang", "sqrt_depth")}
+    md += ["", "The best loss at R = 12 on the grid's seeds, Wang's arm − the 1/√depth arm, by how each arm's rate "
+           "is chosen:", "",
+           "| each arm's rate | rates (Wang, 1/√depth) | per seed (nat/byte) | seeds negative | mean | "
+           "95% t interval (n − 1 df) |", "|---|---|---|---:|---:|---|"]
+    checks = best_loss_check(grid, {g: r for g, r in conf.items() if r is not None}, plateau)
+    for row in checks:
+        t = row["t"]
+        md.append(f"| {row['how']} | {row['rates'][0]:.3g}, {row['rates'][1]:.3g} | "
+                  + ", ".join(f"{d:+.4f}" for d in row["diffs"]) + f" | {row['negative']} of {len(row['diffs'])} | "
+                  + (f"{t['mean']:+.4f} | [{t['lo']:+.4f}, {t['hi']:+.4f}]" if t else "— | —") + " |")
+    if checks:
+        md += ["", f"The 1/√depth arm's two lowest seed-mean losses at R = 12 differ by {checks[0]['margin']:.5f} "
+               "nat/byte: its lowest grid mean is a near tie."]
+    return md
+
+
 # ---------------------------------------------------------------------------------------- the report
 def show_range(rng: tuple[float, float], spec: str = "{:+.2f}") -> str:
     least, greatest = rng
@@ -227,7 +336,7 @@ def ci_text(lo, hi) -> str:
 
 
 def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: float, argv: list[str],
-             plot: str | None) -> list[str]:
+             plot: str | None, added: list[str] | None = None) -> list[str]:
     shifts, logit = result["shifts"], result["logit"]
     line = verdict_line(result)
     md = ["# The rival rule on the map: the readings stated before the run, computed", "",
@@ -236,7 +345,8 @@ def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: 
           f"it completed with its final validation loss below the plateau {plateau:.4f} − 0.1 nat.", "",
           f"**{line}**", "",
           "## The decisive reading", "",
-          "| arm | η*(R = 2) | η*(R = 12) | Δ | Δ given censoring | 95% bootstrap | η50(R = 2) | η50(R = 12) | Δ50 | "
+          "| arm | η*(R = 2) | η*(R = 12) | Δ | Δ given censoring | seed bootstrap (stated as 95%; see the per-seed "
+          "section) | η50(R = 2) | η50(R = 12) | Δ50 | "
           "Δ50 given censoring | 95% profile |", "|---|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for g in ARMS:
         s, l = shifts[g], logit.get(g)
@@ -284,7 +394,8 @@ def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: 
            "the monotone logistic a poor description: its exact trend test P is then large.", "",
            "## The map's own schemes (the comparison, not part of the verdict)", "",
            "Δ on the map's ×2 grid (`docs/results/map/grid`), computed the same way.", "",
-           "| scheme | η*(R = 2) | η*(R = 12) | Δ | 95% bootstrap |", "|---|---:|---:|---:|---|"]
+           "| scheme | η*(R = 2) | η*(R = 12) | Δ | seed bootstrap over 2 seeds (3 possible resamples; not a 95% "
+           "interval) |", "|---|---:|---:|---:|---|"]
     for s, out in maps.items():
         md.append(f"| {s} | — | — | — | — |" if out is None else
                   f"| {s} | {edge(out['x_lo'], out['censored_lo'])} | {edge(out['x_hi'], out['censored_hi'])} | "
@@ -299,6 +410,8 @@ def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: 
         rates = "—" if not (row["wang"] and row["other"]) else f"{row['wang'][0]:.3g}, {row['other'][0]:.3g}"
         md.append(f"| {ARM_NAMES.get(row['rival'], row['rival'])} | {rates} | {row.get('seeds', '—')} | "
                   + (f"{p['mean']:+.4f} | [{p['lo']:+.4f}, {p['hi']:+.4f}]" if p else "— | —") + f" | {row['word']} |")
+    if added:
+        md += [""] + added
     if plot:
         md += ["", f"![final loss vs rate per arm and R]({plot})"]
     return md + [""]
@@ -377,7 +490,8 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     plot = out.with_name(out.stem + "_loss_vs_lr.png")
     plot_loss_vs_lr(grid, result, plateau, plot)
-    out.write_text("\n".join(markdown(result, grid, maps, second, plateau, argv, plot.name)))
+    added = added_section(grid, result["shifts"], maps, map_grid, confirm, plateau)
+    out.write_text("\n".join(markdown(result, grid, maps, second, plateau, argv, plot.name, added)))
     print(f"loopnet rival: {verdict_line(result)}")
     print(f"loopnet rival: wrote {out} and {plot}")
 

@@ -1,0 +1,243 @@
+"""The depth exponent's readings (docs/results/gamma/PREREGISTRATION.md) on synthetic cells whose answers are known by
+construction: exact quadratic losses in log10 η (so each seed's vertex is exact and Δ_s is what was put in), the
+t intervals recomputed here from the textbook formula with a table quantile, Fieller's interval checked against its
+defining equation, each group's trains-pattern a translate of one pattern (so its 50%-trains rate moves by exactly
+the translation), and the 1,000-step check's sweep file expanded by the sweep's own reader."""
+
+import csv
+import json
+import math
+import statistics
+
+import pytest
+
+from loopnet.study import grid
+from loopnet.study.report import gamma
+
+PLATEAU = 3.275707171288669  # the map's
+T7 = 2.364624251592785  # Student's t, 0.975 quantile, 7 degrees of freedom (tables)
+SEEDS = range(1, 9)
+X2 = math.log10(1.3e-3)  # every arm's vertex at R = 2 before the per-seed offsets
+# per-seed offsets (decades), fixed so the intervals are known; mean 0, sd ≈ 0.025
+JITTER = [0.03, -0.02, 0.01, -0.04, 0.025, 0.0, -0.015, 0.01]
+LADDER = [2.5e-4 * 2 ** (k / 2) for k in range(11)]  # exact ×√2 steps (the sweeps round to 3 digits)
+
+
+def quad_cells(shift: dict[str, list[float]], rounds=(2, 24), rates=LADDER) -> dict:
+    """Cells of `gamma.read`'s form with loss = 2.6 + 0.2·(log10 η − x)² (every run trains on the ladder),
+    x = X2 + jitter at R = 2 and that plus the arm's per-seed shift at the other R."""
+    cells = {}
+    for arm, deltas in shift.items():
+        for s, d in zip(SEEDS, deltas):
+            for r in rounds:
+                x = X2 + JITTER[s - 1] + (d if r != 2 else 0.0)
+                for lr in rates:
+                    cells[(arm, r, lr, s)] = {"cell": f"{arm}-r{r}-lr{lr:g}-s{s}", "scheme": arm, "R": r, "lr": lr,
+                                              "seed": s, "status": "completed",
+                                              "loss": 2.6 + 0.2 * (math.log10(lr) - x) ** 2}
+    return cells
+
+
+def t_interval(values):
+    m, se = statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+    return m, m - T7 * se, m + T7 * se
+
+
+WANG = [0.02 + j for j in JITTER]  # Δ_s around +0.02: transfers
+SQRT = [-0.30 + 0.5 * j for j in JITTER]  # around −0.30: falls
+
+
+def test_each_seed_vertex_and_shift_are_exact():
+    res = gamma.seed_shifts(quad_cells({"wang": WANG}), "wang", PLATEAU)
+    assert sorted(res) == list(SEEDS)
+    for s, v in res.items():
+        assert v["delta"] == pytest.approx(WANG[s - 1], abs=1e-9) and v["side"] is None
+
+
+def test_arm_means_estimands_and_t_intervals_are_the_textbook_ones():
+    res = gamma.reading(quad_cells({"wang": WANG, "sqrt_depth": SQRT}), PLATEAU)
+    for key, values in (("wang", WANG), ("sqrt_depth", SQRT), ("D_W", [w - q for w, q in zip(WANG, SQRT)])):
+        est = res["rows"][key]["est"]
+        m, lo, hi = t_interval(values)
+        assert (est["mean"], est["lo"], est["hi"]) == pytest.approx((m, lo, hi), abs=1e-6)
+        assert est["n"] == 8 and est["censored"] == 0
+    assert res["rows"]["wang"]["word"][0] == "transfers"
+    assert res["rows"]["sqrt_depth"]["word"][0] == "falls"
+    assert res["rows"]["D_W"]["word"][0] == "greater than 0"
+    assert res["verdict"] == "γ = 1 (Wang) supported"
+
+
+@pytest.mark.parametrize("wang, sqrt_depth, verdict", [
+    ([0.3 + j for j in JITTER], SQRT, "γ between ½ and 1"),
+    ([-0.5 + j for j in JITTER], [-0.9 + j for j in JITTER], "γ above 1"),
+    ([0.5 + j for j in JITTER], [0.3 + j for j in JITTER], "γ below ½"),
+    ([0.0 + j for j in JITTER], [0.0 + j for j in JITTER], "γ not identified within ½ … 1 (both transfer)"),
+    ([0.4 + j for j in JITTER], [0.0 + j for j in JITTER], "γ = ½ supported"),  # Wang's best rate rises
+    ([-0.1 + 4 * j for j in JITTER], SQRT, "not resolved"),  # Wang's interval too wide to transfer or fall
+])
+def test_verdict_rules_in_order(wang, sqrt_depth, verdict):
+    assert gamma.reading(quad_cells({"wang": wang, "sqrt_depth": sqrt_depth}), PLATEAU)["verdict"] == verdict
+
+
+def test_a_censored_seed_vertex_leaves_the_verdict_unresolved():
+    # seed 1's vertex at R = 24 lies 0.5 decades below the ladder: its Δ_s is only a bound (≤), open downward
+    sqrt = list(SQRT)
+    sqrt[0] = math.log10(LADDER[0]) - 0.5 - X2 - JITTER[0]
+    res = gamma.reading(quad_cells({"wang": WANG, "sqrt_depth": sqrt}), PLATEAU)
+    assert res["shifts"]["sqrt_depth"][1]["side"] == -1
+    assert res["rows"]["sqrt_depth"]["word"] == ("not resolved (censored)", 1)
+    assert res["verdict"] == "not resolved (censored)"
+    # D_W = Δ_Wang − Δ_1/√depth: the subtracted arm's downward bound opens D_W upward
+    assert gamma.combine(res["shifts"], {"wang": 1, "sqrt_depth": -1})[1]["side"] == 1
+
+
+def test_gamma_star_and_fieller_interval():
+    wang = [0.3 + j for j in JITTER]
+    sqrt = [-0.3 + 0.5 * j for j in JITTER]
+    shifts = gamma.reading(quad_cells({"wang": wang, "sqrt_depth": sqrt}), PLATEAU)["shifts"]
+    gs = gamma.gamma_star(shifts)
+    a = [-x for x in sqrt]
+    b = [w - x for w, x in zip(wang, sqrt)]
+    assert gs["gamma"] == pytest.approx(0.5 + 0.5 * statistics.fmean(a) / statistics.fmean(b), abs=1e-9)
+    assert gs["gamma"] == pytest.approx(0.75, abs=0.01)  # built symmetric about γ = ¾
+    n, ma, mb = 8, statistics.fmean(a), statistics.fmean(b)
+    vaa, vbb = statistics.variance(a) / n, statistics.variance(b) / n
+    vab = sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (n - 1) / n
+    for g in (gs["lo"], gs["hi"]):  # each end solves Fieller's equation
+        th = 2 * (g - 0.5)
+        assert (ma - th * mb) ** 2 == pytest.approx(T7 ** 2 * (vaa - 2 * th * vab + th * th * vbb), rel=1e-6)
+    assert gs["lo"] < gs["gamma"] < gs["hi"]
+    # a denominator not distinguished from 0: Fieller's set is unbounded
+    assert gamma.fieller([0.1, 0.2, 0.15], [0.1, -0.1, 0.02])["lo"] is None
+
+
+def test_linearity_check_is_zero_when_the_three_quarter_arm_lies_on_the_line():
+    wang, sqrt = [0.3 + j for j in JITTER], [-0.3 + j for j in JITTER]
+    mid = [(w + q) / 2 for w, q in zip(wang, sqrt)]
+    res = gamma.reading(quad_cells({"wang": wang, "sqrt_depth": sqrt, "threequarter": mid}), PLATEAU)
+    est = res["rows"]["linearity"]["est"]
+    assert est["mean"] == pytest.approx(0.0, abs=1e-9) and est["hi"] - est["lo"] == pytest.approx(0.0, abs=1e-9)
+
+
+def pattern_cells(offsets: dict[tuple[str, int], int]) -> dict:
+    """Three seeds per rate; one trains-pattern (3, 3, 3, 2, 1, 1, 0, 0 seeds of 3 train) starting `offset` steps up
+    the ×√2 ladder: the groups' 50% rates differ by exactly their offsets' steps."""
+    counts = [3, 3, 3, 2, 1, 1, 0, 0]
+    cells = {}
+    for (arm, r), off in offsets.items():
+        for i, k in enumerate(counts):
+            lr = 2.5e-4 * 2 ** ((off + i) / 2)
+            for s in (1, 2, 3):
+                loss = 2.6 if s <= k else 3.3
+                cells[(arm, r, lr, s)] = {"cell": "x", "scheme": arm, "R": r, "lr": lr, "seed": s,
+                                          "status": "completed", "loss": loss}
+    return cells
+
+
+def test_delta50_moves_by_exactly_the_translation():
+    half = math.log10(2) / 2
+    offsets = {("sqrt_depth", 2): 6, ("sqrt_depth", 24): 3, ("wang", 2): 6, ("wang", 24): 5,
+               ("deeploop", 2): 7, ("deeploop", 24): 7}
+    out = gamma.logistic(pattern_cells(offsets), PLATEAU)
+    assert out[f"Δ50 {gamma.ARM_NAMES['sqrt_depth']}"][0] == pytest.approx(-3 * half, abs=1e-6)
+    assert out[f"Δ50 {gamma.ARM_NAMES['wang']}"][0] == pytest.approx(-1 * half, abs=1e-6)
+    assert out["D50_W"][0] == pytest.approx(2 * half, abs=1e-6)
+    assert out["D50_L"][0] == pytest.approx(1 * half, abs=1e-6)
+    lo, hi = out["D50_W"][1:]
+    assert lo < 2 * half < hi
+
+
+def test_long_check_rates_follow_the_rule_and_expand_to_120_cells():
+    cells = quad_cells({a: [0.0] * 8 for a in gamma.ARMS}, rounds=(2, 12), rates=gamma.LADDER)
+    rates = gamma.long_rates(cells, PLATEAU)
+    # every seed-mean vertex is at 1.3e-3·10^mean(jitter) ≈ 1.33e-3: nearest ladder rate 1.41e-3 (index 5)
+    assert all(lrs == list(gamma.LADDER[3:8]) for lrs in rates.values()) and len(rates) == 8
+    # a vertex at the ladder's bottom is clipped: the five lowest rates
+    low = {k: v for k, v in quad_cells({"wang": [0.0] * 8}, rounds=(2,), rates=gamma.LADDER).items()}
+    for k in list(low):
+        low[k] = dict(low[k], loss=2.6 + 0.2 * (math.log10(k[2]) - math.log10(2.5e-4)) ** 2)
+    assert gamma.long_rates(low, PLATEAU)[("wang", 2)] == list(gamma.LADDER[:5])
+    spec = __import__("yaml").safe_load(gamma.long_sweep(rates, PLATEAU))
+    cells_run = grid.expand(grid.sweep_from_dict(spec))
+    assert len(cells_run) == 4 * 2 * 5 * 3 and len({c.id for c in cells_run}) == 120
+    three = [c for c in cells_run if "branch_lambda" in c.id]
+    assert {round(c.params["model.config.branch_lambda"] ** 4, 3) for c in three} == {2.0, 12.0}
+    assert all("--trainer.max_steps" in c.command and "1000" in c.command for c in cells_run)
+
+
+def test_reproducibility_counts_bitwise_equal_cells():
+    a = {("wang", 2, 1e-3, 1): {"loss": 2.7}, ("wang", 2, 1e-3, 2): {"loss": 2.71},
+         ("wang", 24, 1e-3, 1): {"loss": 2.8}}
+    b = {("wang", 2, 1e-3, 1): {"loss": 2.7}, ("wang", 2, 1e-3, 2): {"loss": 2.7105}}
+    out = gamma.reproducibility(a, b)
+    assert out["shared"] == 2 and out["equal"] == 1 and out["max_diff"] == pytest.approx(0.0005, abs=1e-12)
+
+
+HEADER = ["cell", "method", "scheme", "p", "R", "seed", "status", "final_val_loss", "best_val_loss", "final_train_loss",
+          "diverged_at_step", "global_step", "wall_time_s", "kappa_model", "escaped"]
+
+
+def write_report(folder, cells):
+    folder.mkdir(parents=True)
+    (folder / "plateau.json").write_text(json.dumps({"plateau": PLATEAU}))
+    with (folder / "cells.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(HEADER)
+        for (arm, r, lr, s), c in cells.items():
+            if arm == "deeploop":
+                cid, scheme = f"deeploop-r{r}-lr{lr:g}-s{s}", "deeploop"
+            else:
+                slug = {"sqrt_depth": "eps_sqrtdepth", "wang": "eps_wang",
+                        "threequarter": f"eps_wang-branch_lambda{r ** 0.25:g}"}[arm]
+                cid, scheme = f"preln-{slug}-r{r}-lr{lr:g}-s{s}", "preln"
+            w.writerow([cid, "m", scheme, "", r, s, "completed", c["loss"], c["loss"], c["loss"], "", 200, 1, 1, True])
+
+
+def test_the_command_reads_report_folders_and_writes_the_verdict(tmp_path, capsys):
+    cells = quad_cells({"wang": WANG, "sqrt_depth": SQRT, "threequarter": [-0.1 + j for j in JITTER]})
+    write_report(tmp_path / "core", cells)
+    read = gamma.read([tmp_path / "core"])
+    assert {k[0] for k in read} == {"wang", "sqrt_depth", "threequarter"}
+    out = tmp_path / "readings.md"
+    gamma.main(["readings", "--cells", str(tmp_path / "core"), "--out", str(out)])
+    text = out.read_text()
+    assert "**Verdict (R = 2 → 24): γ = 1 (Wang) supported**" in text
+    assert "verdict: γ = 1 (Wang) supported" in capsys.readouterr().out
+    assert "No logistic fit: every run trains" in text  # the ladder alone has no boundary: Δ50 needs the tail
+
+
+def test_a_branch_lambda_that_is_not_the_three_quarter_arm_is_refused(tmp_path):
+    write_report(tmp_path / "bad", quad_cells({"threequarter": [0.0] * 8}, rounds=(2,), rates=[1e-3]))
+    csv_path = tmp_path / "bad" / "cells.csv"
+    csv_path.write_text(csv_path.read_text().replace("branch_lambda1.18921", "branch_lambda1.5"))
+    with pytest.raises(ValueError, match="is not the γ = ¾ arm"):
+        gamma.read([tmp_path / "bad"])
+
+
+def test_the_sweep_files_hold_the_preregistered_design():
+    """configs/sweeps/gamma/: the core is 1/√depth and Wang × R ∈ {2, 24} × the ladder's first 9 rates × seeds 1-8
+    (288); the ladder and the tail complete the design (768 and 360); no cell is in two sweeps; the γ = ¾ arm's λ
+    is R^¼; every cell is the map's proxy (the rival grid's base configs), 200 steps."""
+    sweeps = {n: grid.load_sweep(f"configs/sweeps/gamma/{n}.yaml") for n in ("core", "ladder", "tail")}
+    cells = {n: grid.expand(s) for n, s in sweeps.items()}
+    assert {n: len(c) for n, c in cells.items()} == {"core": 288, "ladder": 768, "tail": 360}
+    ids = [c.id for cs in cells.values() for c in cs]
+    assert len(ids) == len(set(ids)) and len({s.out for s in sweeps.values()}) == 3
+    assert all(s.base == grid.load_sweep("configs/sweeps/rival/grid.yaml").base for s in sweeps.values())
+    arm = lambda p: ("deeploop" if p["model.config.residual"] == "deeploop" else "threequarter"
+                     if "model.config.branch_lambda" in p else p["model.config.branch_scale"])
+    core = {(arm(c.params), c.params["model.config.n_rounds"], c.params["model.optim.lr"], c.params["seed_everything"])
+            for c in cells["core"]}
+    assert core == {(a, r, lr, s) for a in ("sqrt_depth", "wang") for r in (2, 24) for lr in gamma.LADDER[:9]
+                    for s in range(1, 9)}
+    both = {(arm(c.params), c.params["model.config.n_rounds"], c.params["model.optim.lr"], c.params["seed_everything"])
+            for n in ("core", "ladder") for c in cells[n]}
+    assert both == {(a, r, lr, s) for a in gamma.ARMS for r in (2, 12, 24) for lr in gamma.LADDER for s in range(1, 9)}
+    for c in (c for cs in cells.values() for c in cs if "model.config.branch_lambda" in c.params):
+        assert c.params["model.config.branch_lambda"] == pytest.approx(c.params["model.config.n_rounds"] ** 0.25,
+                                                                       abs=1e-6)
+        assert c.params["model.config.branch_scale"] == "wang"
+    tail = {c.params["model.optim.lr"] for c in cells["tail"]}
+    assert max(tail) == 0.256 and min(tail) == pytest.approx(gamma.LADDER[-1] * 2 ** 0.5, rel=0.01)
+    assert {c.params["seed_everything"] for c in cells["tail"]} == {1, 2, 3}
+    assert all("trainer.max_steps" not in s.overrides for s in sweeps.values())  # study_map.yaml's 200 steps
