@@ -196,7 +196,7 @@ class Model:
             raise ValueError(f"token ids of shape {tuple(ids.shape)}; fix: give a text, or ids as [T] or [B, T]")
         T, limit = ids.size(1), self.config.seq_len + extra
         if not 1 + extra <= T <= limit:
-            raise ValueError(f"the text is {T} tokens; this takes {1 + extra} to {limit} (seq_len "
+            raise ValueError(f"the text is {T} token{'s' * (T != 1)}; this takes {1 + extra} to {limit} (seq_len "
                              f"{self.config.seq_len}{' and one more token, a target only' if extra else ''}); "
                              f"fix: give a text of that length")
         return ids.to(self.network.wte.weight.device)
