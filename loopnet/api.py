@@ -212,7 +212,11 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     ``model.safetensors``). Checkpoints are read with torch's restricted (weights_only) unpickler and
     exported folders without unpickling; the weights are used as read (no copy) when `device` and `dtype`
     are theirs. A sharded (FSDP) checkpoint folder is refused with the command that consolidates it."""
-    from loopnet.checkpoints import is_sharded_checkpoint, load_checkpoint_meta, model_weights
+    from loopnet.checkpoints import (
+        is_sharded_checkpoint,
+        load_checkpoint_meta,
+        model_weights,
+    )
 
     where = Path(path).expanduser()
     device = torch.device(device)

@@ -50,7 +50,7 @@ def sublayer_values(network, idx, rounds):
     def hook(module, args, output):
         x, alpha = args[0].double(), args[1]
         new, stream, branch = (t.double() for t in output)
-        rms = lambda t: float(t.square().mean().sqrt())  # noqa: E731
+        rms = lambda t: float(t.square().mean().sqrt())
         values.append((rms(stream), rms(new) - 1, float(branch.norm() / (alpha * x.norm()))))
 
     handles = [m.register_forward_hook(hook) for m in network.modules() if isinstance(m, Sublayer)]
