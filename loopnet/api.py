@@ -212,11 +212,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     ``model.safetensors``). Checkpoints are read with torch's restricted (weights_only) unpickler and
     exported folders without unpickling; the weights are used as read (no copy) when `device` and `dtype`
     are theirs. A sharded (FSDP) checkpoint folder is refused with the command that consolidates it."""
-    from loopnet.checkpoints import (
-        is_sharded_checkpoint,
-        load_checkpoint_meta,
-        model_weights,
-    )
+    from loopnet.checkpoints import is_sharded_checkpoint, load_checkpoint_meta, model_weights
 
     where = Path(path).expanduser()
     device = torch.device(device)
@@ -274,7 +270,9 @@ def _folder_checkpoint(folder: Path) -> Path:
                              f"load one version folder, e.g. {folder / versions[-1]}")
         found = run_checkpoint(folder)
     if found is None:
-        others = sorted(folder.glob("**/*.ckpt"))
+        # other checkpoints of this folder (best-*.ckpt), or the runs of a save_dir (runs/<run>/version_N/...)
+        others = [p for pattern in ("*.ckpt", "checkpoints/*.ckpt", "version_*/checkpoints/*.ckpt",
+                                    "*/version_*/checkpoints/last*.ckpt") for p in sorted(folder.glob(pattern))]
         hint = f", e.g. {others[0]}" if others else ""
         raise ValueError(f"{folder} is not a loopnet checkpoint, run folder or exported folder (no last*.ckpt in it, "
                          f"its checkpoints/ or version_*/checkpoints/, and no config.json + model.safetensors); fix: "

@@ -119,6 +119,9 @@ def test_what_is_not_a_checkpoint_is_refused_in_one_line(run_root, ckpt, tmp_pat
     with pytest.raises(ValueError) as err:
         loopnet.load(tmp_path / "empty")
     one_line(err, "is not a loopnet checkpoint, run folder or exported folder")
+    with pytest.raises(ValueError) as err:  # the folder of the runs: one of them is named
+        loopnet.load(run_root / "runs")
+    one_line(err, f"e.g. {ckpt}")
     notes = tmp_path / "notes.txt"
     notes.write_text("not a checkpoint")
     with pytest.raises(ValueError) as err:
@@ -160,3 +163,16 @@ def test_import_loopnet_stays_light():
             "'load' in dir(loopnet))")
     out = run_command([sys.executable, "-c", code], env=env()).stdout.split()
     assert out == [str(ROOT / "loopnet" / "__init__.py"), "[]", "True"]
+
+
+def test_the_weights_are_used_as_read_on_their_own_device_and_dtype(ckpt):
+    """The checkpoint's tensors (memory-mapped by the restricted loader) become the parameters: no copy of the
+    weights unless the dtype (or device) asks for one."""
+    from loopnet.api import build_network
+    from loopnet.checkpoints import load_checkpoint_meta, model_weights
+
+    config, weights = model_weights(load_checkpoint_meta(str(ckpt)), ckpt)
+    params = dict(build_network(config, weights).named_parameters())
+    assert params and all(p.data_ptr() == weights[name].data_ptr() for name, p in params.items())
+    halves = dict(build_network(config, weights, dtype=torch.bfloat16).named_parameters())
+    assert all(p.data_ptr() != weights[name].data_ptr() for name, p in halves.items())
