@@ -132,11 +132,11 @@ def check_checkpoint(path: str, model_config: dict) -> dict:
     return ckpt
 
 
-def model_weights(ckpt: dict, path) -> tuple[dict, dict]:
+def model_weights(ckpt: dict, path, gpt2_ids: bool = True) -> tuple[dict, dict]:
     """A loopnet checkpoint's model config and the `LoopedTransformer`'s weights (LoopedLM keeps the
     network under `model.`; other entries, such as metrics, are not weights), for use outside
-    Lightning (`loopnet eval`). Refused: a checkpoint that is not loopnet's, or one trained on a compact
-    vocabulary (its own token ids, not GPT-2's)."""
+    Lightning (`loopnet eval`, `loopnet.load`). Refused: a checkpoint that is not loopnet's, and with
+    `gpt2_ids` (what the harness feeds) one trained on other token ids (data.vocab compact or bytes)."""
     if is_sharded_checkpoint(path):
         raise ValueError(f"{path} is a sharded (FSDP) checkpoint folder; fix: consolidate it into one file first: "
                          f"python -m lightning.pytorch.utilities.consolidate_checkpoint {path}")
@@ -145,8 +145,9 @@ def model_weights(ckpt: dict, path) -> tuple[dict, dict]:
     except (KeyError, TypeError):
         raise ValueError(f"{path} is not a loopnet checkpoint (expected hyper_parameters.config and state_dict, "
                          f"as saved by loopnet fit)") from None
-    if (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2") != "gpt2":
-        raise ValueError(f"{path} was trained with data.vocab: compact (its own token ids), but the harness "
+    vocab = (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2")
+    if gpt2_ids and vocab != "gpt2":
+        raise ValueError(f"{path} was trained with data.vocab: {vocab} (its own token ids), but the harness "
                          f"feeds GPT-2 ids; fix: evaluate a model trained with data.vocab: gpt2")
     return config, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 

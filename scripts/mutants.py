@@ -54,7 +54,7 @@ GROUPS = {
                      ("x_lm_loss", "xǁLoopedTransformerǁ__init__", "xǁLoopedTransformerǁreset_parameters",
                       "xǁLoopedTransformerǁprelude_blocks", "xǁLoopedTransformerǁcoda_blocks",
                       "xǁLoopedTransformerǁ_head", "xǁLoopedTransformerǁ_block", "xǁLoopedTransformerǁembed",
-                      "xǁLoopedTransformerǁ_round", "xǁLoopedTransformerǁ_round_start",
+                      "xǁLoopedTransformerǁround", "xǁLoopedTransformerǁround_start",
                       "xǁLoopedTransformerǁloss_round_indices", "xǁLoopedTransformerǁiter_rounds",
                       "xǁLoopedTransformerǁhead", "xǁLoopedTransformerǁfinish", "xǁLoopedTransformerǁforward"),
                      ("tests/model/test_model.py", "tests/model/test_wirings.py", "tests/model/test_recipe_model.py",

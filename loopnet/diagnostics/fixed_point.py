@@ -39,7 +39,7 @@ def round_map(model, idx: torch.Tensor, r: int):
 
     def step(x: torch.Tensor) -> torch.Tensor:
         h = unit_rms(x) if reads_h else None
-        return model._round(r, model._round_start(r, e, x0, x, h), h, model.alpha)
+        return model.round(r, model.round_start(r, e, x0, x, h), h, model.alpha)
 
     return step
 

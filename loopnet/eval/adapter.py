@@ -23,21 +23,26 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from tqdm import tqdm
-
 # Import the harness's model table *before* registering ours: the registry imports it lazily only
 # while it is empty, so registering "loopnet" first would hide "hf", "vllm", ... from get_model().
 import lm_eval.models  # noqa: F401
+import torch
+import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from lm_eval.models.utils import (
+    Collator,
+    handle_stop_sequences,
+    normalize_gen_kwargs,
+    postprocess_generated_text,
+)
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
 
-from loopnet.data.vocab import N_VOCAB
+from loopnet.api import build_network
 from loopnet.checkpoints import load_checkpoint_meta, model_weights
+from loopnet.data.vocab import N_VOCAB
 from loopnet.model import LoopConfig, LoopedTransformer
 from loopnet.model.exit import check_exit, exit_logits
 from loopnet.model.transformer import Generation
@@ -62,10 +67,9 @@ def load_checkpoint(ckpt_path: str | Path, device: str | torch.device = "cpu") -
 
 
 def build_model(config: dict, weights: dict, device: str | torch.device = "cpu") -> LoopedTransformer:
-    """The `LoopedTransformer` of `config` with `weights` (`loopnet.checkpoints.model_weights`), in eval mode."""
-    model = LoopedTransformer(LoopConfig(**config))
-    model.load_state_dict(weights)
-    return model.to(device).eval()
+    """The `LoopedTransformer` of `config` with `weights` (`loopnet.checkpoints.model_weights`), in eval mode:
+    `loopnet.load`'s builder."""
+    return build_network(config, weights, device)
 
 
 def _parse_batch_size(batch_size: int | str | None) -> int:

@@ -268,8 +268,11 @@ class LoopedTransformer(nn.Module):
             e = self._block(0, p, block, e, None, self.alpha if alpha is None else alpha, "prelude", kv)
         return e
 
-    def _round(self, r: int, x, h, alpha: float, kv: KVCache | None = None):
-        """Round r from its start x; h = Norm(x_end of round r-1), None in round 1."""
+    def round(self, r: int, x, h, alpha: float, kv: KVCache | None = None):
+        """Round r (1-based) of the loop: its K blocks from the round's start x (`round_start`), with
+        h = Norm(x_end of round r-1) (None in round 1) for the wirings that inject it, at skip scale
+        `alpha`; returns x_end of round r. `iter_rounds` runs it for every round; with `round_start` it
+        is the round map x_{r-1} -> x_r (`loopnet.diagnostics.fixed_point.round_map`)."""
         cfg = self.config
         injecting = h is not None and cfg.wiring in ("inject", "flt")
         attention_inject = cfg.wiring == "flt" or cfg.injection == "attention"
@@ -279,12 +282,12 @@ class LoopedTransformer(nn.Module):
             if injecting and (every or k == 1):
                 if attention_inject:
                     q_src = h
-                elif every:  # FLT_res; LT_i injected at the round's start (`_round_start`)
+                elif every:  # FLT_res; LT_i injected at the round's start (`round_start`)
                     x = unit_rms(x + h)
             x = self._block(r, k, block, x, q_src, alpha, "loop", kv)
         return x
 
-    def _round_start(self, r: int, e, x0, x, h):
+    def round_start(self, r: int, e, x0, x, h):
         """Where round r starts: with a learned injection inj(x_end, x0) (x_end = 0 before round 1);
         otherwise x0 (the round-1 input) in round 1, then, by wiring, the stream x_end itself (carry),
         h = Norm(x_end) (lt), Norm(e + h) (LT_i, as the FLT code has it), or x0."""
@@ -336,11 +339,11 @@ class LoopedTransformer(nn.Module):
             if r > 1 and reads_h:  # h = Norm(x_end): only for a next round whose wiring reads it
                 h = unit_rms(x)
             with torch.set_grad_enabled(torch.is_grad_enabled() and r > no_grad):
-                begin = self._round_start(r, e, x0, x, h)
+                begin = self.round_start(r, e, x0, x, h)
                 if use_ckpt and r > no_grad:
-                    x = checkpoint(self._round, r, begin, h, alpha, use_reentrant=False)
+                    x = checkpoint(self.round, r, begin, h, alpha, use_reentrant=False)
                 else:
-                    x = self._round(r, begin, h, alpha, kv)
+                    x = self.round(r, begin, h, alpha, kv)
             yield r, x
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None, alpha: float | None = None,
