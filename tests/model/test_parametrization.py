@@ -194,3 +194,24 @@ def test_muon_is_refused_under_mup():
     cfg = tiny_config(parametrization="mup", mup_base_width=16)
     with pytest.raises(ValueError, match="optimizer: adamw"):
         LoopedLM(config=cfg, optim=OptimConfig(optimizer="muon"))
+
+
+@pytest.mark.parametrize("parametrization", ["mup", "completep"])
+def test_at_the_base_width_and_depth_the_model_is_the_standard_one(parametrization):
+    """Every rule is 1 at d = d₀ (and N = N₀): the same init draws, forward, rates and losses as `standard`."""
+    extra = {"completep_base_depth": 6} if parametrization == "completep" else {}  # N = K·R = 6
+    losses = []
+    for cfg in (tiny_config(residual="preln"),
+                tiny_config(residual="preln", parametrization=parametrization, mup_base_width=32, **extra)):
+        torch.manual_seed(0)
+        lm = LoopedLM(config=cfg, optim=OptimConfig(lr=1e-2, warmup_steps=0, decay_steps=10))
+        opt = lm.configure_optimizers()["optimizer"]
+        run = []
+        for _ in range(3):
+            _, loss = lm.model(IDX, targets=torch.roll(IDX, -1, 1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[0] == losses[1]
