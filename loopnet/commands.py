@@ -1,6 +1,6 @@
 """The `loopnet` command's entry point, light to import: `loopnet --help` and the tools (`sweep`,
-`report`, `probe`, `coordcheck`, `compare`, `eval`, `bench`) start without Lightning, whose import is most of a command's
-start-up (3-4 s on a 2-core CPU); `fit`, `validate`, `test` and `predict` go on to
+`report`, `probe`, `coordcheck`, `compare`, `eval`, `bench`) start without Lightning, whose import is most of a
+command's start-up (3-4 s on a 2-core CPU); `fit`, `validate`, `test` and `predict` go on to
 `loopnet.training.cli`."""
 
 from __future__ import annotations

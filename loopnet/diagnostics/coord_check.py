@@ -190,7 +190,8 @@ def plot_width(rows: list[dict], path: Path, kinds=("branch", "attn_logits")):
     from loopnet.study.plotting import pyplot
 
     plt = pyplot()
-    arms = sorted({(r["parametrization"], r["rounds"]) for r in rows}, key=lambda a: (PARAMETRIZATIONS.index(a[0]), a[1]))
+    arms = sorted({(r["parametrization"], r["rounds"]) for r in rows},
+                  key=lambda a: (PARAMETRIZATIONS.index(a[0]), a[1]))
     steps = sorted({r["step"] for r in rows})
     fig, axes = plt.subplots(len(arms), len(steps), figsize=(3.2 * len(steps), 2.8 * len(arms)), squeeze=False,
                              sharex=True)
@@ -246,8 +247,8 @@ def plot_rounds(rows: list[dict], path: Path):
                 series.setdefault(q, {}).setdefault(r["rounds"], []).append(r["value"])
             for i, (q, by) in enumerate(sorted(series.items())):
                 rs = sorted(by)
-                style = {"logits": ("black", "-"), "embedding": ("0.5", "-")}.get(q, (f"C{i % 10}",
-                                                                                        "--" if q.startswith("attn") else "-"))
+                fallback = (f"C{i % 10}", "--" if q.startswith("attn") else "-")
+                style = {"logits": ("black", "-"), "embedding": ("0.5", "-")}.get(q, fallback)
                 ax.plot(rs, [statistics.fmean(by[x]) for x in rs], color=style[0], ls=style[1], marker="o", ms=3,
                         label=q.replace("branch/", "last round's f: ").replace("attn_logits/", "last round's attn: "))
             ax.set(xscale="log", yscale="log", title=f"{param}, d = {width}, step {step}")
@@ -289,7 +290,9 @@ def markdown(summary: list[dict], meta: dict) -> str:
              "|---|---:|---:|---:|---:|---:|---:|"]
 
     def fmt(s):
-        return "—" if s is None else f"{s['slope']:+.2f}" + ("" if s["half_width"] is None else f" ± {s['half_width']:.2f}")
+        if s is None:
+            return "—"
+        return f"{s['slope']:+.2f}" + ("" if s["half_width"] is None else f" ± {s['half_width']:.2f}")
 
     keys = sorted({(s["parametrization"], s["rounds"], s["step"]) for s in summary},
                   key=lambda k: (PARAMETRIZATIONS.index(k[0]), k[1], k[2]))

@@ -93,7 +93,8 @@ def test_standard_grows_beyond_the_band(measured):
 def test_mean_abs_attention_logit_counts_the_causal_positions_only():
     q = torch.tensor([[[[1.0, 1.0], [0.0, 2.0]]]])  # B = H = 1, T = 2, d_h = 2
     k = torch.tensor([[[[3.0, 0.0], [0.0, -5.0]]]])
-    # causal logits q_i·k_j/√2 for j ≤ i: (0,0) 3/√2, (1,0) 0, (1,1) −10/√2; the masked (0,1) = −5/√2 is not counted
+    # causal logits q_i·k_j/√2 for j ≤ i: (0,0) 3/√2, (1,0) 0, (1,1) −10/√2; the masked (0,1) = −5/√2 is not
+    # counted
     assert mean_abs_attention_logit(q, k) == pytest.approx((3 + 0 + 10) / math.sqrt(2) / 3, rel=1e-6)
 
 

@@ -6,7 +6,8 @@ CompleteP's branch multiplier and AdamW's per-group rates against their formulas
     attention logits        q·k·√d_h₀/d_h          (d_h₀ = d₀/n_heads; standard: q·k/√d_h)
     logits                  (1/m_d)·W·Norm(x)
     CompleteP's ε           m_L^-a
-    hidden matrices         lr·m_L^(a−1)/m_d, weight decay λ·m_d, AdamW ε·m_d^-1·m_L^-a (CompleteP; μP: lr/m_d, λ·m_d, ε)
+    hidden matrices         lr·m_L^(a−1)/m_d, weight decay λ·m_d    (μP: lr/m_d, λ·m_d)
+    AdamW ε, every group    ε·m_d^-1·m_L^-a                         (CompleteP; μP: ε)
     the blocks' vectors     lr·m_L^(a−1), no decay
     embeddings, final Norm  lr, λ (embeddings) or no decay (the final Norm)
 """
@@ -69,7 +70,8 @@ def _attention(x, w_qkv, w_o, n_heads, scale):
 
 
 def _unrolled_logits(model, idx, eps, attn_scale, logit_mult, rounds):
-    """The carried Pre-LN loop by hand: x ← x + ε·Attn(Norm(x)), x ← x + ε·FFN(Norm(x)); logits = mult·W·Norm(x)."""
+    """The carried Pre-LN loop by hand: x ← x + ε·Attn(Norm(x)), x ← x + ε·FFN(Norm(x));
+    logits = mult·W·Norm(x)."""
     cfg = model.config
     x = model.wte.weight[idx] + model.wpe.weight[: idx.size(1)]
     for _ in range(rounds):
