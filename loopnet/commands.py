@@ -1,6 +1,6 @@
 """The `loopnet` command's entry point, light to import: `loopnet --help` and the tools (`sweep`,
-`report`, `probe`, `compare`, `eval`, `bench`) start without Lightning, whose import is most of a command's
-start-up (3-4 s on a 2-core CPU); `fit`, `validate`, `test` and `predict` go on to
+`report`, `probe`, `coordcheck`, `compare`, `eval`, `bench`) start without Lightning, whose import is most of a
+command's start-up (3-4 s on a 2-core CPU); `fit`, `validate`, `test` and `predict` go on to
 `loopnet.training.cli`."""
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ def _probe(argv: list[str]) -> None:
     main(argv)
 
 
+def _coordcheck(argv: list[str]) -> None:
+    from loopnet.diagnostics.coord_check import main
+
+    main(argv)
+
+
 def _compare(argv: list[str]) -> None:
     from loopnet.diagnostics.compare import main
 
@@ -53,6 +59,7 @@ TOOLS = {
     "sweep": (_sweep, "run a grid of fits (resumable)"),
     "report": (_report, "turn a sweep folder into a markdown report with plots"),
     "probe": (_probe, "update size and κ̂ of the first AdamW steps over R and schemes"),
+    "coordcheck": (_coordcheck, "mean |x| of every visit against width and R over the first steps (μP's check)"),
     "compare": (_compare, "overlay runs' depth profiles at chosen steps (PNG)"),
     "eval": (_eval, "downstream tasks through lm-evaluation-harness at several R'"),
     "bench": (_bench, "training throughput, MFU and memory benchmarks"),

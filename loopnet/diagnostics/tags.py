@@ -45,6 +45,10 @@ Every tag is ``<group>/<quantity>/<name>`` (TensorBoard groups its charts by the
                          (`loopnet.diagnostics.fixed_point`; test_fixed_point/... at test), and the image
                          fixed_point/<quantity> of it against the round r, the training R marked
 
+    coordcheck/width, coordcheck/rounds  images of `loopnet coordcheck` (in its own `<out>/tb` folder, not a
+                         run's): mean |x| of every visit (named by `Visit.tag`), the attention and output logits
+                         against width and against R (`loopnet.diagnostics.coord_check`)
+
 The images' group is named ``depth`` so that TensorBoard's TIME SERIES dashboard, which sorts tag groups
 by name and opens the first two, opens the depth profile first (before Lightning's ``epoch``).
 

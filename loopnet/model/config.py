@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal, Optional, get_args
 
+from . import parametrization as transfer
 from .scales import BRANCH_SCALES, SCHEMES, branch_scale, residual_scales
 
 Residual = Literal["preln", "postln", "deepnorm", "deeploop", "scaled"]
@@ -23,9 +24,11 @@ Norm = Literal["rmsnorm", "layernorm"]
 LossRounds = Literal["last", "all", "last_third"]
 RoundSampling = Literal["fixed", "poisson_lognormal", "poisson_truncated"]
 ScalesDepth = Literal["mean", "sampled"]
+Parametrization = Literal["standard", "mup", "completep"]
 
 assert get_args(Residual) == SCHEMES
 assert get_args(BranchScale) == BRANCH_SCALES
+assert get_args(Parametrization) == transfer.PARAMETRIZATIONS
 _CHOICES = {
     "residual": Residual,
     "branch_scale": BranchScale,
@@ -37,6 +40,7 @@ _CHOICES = {
     "loss_rounds": LossRounds,
     "round_sampling": RoundSampling,
     "scales_depth": ScalesDepth,
+    "parametrization": Parametrization,
     "init": (None, *get_args(Init)),
 }
 
@@ -98,6 +102,15 @@ class Architecture:
             with init="normal").
         qk_norm: RMSNorm (with a learned gain per channel of d_h) on every head's queries and keys, before
             the rotary embedding: bounds each attention logit by √d_h·max|g_q|·max|g_k| (Huginn, Parcae).
+        parametrization: How init, multipliers and per-group learning rates scale with width and depth
+            (`loopnet.model.parametrization`, docs/model.md): "standard"; "mup" (μP, Yang et al. 2022: hidden
+            init std ∝ 1/√fan_in, hidden Adam lr and logit multiplier ×d₀/d, hidden weight decay ×d/d₀,
+            attention logits ∝ 1/d_h); "completep" (μP plus CompleteP's depth rule, Dey et al. 2025: Pre-LN
+            branch multiplier (N/N₀)^-a, blocks' lrs ×(N/N₀)^(a-1), AdamW ε ×(d₀/d)(N₀/N)^a, with N =
+            P + K·n_rounds + C at the mean R). Every rule is 1 at d = d₀ and N = N₀.
+        mup_base_width: d₀, the width whose hyperparameters are tuned (mup and completep; n_heads divides it).
+        completep_base_depth: N₀, the depth P + K·R + C whose hyperparameters are tuned (completep).
+        completep_alpha: a of CompleteP's branch multiplier (N/N₀)^-a: 1 (CompleteP), 0.5 (depth-μP).
     """
 
     vocab_size: int = 50304
@@ -126,6 +139,10 @@ class Architecture:
     init: Optional[Init] = None
     init_std: float = 0.02
     qk_norm: bool = False
+    parametrization: Parametrization = "standard"
+    mup_base_width: Optional[int] = None
+    completep_base_depth: Optional[int] = None
+    completep_alpha: float = 1.0
 
     # Derived quantities: computed, never stored twice.
     @property
@@ -157,7 +174,10 @@ class Architecture:
 
     @property
     def branch_epsilon(self) -> float:
-        """Pre-LN's branch multiplier ε of the training depth (K, R); kept fixed when evaluating at another R'."""
+        """Pre-LN's branch multiplier ε of the training depth (K, R); kept fixed when evaluating at another R'.
+        Under CompleteP, (N/N₀)^-a (`parametrization.completep_epsilon`)."""
+        if self.parametrization == "completep":
+            return transfer.completep_epsilon(self)
         return branch_scale(self.branch_scale, self.n_blocks, self.n_rounds, self.branch_lambda)
 
     @property
@@ -300,6 +320,9 @@ class LoopConfig(RunSettings, Architecture):
         if self.branch_scale != "one" and self.residual != "preln":
             raise ValueError(f"LoopConfig.branch_scale={self.branch_scale!r} scales the Pre-LN branch only; "
                              f"fix: set model.config.residual: preln, or branch_scale: one for residual={self.residual!r}")
+        if self.parametrization != "completep" and self.completep_alpha != 1.0:
+            raise ValueError("LoopConfig.completep_alpha belongs to parametrization completep; fix: remove it")
+        transfer.check(self)
         try:
             self.branch_epsilon
         except ValueError as err:

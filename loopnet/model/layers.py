@@ -11,20 +11,41 @@ from torch import nn
 
 from .config import LoopConfig
 from .kernels import rms_norm
+from .parametrization import query_scale
 from .visits import VisitTrace
 
 
 class RMSNorm(nn.RMSNorm):
-    """nn.RMSNorm (same parameter, same state-dict key) computed by `rms_norm`."""
+    """nn.RMSNorm (same parameter, same state-dict key) computed by `rms_norm`; its output times the fixed
+    `out_scale` (1 but for the final Norm under μP, where it is the logit multiplier d₀/d)."""
+
+    out_scale = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        y = rms_norm(x, self.weight, self.eps)
+        return y if self.out_scale == 1.0 else y * self.out_scale
 
 
-def make_norm(cfg: LoopConfig) -> nn.Module:
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm with RMSNorm's fixed `out_scale`."""
+
+    out_scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return y if self.out_scale == 1.0 else y * self.out_scale
+
+
+def make_norm(cfg: LoopConfig, out_scale: float = 1.0) -> nn.Module:
+    """The config's Norm over d; `out_scale` multiplies its output (the final Norm's: μP's logit multiplier, so
+    that every path reading the head, logits = W·final_norm(x), carries it)."""
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, eps=1e-6, elementwise_affine=cfg.norm_affine)
-    return nn.LayerNorm(cfg.d_model, bias=cfg.bias, elementwise_affine=cfg.norm_affine)
+        norm = RMSNorm(cfg.d_model, eps=1e-6, elementwise_affine=cfg.norm_affine)
+    else:
+        norm = LayerNorm(cfg.d_model, bias=cfg.bias, elementwise_affine=cfg.norm_affine)
+    if out_scale != 1.0:
+        norm.out_scale = out_scale
+    return norm
 
 
 def unit_rms(x: torch.Tensor) -> torch.Tensor:
@@ -94,6 +115,9 @@ class Attention(nn.Module):
         hd = cfg.head_dim
         self.q_norm = RMSNorm(hd, eps=1e-6, elementwise_affine=cfg.norm_affine) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, eps=1e-6, elementwise_affine=cfg.norm_affine) if cfg.qk_norm else None
+        # μP's attention logits q·k·√d_h₀/d_h: the queries times √(d₀/d), so that SDPA's 1/√d_h, the cache and
+        # the probes' q·k/√d_h all see the scaled logits (1 under the standard parametrization).
+        self.q_scale = query_scale(cfg)
         # Called with (q, k) when set: on diagnostics steps only (`Sublayer.observed`), since
         # scaled_dot_product_attention does not expose the logits q·k/√d_h that the probe measures.
         self.qk_hook = None
@@ -115,6 +139,8 @@ class Attention(nn.Module):
         if rotary is not None:
             positions = None if kv is None else kv.positions
             q, k = rotary(q, positions), rotary(k, positions)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
         if self.qk_hook is not None:
             self.qk_hook(q, k)
         if kv is not None:

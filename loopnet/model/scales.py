@@ -14,6 +14,9 @@ Pre-LN's branch multiplier ε (x ← x + ε·f(Norm(x)), `branch_scale`), with K
     one          ε = 1                 (GPT-2, nanoGPT)
     sqrt_depth   ε = λ/√(K·R)          (1/√depth of untied networks, depth N = K·R)
     wang         ε = λ/(R·√K)          (Wang et al. 2026: weight sharing correlates a block's R updates)
+
+CompleteP's ε = (N/N₀)^-a (`LoopConfig.parametrization: completep`) is a depth rule of its own, kept with the
+width rules in `loopnet.model.parametrization`; it replaces `branch_scale` (the two together are refused).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from .head import GreedyScreen, HeadColumns
 from .injection import make_injection
 from .kernels import LinearCrossEntropy, z_loss_term
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
+from .parametrization import hidden_init_gain, logit_multiplier
 from .scales import BETA_SCALED
 from .visits import SUBLAYERS, Visit, VisitObserver
 
@@ -100,7 +101,7 @@ class LoopedTransformer(nn.Module):
         if cfg.n_coda:
             self.coda = nn.ModuleList(Block(cfg) for _ in range(cfg.n_coda))
         self.injection = make_injection(cfg.injection, cfg.d_model, cfg.bias)  # None for add / attention
-        self.final_norm = make_norm(cfg)
+        self.final_norm = make_norm(cfg, logit_multiplier(cfg))  # μP's logit multiplier d₀/d rides on its output
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -128,8 +129,11 @@ class LoopedTransformer(nn.Module):
 
         init="xavier" (DeepNet, torchscale): every linear W̃ ~ xavier_normal (std √(2/(fan_in+fan_out))),
         so W = xavier_normal with gain β on V/O/fc1/fc2 and gain 1 on Q, K and an untied head.
-        init="normal" (GPT-2): every linear W̃ ~ N(0, init_std²). Embeddings are N(0, init_std²)."""
+        init="normal" (GPT-2): every linear W̃ ~ N(0, init_std²). Embeddings are N(0, init_std²).
+        Under μP the hidden matrices' (the blocks' and the linear injection's, not an untied head's) normal std
+        is init_std·√(d₀/d) (`parametrization.hidden_init_gain`)."""
         cfg = self.config
+        hidden_gain = hidden_init_gain(cfg)
         for name, module in self.named_modules():
             if module is self.lm_head and cfg.tie_embeddings:
                 continue  # its weight is the embedding's
@@ -141,7 +145,7 @@ class LoopedTransformer(nn.Module):
                     if cfg.init_scheme == "xavier":
                         nn.init.xavier_normal_(weight)
                     else:
-                        nn.init.normal_(weight, 0.0, cfg.init_std)
+                        nn.init.normal_(weight, 0.0, cfg.init_std * (1.0 if module is self.lm_head else hidden_gain))
                     if part in BETA_SCALED:
                         weight.mul_(self.beta)
                 if module.bias is not None:

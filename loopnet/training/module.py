@@ -25,6 +25,7 @@ from loopnet.data.vocab import EOT_ID
 from loopnet.data.vocabulary import GPT2Vocab, Vocabulary
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.diagnostics.depth_eval import DepthEvaluation
+from loopnet.model.parametrization import check_optimizer, group_rules
 from loopnet.model.rounds import RoundDraw, draw_rounds
 from loopnet.training.options import FrontierConfig, GenerateConfig, OptimConfig
 
@@ -129,6 +130,7 @@ class LoopedLM(L.LightningModule):
         if extrapolate_rounds is not None and extrapolate_rounds < 2:
             raise ValueError(f"model.extrapolate_rounds={extrapolate_rounds} must be >= 2 (rounds compared in pairs); "
                              f"fix: give e.g. 4R = {4 * self.config.n_rounds}, or null for off")
+        check_optimizer(self.config.parametrization, self.optim.optimizer)
         self.frontier = _as(FrontierConfig, frontier)
         self.eval_rounds = sorted(set(eval_rounds or []) - {self.config.n_rounds})
         # Plain dicts in the checkpoint, so it loads with torch's weights_only unpickler.
@@ -334,6 +336,33 @@ class LoopedLM(L.LightningModule):
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         return [[(n, p) for n, p in named if id(p) in matrices], [(n, p) for n, p in named if id(p) not in matrices]]
 
+    def adamw_groups(self) -> list[dict]:
+        """AdamW's param groups: the decayed weight matrices and the undecayed rest (`_param_groups`), each
+        at `lr` and `weight_decay`; under μP or CompleteP each split further by role, with its own lr, weight
+        decay and ε (`loopnet.model.parametrization.group_rules`: hidden matrices, the blocks' vectors, the
+        rest). Empty groups are left out."""
+        o = self.optim
+        decay, no_decay = ([p for _, p in group] for group in self._param_groups())
+        if self.config.parametrization == "standard":
+            return [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        model = self.model
+        blocks = [*model.prelude_blocks, *model.blocks, *model.coda_blocks]
+        hidden = {id(m.weight) for b in blocks for m in b.modules() if isinstance(m, torch.nn.Linear)}
+        if model.injection is not None:  # the linear adapter's matrix; the diagonal injection's B (d×d)
+            hidden |= {id(p) for name, p in model.injection.named_parameters() if name in ("adapter.weight", "B")}
+        in_blocks = {id(p) for b in blocks for p in b.parameters()}
+        rules = group_rules(self.config)
+        groups = []
+        for params, decays in ((decay, True), (no_decay, False)):
+            for role in ("hidden", "block_vector", "other"):
+                picked = [p for p in params if role == ("hidden" if id(p) in hidden else
+                                                        "block_vector" if id(p) in in_blocks else "other")]
+                if picked:
+                    rule = rules[role]
+                    groups.append({"params": picked, "lr": o.lr * rule["lr"], "eps": o.eps * rule["eps"],
+                                   "weight_decay": o.weight_decay * rule["weight_decay"] if decays else 0.0})
+        return groups
+
     def muon_matrices(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The parameters Muon updates: the 2-D weights of the linear layers inside the blocks (loop,
         prelude, coda), in order."""
@@ -367,8 +396,7 @@ class LoopedLM(L.LightningModule):
                                       muon=dict(lr=o.lr if o.muon_lr is None else o.muon_lr,
                                                 momentum=o.muon_momentum, weight_decay=o.weight_decay))
         else:
-            groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-            optimizer = torch.optim.AdamW(groups, **adamw)
+            optimizer = torch.optim.AdamW(self.adamw_groups(), **adamw)
         total = o.decay_steps or self.trainer.max_steps
         if total is None or total < 1:
             raise ValueError("set trainer.max_steps (or model.optim.decay_steps) so the cosine schedule has a length")

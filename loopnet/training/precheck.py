@@ -36,6 +36,7 @@ from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
 from loopnet.data.vocab import VocabName, check_fits
 from loopnet.data.vocabulary import known_size
 from loopnet.model.config import LoopConfig
+from loopnet.model.parametrization import check_optimizer
 from loopnet.training.defaults import CALLBACK_GROUPS
 from loopnet.training.errors import OneLineErrors
 from loopnet.training import trust
@@ -286,6 +287,7 @@ def precheck(argv: list[str]) -> Namespace | None:
     for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig),
                        ("frontier", FrontierConfig)):
         cls(**cfg.model[group].as_dict())  # each checks its values: ValueError with the fix
+    check_optimizer(cfg.model.config.parametrization, cfg.model.optim.optimizer)
     check_settings(subcommand, cfg)
     warning = validation_warning(subcommand, cfg)
     if warning:  # here, not in check_settings: said once per command

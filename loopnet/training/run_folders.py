@@ -29,7 +29,8 @@ from loopnet.model.scales import scheme_label
 # not listed read `<field>-<value>`. Run settings (model.config.RUN_SETTINGS) never name a run.
 RUN_NAME_FIELDS = {"n_heads": "h{}", "seq_len": "ctx{}", "vocab_size": "v{}", "mlp_ratio": "mlp{}",
                    "positions": "{}", "norm": "{}", "bias": "bias", "tie_embeddings": "untied",
-                   "input_norm": "input_norm", "sandwich": "sandwich"}
+                   "input_norm": "input_norm", "sandwich": "sandwich", "parametrization": "{}",
+                   "mup_base_width": "d0-{}", "completep_base_depth": "n0-{}", "completep_alpha": "a{}"}
 
 
 def run_name(config) -> str:

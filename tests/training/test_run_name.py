@@ -39,10 +39,14 @@ def test_the_cpu_overlays_name_different_folders(tmp_path, monkeypatch):
 OTHER = {"d_model": 780, "n_heads": 4, "init": "normal", "wiring": "lt", "injection": "attention",
          "inject_into": "every", "positions": "rope", "norm": "layernorm", "loss_rounds": "all",
          "branch_scale": "wang", "round_sampling": "poisson_truncated", "backprop_rounds": 2, "max_rounds": 20,
-         "scales_depth": "sampled"}
+         "scales_depth": "sampled", "mup_base_width": 96, "completep_alpha": 0.5}
 SAMPLED = {"round_sampling": "poisson_truncated"}  # the fields that act on sampled rounds need them
 BASE = {"branch_scale": {"residual": "preln"}, "branch_lambda": {"residual": "preln", "branch_scale": "wang"},  # Pre-LN's ε
         "max_rounds": SAMPLED, "round_curriculum_steps": SAMPLED, "scales_depth": SAMPLED}
+MUP = {"parametrization": "mup", "mup_base_width": 48}
+COMPLETEP = {"parametrization": "completep", "mup_base_width": 48, "completep_base_depth": 4, "residual": "preln"}
+BASE |= {"mup_base_width": MUP, "completep_base_depth": COMPLETEP, "completep_alpha": COMPLETEP}
+CHANGE = {"parametrization": MUP}  # μP needs its base width: the field changes with it
 
 
 def _other_value(field: dataclasses.Field, base: LoopConfig):
@@ -57,7 +61,8 @@ def _other_value(field: dataclasses.Field, base: LoopConfig):
                          ids=lambda f: f.name)
 def test_every_field_that_a_checkpoint_must_match_is_in_the_name(field):
     base = LoopConfig(**BASE.get(field.name, {}))
-    changed = dataclasses.replace(base, **{field.name: _other_value(field, base)})
+    change = CHANGE[field.name] if field.name in CHANGE else {field.name: _other_value(field, base)}
+    changed = dataclasses.replace(base, **change)
     same = run_name(dataclasses.asdict(changed)) == run_name(dataclasses.asdict(base))
     assert same == (field.name in RUN_SETTINGS)  # a runtime field (dropout, ...) resumes in the same folder
 
