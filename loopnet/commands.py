@@ -1,5 +1,5 @@
 """The `loopnet` command's entry point, light to import: `loopnet --help` and the tools (`sweep`,
-`report`, `probe`, `compare`, `eval`, `bench`) start without Lightning, whose import is most of a command's
+`report`, `probe`, `compare`, `eval`, `export`, `bench`) start without Lightning, whose import is most of a command's
 start-up (3-4 s on a 2-core CPU); `fit`, `validate`, `test` and `predict` go on to
 `loopnet.training.cli`."""
 
@@ -41,6 +41,12 @@ def _eval(argv: list[str]) -> None:
     main(argv)
 
 
+def _export(argv: list[str]) -> None:
+    from loopnet.formats.cli import main
+
+    main(argv)
+
+
 def _bench(argv: list[str]) -> None:
     from loopnet.bench.run import main
 
@@ -55,6 +61,7 @@ TOOLS = {
     "probe": (_probe, "update size and κ̂ of the first AdamW steps over R and schemes"),
     "compare": (_compare, "overlay runs' depth profiles at chosen steps (PNG)"),
     "eval": (_eval, "downstream tasks through lm-evaluation-harness at several R'"),
+    "export": (_export, "a checkpoint's model in the Hugging Face layout (safetensors, config.json, code)"),
     "bench": (_bench, "training throughput, MFU and memory benchmarks"),
 }
 

@@ -107,7 +107,12 @@ def checkpoint_contents(path: str | Path) -> tuple[dict, dict, dict]:
     """(model config, the LoopedTransformer's weights, the checkpoint's other entries) of a loopnet
     checkpoint: a `.ckpt` file, or a sharded (FSDP) checkpoint folder, whose weights are gathered from its
     shards with torch.distributed.checkpoint (no process group needed)."""
-    from loopnet.checkpoints import check_checkpoint_file, is_sharded_checkpoint, load_checkpoint_meta, model_weights
+    from loopnet.checkpoints import (
+        check_checkpoint_file,
+        is_sharded_checkpoint,
+        load_checkpoint_meta,
+        model_weights,
+    )
 
     path = Path(path)
     try:
@@ -240,6 +245,7 @@ def export_record(ckpt: dict, source: Path, model) -> dict:
 
 def hf_config(cfg, vocab: str, dtype: str, meta: dict) -> dict:
     from loopnet.data.vocab import EOT_ID
+    from loopnet.data.vocabulary import known_size
 
     eot = 256 if vocab == "bytes" else EOT_ID
     return {
@@ -249,6 +255,7 @@ def hf_config(cfg, vocab: str, dtype: str, meta: dict) -> dict:
                      "AutoModelForCausalLM": "modeling_loopnet.LoopnetForCausalLM"},
         **dataclasses.asdict(cfg),
         "loopnet_vocab": vocab,
+        "loopnet_n_vocab": min(known_size(vocab), cfg.vocab_size),  # the real ids: the logits' width, as loopnet's
         "tie_word_embeddings": cfg.tie_embeddings,
         # the usual names, for tools that read them (lm-eval's window: max_position_embeddings)
         "hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads, "max_position_embeddings": cfg.seq_len,
@@ -277,7 +284,7 @@ def write_tokenizer(folder: Path, vocab: str, seq_len: int) -> None:
                                       model_max_length=seq_len)
     else:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
 
         chars = bytes_to_unicode()  # byte -> the printable character byte-level BPE spells it with
         table = {chars[b]: b for b in range(256)} | {EOT_TEXT: 256}

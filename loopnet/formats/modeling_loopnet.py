@@ -67,8 +67,8 @@ class LoopnetForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = LoopnetConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
-    _no_split_modules = ["Block"]
-    _tied_weights_keys = {"model.lm_head.weight": "model.wte.weight"}
+    _no_split_modules = ["Block"]  # noqa: RUF012 (transformers reads these class attributes)
+    _tied_weights_keys = {"model.lm_head.weight": "model.wte.weight"}  # noqa: RUF012
 
     def __init__(self, config: LoopnetConfig):
         super().__init__(config)
@@ -96,9 +96,10 @@ class LoopnetForCausalLM(PreTrainedModel, GenerationMixin):
                 cache: LoopnetCache | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, rounds: int | None = None, return_dict: bool | None = None,
                 **kwargs) -> CausalLMOutputWithPast:
-        """Logits [B, T, V] after R' = `rounds` rounds (default the training R). Without a cache the whole
-        sequence runs through `LoopedTransformer.forward`; with `use_cache` (generate sets it) or a `cache`,
-        the new tokens run over their own positions and their keys and values join the cache."""
+        """Logits [B, T, V] after R' = `rounds` rounds (default the training R), V the vocabulary's real ids
+        (`loopnet_n_vocab`). Without a cache the whole sequence runs through `LoopedTransformer.forward`; with
+        `use_cache` (generate sets it) or a `cache`, the new tokens run over their own positions and their keys
+        and values join the cache."""
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("loopnet's model attends causally from position 0 and takes no padding mask; fix: pass "
                              "prompts of equal length (or one at a time), or pad on the right and ignore the padding")
@@ -121,6 +122,7 @@ class LoopnetForCausalLM(PreTrainedModel, GenerationMixin):
             *_, (_, x) = model.iter_rounds(input_ids, R, positions=positions, kv=kv)
             logits, _ = model.head(x, kv=kv)
             kv.end(positions[:, -1])
+        logits = logits[..., : self.config.loopnet_n_vocab]  # None: every id
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
