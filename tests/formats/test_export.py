@@ -213,28 +213,33 @@ def test_a_sharded_checkpoint_folder_exports_like_its_consolidated_file(tmp_path
 
 
 SPY = """
-import importlib.abc, sys
-importers = []
+import builtins, sys
+importers, plain = set(), builtins.__import__
 
-class Spy(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "transformers":  # the module whose import statement asks for it
-            frame = sys._getframe(1)
-            while frame.f_code.co_filename.startswith("<frozen"):
-                frame = frame.f_back
-            importers.append(frame.f_globals.get("__name__"))
+def spy(name, globals=None, *args, **kwargs):  # every import statement, also of a module already loaded
+    if name.split(".")[0] == "transformers":
+        importers.add((globals or {}).get("__name__"))
+    return plain(name, globals, *args, **kwargs)
 
-sys.meta_path.insert(0, Spy())
-import loopnet.training.cli, loopnet.training.module, loopnet.data.datamodule, loopnet.diagnostics, loopnet.formats.hf
-print(importers)
+builtins.__import__ = spy
+import MODULES
+print(sorted(importers, key=str))
 """
+TRAINING_PATH = "loopnet.training.cli, loopnet.training.module, loopnet.data.datamodule, loopnet.diagnostics"
+
+
+def importers_of_transformers(modules: str) -> list:
+    proc = subprocess.run([sys.executable, "-c", SPY.replace("MODULES", modules)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return eval(proc.stdout.strip().splitlines()[-1])
 
 
 def test_no_loopnet_module_of_the_training_path_imports_transformers():
     """The fit's imports (the CLI, the LightningModule, the data module, the callbacks) and the exported-folder reader
     import no transformers themselves: only `loopnet export` and the exported model's code need it. (Lightning's
     torchmetrics imports it when it is installed: the spy names who asks.)"""
-    proc = subprocess.run([sys.executable, "-c", SPY], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    importers = eval(proc.stdout.strip().splitlines()[-1])
+    importers = importers_of_transformers(f"{TRAINING_PATH}, loopnet.formats.hf")
     assert not [name for name in importers if (name or "").split(".")[0] == "loopnet"], importers
+    assert "loopnet.formats.modeling_loopnet" in importers_of_transformers(f"{TRAINING_PATH}, "
+                                                                          "loopnet.formats.modeling_loopnet")
