@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from loopnet.model import LoopConfig, LoopedTransformer
+from loopnet.model import LoopedTransformer
 from tests.helpers import tiny_config
 
 

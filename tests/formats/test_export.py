@@ -165,7 +165,7 @@ def test_export_refuses_in_one_line(tmp_path):
 
 def test_the_command_says_what_is_wrong_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "loopnet", "export", str(tmp_path / "x.ckpt"), str(tmp_path / "o"),
-                           "--dtype", "int8"], capture_output=True, text=True, cwd=ROOT)
+                           "--dtype", "int8"], check=False, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "loopnet export: error: --dtype int8 is not supported; fix: give one of float32, bfloat16, float16"]
@@ -174,15 +174,15 @@ def test_the_command_says_what_is_wrong_in_one_line(tmp_path):
 def test_a_failed_export_leaves_no_folder_and_keeps_the_previous_one(tmp_path):
     ckpt = save_checkpoint(tiny_model(), tmp_path / "a.ckpt")
     out = tmp_path / "out"
-    with mock.patch.object(hf, "write_tokenizer", side_effect=RuntimeError("disk full")):
-        with pytest.raises(RuntimeError, match="disk full"):
-            hf.export(ckpt, out)
+    with mock.patch.object(hf, "write_tokenizer", side_effect=RuntimeError("disk full")), \
+            pytest.raises(RuntimeError, match="disk full"):
+        hf.export(ckpt, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt"]  # no out, no temporary sibling
     hf.export(ckpt, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with mock.patch.object(hf, "model_card", side_effect=RuntimeError("killed")):
-        with pytest.raises(RuntimeError, match="killed"):
-            hf.export(ckpt, out, overwrite=True)
+    with mock.patch.object(hf, "model_card", side_effect=RuntimeError("killed")), \
+            pytest.raises(RuntimeError, match="killed"):
+        hf.export(ckpt, out, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt", "out"]
     other = tiny_model(seed=1)
@@ -229,8 +229,8 @@ TRAINING_PATH = "loopnet.training.cli, loopnet.training.module, loopnet.data.dat
 
 
 def importers_of_transformers(modules: str) -> list:
-    proc = subprocess.run([sys.executable, "-c", SPY.replace("MODULES", modules)], capture_output=True, text=True,
-                          cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", SPY.replace("MODULES", modules)], check=False, capture_output=True,
+                          text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return eval(proc.stdout.strip().splitlines()[-1])
 
