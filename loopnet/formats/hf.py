@@ -116,9 +116,9 @@ def checkpoint_contents(path: str | Path) -> tuple[dict, dict, dict]:
 
     path = Path(path)
     try:
-        check_checkpoint_file(str(path), option="loopnet export")
+        check_checkpoint_file(str(path), option="CKPT")
     except (ValueError, FileNotFoundError) as err:
-        raise ExportError(str(err).replace("or 'last'", "")) from None
+        raise ExportError(str(err).replace(" or 'last'", "")) from None  # `last` is fit's, not export's
     ckpt = load_checkpoint_meta(str(path))  # restricted unpickler; one line for a corrupt or foreign file
     vocab = (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2")
     if vocab not in ("gpt2", "bytes"):
