@@ -144,7 +144,7 @@ def run(reps: int, overrides: dict) -> dict:
 def markdown(res: dict, command: str) -> str:
     lines = [f"`{command}`: {res['parameters'] / 1e6:.1f} M parameters, {res['weight_bytes'] / 1e6:.0f} MB of fp32 "
              f"weights (.ckpt {res['ckpt_bytes'] / 1e6:.0f} MB, exported folder {res['exported_bytes'] / 1e6:.0f} MB), "
-             f"{res['reps']} repetitions, {res['date']}, load average at start {res['load_average']}.", "",
+             f"{res['reps']} repetitions, {res['date']}, load average at start {res['load_average'] or float('nan'):.1f}.", "",
              "| row | time (median) | times | peak RSS / weight bytes |", "|---|---:|---|---:|"]
     for row, r in res["rows"].items():
         times = ", ".join(f"{s:.2f}" for s in r["seconds_all"])
