@@ -29,12 +29,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 TARGET = 1.3  # peak RSS of a load / weight bytes
-GPT2_SMALL = dict(vocab_size=50304, seq_len=1024, d_model=768, n_heads=12, n_blocks=12, n_rounds=1,
-                  residual="preln")
+GPT2_SMALL = {"vocab_size": 50304, "seq_len": 1024, "d_model": 768, "n_heads": 12, "n_blocks": 12, "n_rounds": 1,
+              "residual": "preln"}
 ROWS = ("export", "read_exported", "torch.load", "torch.load mmap", "from_pretrained")
 
 # One row in a fresh process: imports, the baseline RSS, the timed operation, every weight byte read once.
@@ -138,14 +138,16 @@ def run(reps: int, overrides: dict) -> dict:
                   "seconds_all": [r["seconds"] for r in runs]} for row, runs in results.items()}
     return {"rows": rows, "parameters": params, "weight_bytes": weight_bytes, "ckpt_bytes": ckpt_bytes,
             "exported_bytes": exported_bytes, "reps": reps, "config": GPT2_SMALL | overrides,
-            "machine": machine(), "load_average": load, "date": datetime.now(timezone.utc).isoformat(timespec="minutes")}
+            "machine": machine(), "load_average": load, "date": datetime.now(UTC).isoformat(timespec="minutes")}
 
 
 def markdown(res: dict, command: str) -> str:
-    lines = [f"`{command}`: {res['parameters'] / 1e6:.1f} M parameters, {res['weight_bytes'] / 1e6:.0f} MB of fp32 "
-             f"weights (.ckpt {res['ckpt_bytes'] / 1e6:.0f} MB, exported folder {res['exported_bytes'] / 1e6:.0f} MB), "
-             f"{res['reps']} repetitions, {res['date']}, load average at start {res['load_average'] or float('nan'):.1f}.", "",
-             "| row | time (median) | times | peak RSS / weight bytes |", "|---|---:|---|---:|"]
+    load = res["load_average"]
+    head = (f"`{command}`: {res['parameters'] / 1e6:.1f} M parameters, {res['weight_bytes'] / 1e6:.0f} MB of fp32 "
+            f"weights (.ckpt {res['ckpt_bytes'] / 1e6:.0f} MB, exported folder {res['exported_bytes'] / 1e6:.0f} MB), "
+            f"{res['reps']} repetitions, {res['date']}, "
+            f"load average at start {'?' if load is None else f'{load:.1f}'}.")
+    lines = [head, "", "| row | time (median) | times | peak RSS / weight bytes |", "|---|---:|---|---:|"]
     for row, r in res["rows"].items():
         times = ", ".join(f"{s:.2f}" for s in r["seconds_all"])
         mark = " **✓**" if row in ("read_exported", "from_pretrained") and r["peak_ratio"] <= TARGET else ""

@@ -399,7 +399,8 @@ def modeling_source() -> str:
         deps: list[str] = []
         for node in ast.walk(tree):
             if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "loopnet" for a in node.names):
-                raise ValueError(f"{module}: `import loopnet...` cannot be inlined; import names with `from ... import`")
+                raise ValueError(f"{module}: `import loopnet...` cannot be inlined; fix: import names with "
+                                 f"`from ... import`")
             if not isinstance(node, ast.ImportFrom):
                 continue
             source = _resolve(module, node)
@@ -437,7 +438,8 @@ def modeling_source() -> str:
         digests.append(f"#   {relative}  sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]}")
         parts.append(f"# {'-' * 40} {relative}\n" + "\n".join(lines).strip("\n") + "\n")
     header = ('"""A loopnet model for transformers (trust_remote_code): loopnet\'s model modules inlined into one\n'
-              'file by `loopnet export`, followed by the transformers wrapper. Generated: edit loopnet, not this file."""\n'
+              'file by `loopnet export`, followed by the transformers wrapper.\n'
+              'Generated: edit loopnet, not this file."""\n'
               "# Inlined from:\n" + "\n".join(digests) + "\n\nfrom __future__ import annotations\n\n")
     source = header + "\n\n".join(parts)
     compile(source, "modeling_loopnet.py", "exec")
