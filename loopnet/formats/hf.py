@@ -384,8 +384,9 @@ def _package_names(package: str) -> dict[str, str]:
 
 def modeling_source() -> str:
     """modeling_loopnet.py as exported: every loopnet module `loopnet.formats.modeling_loopnet` reads (at any
-    depth, in dependency order) inlined above it, their loopnet imports removed. The shipped config file's
-    relative import stays. One name defined by two of those modules would make them share it: refused."""
+    depth) inlined into one file, their loopnet imports removed: a module's top-level imports above it, those
+    made inside its functions (read only when called) after it. The shipped config file's relative import
+    stays. One name defined by two of those modules would make them share it: refused."""
     order: list[str] = []
     edits: dict[str, list[tuple[int, int, str]]] = {}
     owner: dict[str, tuple[str, str]] = {}  # a top-level name -> (module, what defines it)
@@ -396,7 +397,9 @@ def modeling_source() -> str:
             return
         edits[module] = []
         tree = ast.parse(Path(module_file(module)).read_text())
-        deps: list[str] = []
+        top = {id(node) for node in tree.body}
+        deps: list[str] = []  # imported at the top: defined above this module
+        later: list[str] = []  # imported inside a function (read when called): may follow it
         for node in ast.walk(tree):
             if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "loopnet" for a in node.names):
                 raise ValueError(f"{module}: `import loopnet...` cannot be inlined; fix: import names with "
@@ -412,7 +415,7 @@ def modeling_source() -> str:
             targets = _package_names(source) if source == "loopnet.model" else {}
             aliases = []
             for alias in node.names:
-                deps.append(targets.get(alias.name, source))
+                (deps if id(node) in top else later).append(targets.get(alias.name, source))
                 if alias.asname and alias.asname != alias.name:
                     aliases.append(f"{alias.asname} = {alias.name}")
             edits[module].append((node.lineno, node.end_lineno, "; ".join(aliases) or "pass"))
@@ -425,6 +428,8 @@ def modeling_source() -> str:
                                      f"would clash; fix: rename one of them")
                 owner.setdefault(name, (module, what))
         order.append(module)
+        for dep in later:
+            visit(dep)
 
     visit("loopnet.formats.modeling_loopnet")
     parts, digests = [], []

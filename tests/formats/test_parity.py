@@ -130,7 +130,7 @@ def test_the_modeling_file_is_loopnets_model_source():
     source = hf.modeling_source()
     for module in ("layers", "transformer", "cache", "config", "scales", "injection", "kernels"):
         text = (ROOT / "loopnet" / "model" / f"{module}.py").read_text()
-        imports = ("from .", "import ", "from __future__")
+        imports = ("from .", "from loopnet", "import ", "from __future__")
         body = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith(imports)]
         assert all(line in source for line in body), module
     assert not re.findall(r"^\s*(?:from|import)\s+\.?loopnet", source, flags=re.MULTILINE)
