@@ -95,8 +95,11 @@ def test_the_cache_holds_one_entry_per_round_and_block(tmp_path, hf_class):
     assert sorted(first.cache.kv.store) == sorted([("prelude", 1), ("coda", 1)]
                                                   + [("core", r, k) for r in range(1, 6) for k in range(1, K + 1)])
     assert first.cache.get_seq_length() == 6
-    # one position through the cache against the whole sequence: the same sums in another order (≤ 1e-5 here)
-    torch.testing.assert_close(step.logits[0, -1], whole[0, -1], rtol=0, atol=1e-5)
+    # One position through the cache against the whole sequence: the same sums in another order. A reordered
+    # d-term sum moves by at most γ_d ≈ d·u of its terms' magnitude (u = 2⁻²⁴); each Norm rescales the stream to
+    # unit RMS, so the perturbations of the 2N sublayer visits add at most linearly, relative to the logits' scale.
+    bound = 2 * model.config.depth(5) * model.config.d_model * 2.0 ** -24 * float(whole.abs().max().clamp(min=1))
+    torch.testing.assert_close(step.logits[0, -1], whole[0, -1], rtol=0, atol=bound)
     with pytest.raises(ValueError, match="holds keys and values of R'=5 rounds, this call runs 3"):
         exported(ids[:, 5:], cache=first.cache, rounds=3)
 
