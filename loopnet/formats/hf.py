@@ -179,6 +179,8 @@ def export(ckpt_path: str | Path, out: str | Path, dtype: str = "float32", overw
     out = Path(out)
     check_dtype(dtype)
     check_destination(out, overwrite)
+    if importlib.util.find_spec("transformers") is None:  # the tokenizer files are written through it
+        raise ExportError("loopnet export needs transformers, which is not installed; fix: pip install -e '.[hf]'")
     config, weights, ckpt = checkpoint_contents(ckpt_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))

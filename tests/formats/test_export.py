@@ -158,6 +158,9 @@ def test_export_refuses_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^--dtype float64 is not supported; fix: give one of float32, bfloat16"):
         hf.export(ckpt, tmp_path / "o5", dtype="float64")
     assert (full / "keep.txt").read_text() == "mine"
+    with mock.patch("importlib.util.find_spec", return_value=None), \
+            pytest.raises(ValueError, match=r"^loopnet export needs transformers, .* fix: pip install -e '\.\[hf\]'$"):
+        hf.export(ckpt, tmp_path / "o7")
     compact = save_checkpoint(tiny_model(), tmp_path / "c.ckpt", vocab="compact")
     with pytest.raises(ValueError, match="data.vocab: compact"):
         hf.export(compact, tmp_path / "o6")
