@@ -1,6 +1,6 @@
 """The `loopnet` command's entry point, light to import: `loopnet --help` and the tools (`sweep`,
-`report`, `probe`, `coordcheck`, `compare`, `eval`, `bench`) start without Lightning, whose import is most of a
-command's start-up (3-4 s on a 2-core CPU); `fit`, `validate`, `test` and `predict` go on to
+`report`, `probe`, `coordcheck`, `compare`, `eval`, `export`, `bench`) start without Lightning, whose import is
+most of a command's start-up (3-4 s on a 2-core CPU); `fit`, `validate`, `test` and `predict` go on to
 `loopnet.training.cli`."""
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ def _eval(argv: list[str]) -> None:
     main(argv)
 
 
+def _export(argv: list[str]) -> None:
+    from loopnet.formats.cli import main
+
+    main(argv)
+
+
 def _bench(argv: list[str]) -> None:
     from loopnet.bench.run import main
 
@@ -62,6 +68,7 @@ TOOLS = {
     "coordcheck": (_coordcheck, "mean |x| of every visit against width and R over the first steps (μP's check)"),
     "compare": (_compare, "overlay runs' depth profiles at chosen steps (PNG)"),
     "eval": (_eval, "downstream tasks through lm-evaluation-harness at several R'"),
+    "export": (_export, "a checkpoint's model in the Hugging Face layout (safetensors, config.json, code)"),
     "bench": (_bench, "training throughput, MFU and memory benchmarks"),
 }
 

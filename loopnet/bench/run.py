@@ -3,6 +3,7 @@
     loopnet bench [--smoke] [--out bench.md] [--json bench.json] [--steps 10] [--reps 3] ...
     loopnet bench sweep-startup ...   a sweep's cells started fresh and from the fit server (`loopnet.bench.sweep_startup`)
     loopnet bench generation ...      generation with and without the KV cache (`loopnet.bench.generation`)
+    loopnet bench export ...          export and load of a GPT-2-small-sized model (`loopnet.bench.export`)
     python -m loopnet.bench ...
 
 All variants train the same model on the same batches, in this process (all but one, which needs a
@@ -322,7 +323,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    rows = {"sweep-startup": "loopnet.bench.sweep_startup", "generation": "loopnet.bench.generation"}
+    rows = {"sweep-startup": "loopnet.bench.sweep_startup", "generation": "loopnet.bench.generation",
+            "export": "loopnet.bench.export"}
     if argv[:1] and argv[0] in rows:  # rows of their own, each with its own --help
         import importlib
 

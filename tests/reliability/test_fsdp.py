@@ -146,3 +146,22 @@ def test_divergence_guard_decides_the_same_on_every_rank(ranks):
     assert r0 == r1
     assert r0["diverged_at_step"] == 1 and "non-finite gradient norm" in r0["reason"]
     assert r0["steps"] == 2
+
+
+def test_loopnet_export_reads_the_sharded_checkpoint_fsdp_wrote(ranks, tmp_path):
+    """`loopnet export` of the folder of shards holds the weights Lightning's own consolidation reads from it, bit
+    for bit (no process group: torch.distributed.checkpoint reads every shard)."""
+    from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+    from loopnet.formats import hf
+
+    folder = ranks["out"] / "ckpt" / "last.ckpt"
+    out = hf.export(folder, tmp_path / "exported")
+    config, state, meta = hf.read_exported(out)
+    consolidated = _load_distributed_checkpoint(folder)["model"]
+    expected = {k.removeprefix("model."): v for k, v in consolidated.items() if k.startswith("model.")}
+    assert config == LoopConfig(**MODEL) and meta["global_step"] == 2
+    assert state.keys() == expected.keys() | {"lm_head.weight"}  # the tied head: the embedding, stored once
+    for key, tensor in expected.items():
+        assert torch.equal(state[key], tensor), key
+    assert not torch.equal(state["wte.weight"], ranks["init"]["wte.weight"])  # trained: not the initial weights

@@ -39,12 +39,12 @@ def test_loopnet_help_lists_the_commands_without_importing_lightning():
     """`loopnet --help` paid Lightning's import (3-4 s of its 5 s) to list the commands."""
     out, heavy = _light("--help")
     assert heavy == []
-    for command in ("fit", "validate", "test", "predict", "sweep", "report", "probe", "eval", "bench"):
+    for command in ("fit", "validate", "test", "predict", "sweep", "report", "probe", "eval", "export", "bench"):
         assert f"\n  {command} " in out
     assert out.startswith("usage: loopnet <command>")
 
 
-@pytest.mark.parametrize("tool", ["sweep", "report", "probe", "eval", "bench"])
+@pytest.mark.parametrize("tool", ["sweep", "report", "probe", "eval", "export", "bench"])
 def test_the_tools_start_without_lightning(tool):
     """`loopnet sweep/report/probe/eval --help` imported Lightning (through loopnet.diagnostics, loopnet.data,
     loopnet.training's package imports) and paid 4-10 s; now only what the tool itself needs (bench: torch)."""
