@@ -14,7 +14,6 @@ is validation's `RoundProfileMeter` (`loopnet.diagnostics.fixed_point`).
 from __future__ import annotations
 
 import csv
-import importlib
 import io
 import math
 from collections.abc import Sequence
@@ -282,14 +281,10 @@ def _folder_checkpoint(folder: Path) -> Path:
 
 def _read_exported(folder: Path) -> tuple[LoopConfig, dict[str, torch.Tensor], dict]:
     """`loopnet.formats.hf.read_exported(folder)`: (config, state dict memory-mapped from safetensors,
-    metadata with at least the data's `vocab`), imported by name so that a loopnet without the export
-    format refuses in one line."""
-    try:
-        hf = importlib.import_module("loopnet.formats.hf")
-    except ImportError as err:
-        raise ImportError(f"{folder} is an exported folder, but this loopnet cannot read one ({err}); fix: install "
-                          f"a loopnet with `loopnet export`, or load the .ckpt it was exported from") from None
-    return hf.read_exported(folder)
+    metadata with at least the data's `vocab`)."""
+    from loopnet.formats.hf import read_exported  # safetensors and the format's code only when a folder is read
+
+    return read_exported(folder)
 
 
 def _tokenizer(vocab: str, data: dict | None, ids, where: Path) -> Vocabulary:

@@ -5,7 +5,6 @@ one is refused in one line."""
 from __future__ import annotations
 
 import sys
-import types
 
 import pytest
 import torch
@@ -79,29 +78,18 @@ def test_the_tokenizer_is_the_one_the_run_trained_with(ckpt, tmp_path):
     assert "compact vocabulary" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_an_exported_folder_loads_through_the_export_formats_reader(ckpt, tmp_path, monkeypatch, saved_weights):
-    """The reader (`loopnet.formats.hf.read_exported`) is the export format's; here a stand-in that returns
-    the checkpoint's config and weights, the shared head stored once (as safetensors stores it)."""
-    from loopnet.model import LoopConfig
+def test_an_exported_folder_loads_the_checkpoints_weights_bit_for_bit(ckpt, tmp_path, saved_weights):
+    """`loopnet export` then `loopnet.load` of the folder: the weights as the checkpoint holds them (read from
+    the safetensors, the shared head stored once and tied again), with the run's tokenizer."""
+    from loopnet.formats.hf import export
 
     folder = tmp_path / "exported"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    (folder / "model.safetensors").write_bytes(b"")
-    hyper = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]
-    once = {k: v for k, v in saved_weights.items() if k != "lm_head.weight"}
-    reader = types.ModuleType("loopnet.formats.hf")
-    reader.read_exported = lambda path: (LoopConfig(**hyper["config"]), once, {"vocab": "bytes"}) \
-        if path == folder else None
-    monkeypatch.setitem(sys.modules, "loopnet.formats.hf", reader)
+    export(ckpt, folder)
     model = loopnet.load(folder)
     same_weights(model, saved_weights)
     assert model.network.lm_head.weight is model.network.wte.weight
-    assert isinstance(model.tokenizer, BytesVocab)
-    monkeypatch.setitem(sys.modules, "loopnet.formats.hf", None)  # a loopnet without the export format
-    with pytest.raises(ImportError) as err:
-        loopnet.load(folder)
-    assert "is an exported folder, but this loopnet cannot read one" in str(err.value) and "\n" not in str(err.value)
+    assert isinstance(model.tokenizer, GPT2Vocab)  # the run's data.vocab
+    assert not model.network.training
 
 
 def one_line(error, *fragments):
