@@ -10,6 +10,7 @@ import collections.abc
 import contextlib
 import functools
 import inspect
+import os
 import sys
 import types
 import typing
@@ -170,3 +171,138 @@ def test_no_parameter_of_a_command_builds_a_class_it_does_not_expect(parsers, su
             assert not (tmp_path / "marker").exists(), (path, name)
             tried += 1
     assert tried == 3 * len(cases)
+
+
+# ------------------------------------------------------------------ every place a config is read
+# The probe's payload: torch's process-starting class in the `object`-typed parameter of an allowed strategy.
+def _strategy(marker: Path) -> dict:
+    return {"class_path": "lightning.pytorch.strategies.DDPStrategy",
+            "init_args": {"ddp_comm_state": payloads(marker)["torch"]}}
+
+
+SLOT = "trainer.strategy.init_args.ddp_comm_state"
+
+
+def _refused(line: str | None, marker: Path, key: str = SLOT) -> None:
+    assert line and key in line and TORCH_POPEN in line and "--trust_config" in line, line
+    assert "\n" not in line.strip()
+    assert not marker.exists()
+
+
+@pytest.fixture
+def checked(untrusted, tmp_path, monkeypatch):
+    """`check_command`: a `loopnet` command line through every check it passes before running (precheck,
+    LightningCLI's parse, the CLI's own checks), nothing built."""
+    from loopnet.training.check import check_command
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    return check_command
+
+
+def test_a_config_file_and_the_command_line_are_refused_by_slot(checked, tmp_path):
+    import json
+
+    import yaml
+
+    from tests.reliability.helpers import SHORT
+
+    marker = tmp_path / "marker"
+    (tmp_path / "evil.yaml").write_text(yaml.safe_dump({"trainer": {"strategy": _strategy(marker)}}))
+    _refused(checked(["fit", *SHORT, "--config", str(tmp_path / "evil.yaml")]), marker)
+    _refused(checked(["fit", *SHORT, f"--trainer.strategy={json.dumps(_strategy(marker))}"]), marker)
+    # an included file, and the payload one level deeper: in the strategy's precision plugin's init_args
+    (tmp_path / "top.yaml").write_text("config: evil.yaml\n")
+    _refused(checked(["fit", *SHORT, "--config", str(tmp_path / "top.yaml")]), marker)
+    plugin = {"class_path": "lightning.pytorch.plugins.precision.TransformerEnginePrecision",
+              "init_args": {"weights_dtype": "torch.float32", "recipe": payloads(marker)["torch"]}}
+    deeper = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"precision_plugin": plugin}}
+    _refused(checked(["fit", *SHORT, f"--trainer.strategy={json.dumps(deeper)}"]), marker,
+             "trainer.strategy.init_args.precision_plugin.init_args.recipe")
+
+
+def test_an_evaluation_is_refused_by_slot(checked, tmp_path):
+    """`loopnet test` (and validate, predict) with a checkpoint: refused before anything is built."""
+    import json
+
+    import torch
+
+    from loopnet.training.check import parse_fit
+    from tests.reliability.helpers import SHORT
+
+    marker = tmp_path / "marker"
+    ckpt = tmp_path / "last.ckpt"
+    os.environ["LOOPNET_TRUST_CONFIG"] = "1"  # the checkpoint's config, read with the session's opt-in
+    try:
+        config = parse_fit(SHORT).model.config.as_dict()
+    finally:
+        del os.environ["LOOPNET_TRUST_CONFIG"]
+    torch.save({"state_dict": {}, "hyper_parameters": {"config": config}, "global_step": 2}, ckpt)
+    for sub in ("test", "validate", "predict"):
+        _refused(checked([sub, *SHORT, "--ckpt_path", str(ckpt), f"--trainer.strategy={json.dumps(_strategy(marker))}"]),
+                 marker)
+
+
+def test_a_sweeps_overrides_and_grid_are_refused_by_slot(untrusted, tmp_path, monkeypatch):
+    import yaml
+
+    from loopnet.study.grid import SweepError
+    from loopnet.study.sweep import run
+    from tests.reliability.helpers import ROOT
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    marker = tmp_path / "marker"
+    base = [str(ROOT / "configs/deeploop_r6.yaml"), str(ROOT / "configs/cpu.yaml")]
+    for spec in ({"overrides": {"trainer.strategy": _strategy(marker)}, "grid": {"model.optim.lr": [0.1]}},
+                 {"grid": {"trainer.strategy": [_strategy(marker)]}}):
+        grid = tmp_path / "grid.yaml"
+        grid.write_text(yaml.safe_dump({"base": base, "out": str(tmp_path / "out"), **spec}))
+        with pytest.raises(SweepError) as refused:  # `loopnet sweep`: every cell checked before any runs
+            run([str(grid)])
+        _refused(str(refused.value), marker)
+        assert not (tmp_path / "out").exists()
+
+
+def test_probe_reads_its_config_under_the_same_rule(untrusted, tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from loopnet.study.probe import main
+    from tests.reliability.helpers import ROOT
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    marker = tmp_path / "marker"
+    (tmp_path / "evil.yaml").write_text(yaml.safe_dump({"trainer": {"strategy": _strategy(marker)}}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
+              "--config", str(tmp_path / "evil.yaml"), "--out", str(tmp_path / "probe"), "--steps", "1"])
+    assert exit_.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1
+    _refused(errors[0], marker)
+
+
+# ------------------------------------------------------------------ a package named like an allowed one
+@pytest.mark.parametrize("package", ["loopnet", "torch"])
+def test_a_package_whose_name_starts_with_an_allowed_one_is_not_allowed(untrusted, tmp_path, monkeypatch, package):
+    """`loopnetevil` is not `loopnet`: refused by name, never imported (its import would leave the marker),
+    by every reader of a config (the early walk, the slot check, the whole command)."""
+    from loopnet.training import trust
+    from loopnet.training.check import check_command
+    from loopnet.training.cli import LoopnetCLI
+    from tests.reliability.helpers import SHORT
+
+    name = f"{package}evil"
+    marker = tmp_path / "marker"
+    (tmp_path / f"{name}.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n\n"
+        "from lightning.pytorch.callbacks import Callback\n\nclass Foo(Callback):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    spec = {"trainer": {"callbacks": [{"class_path": f"{name}.Foo"}]}}
+    assert not trust.allowed(f"{name}.Foo") and trust.allowed(f"{package}.nn.Linear")
+    with pytest.raises(ValueError, match=rf"{name}\.Foo.*--trust_config"):
+        trust.refuse_untrusted(spec)
+    with pytest.raises(ValueError, match=rf"{name}\.Foo.*--trust_config"):
+        trust.check_config(spec, LoopnetCLI.roots())
+    line = check_command(["fit", *SHORT, f"--trainer.callbacks+={name}.Foo"])
+    assert line and f"{name}.Foo" in line and "--trust_config" in line, line
+    assert not marker.exists() and name not in sys.modules
