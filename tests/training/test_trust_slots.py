@@ -63,20 +63,34 @@ def _concrete(base: type) -> list[type]:
 
 
 @functools.cache
+def _hierarchies() -> tuple[type, ...]:
+    """The class hierarchies whose members the walk follows into: the Trainer's slots for classes."""
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.fabric.plugins.io import CheckpointIO
+    from lightning.pytorch.accelerators import Accelerator
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.loggers import Logger
+    from lightning.pytorch.plugins import LayerSync
+    from lightning.pytorch.plugins.precision import Precision
+    from lightning.pytorch.profilers import Profiler
+    from lightning.pytorch.strategies import Strategy
+
+    return Callback, Logger, Strategy, Accelerator, Precision, Profiler, ClusterEnvironment, CheckpointIO, LayerSync
+
+
+@functools.cache
 def slots(cls: type, depth: int) -> list[tuple[list, str, str]]:
     """Every parameter of `cls` that can take a class, as (chain, name, kind): `chain` the classes and
     positions leading to it ([] at `cls` itself, then (parameter, class) pairs), `kind` "open" (typed
     Any, object, not at all, or Callable: any class fits there) or "typed" (a class type). The classes
     a typed parameter accepts are followed `depth` levels down."""
-    from loopnet.training.trust import _expected
-
     out = []
     for p in get_signature_parameters(cls, None, logger=False):
         members = _members(p.annotation)
         open_ = any(m in (typing.Any, object, inspect.Parameter.empty) or not (inspect.isclass(m) or typing.get_origin(m))
                     or typing.get_origin(m) is collections.abc.Callable or m is collections.abc.Callable
                     for m, _ in members)
-        bases = [(m, listed) for m, listed in members if inspect.isclass(m) and issubclass(m, _expected())]
+        bases = [(m, listed) for m, listed in members if inspect.isclass(m) and issubclass(m, _hierarchies())]
         if open_:
             out.append(([], p.name, "open"))
         if bases:
@@ -306,3 +320,21 @@ def test_a_package_whose_name_starts_with_an_allowed_one_is_not_allowed(untruste
     line = check_command(["fit", *SHORT, f"--trainer.callbacks+={name}.Foo"])
     assert line and f"{name}.Foo" in line and "--trust_config" in line, line
     assert not marker.exists() and name not in sys.modules
+
+
+def test_eval_task_yaml_that_names_python_needs_the_opt_in(untrusted, tmp_path):
+    """`loopnet eval --include_path`: a task YAML (or a file it includes) whose `!function` the harness would
+    import from a Python file beside it is refused before the harness reads the folder."""
+    from loopnet.eval.tasks import TaskSetupError, make_task_manager, refuse_task_code
+
+    marker = tmp_path / "marker"
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "utils.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).touch()\n\ndef docs(d):\n    return d\n")
+    (tasks / "common.yaml").write_text("process_docs: !function utils.docs\n")
+    (tasks / "mytask.yaml").write_text("task: mytask\ninclude: common.yaml\ndataset_path: json\n")
+    with pytest.raises(TaskSetupError, match=r"common\.yaml \(line 1\) names the function utils\.docs.*--trust_config"):
+        make_task_manager(["mytask"], [str(tasks)])
+    assert not marker.exists() and "utils" not in sys.modules
+    os.environ["LOOPNET_TRUST_CONFIG"] = "1"
+    refuse_task_code(tasks)  # trusted: the harness's own rules apply
