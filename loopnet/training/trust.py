@@ -271,6 +271,8 @@ def check_tree(value: Any, hint: Any, where: str) -> None:
             if cls is None:
                 raise ValueError(untrusted(where, path, "no class of that name is known there",
                                            "give the full import path of the class"))
+            if not allowed(cls.__module__):  # a class of that name imported from elsewhere
+                raise ValueError(refusal(f"{cls.__module__}.{cls.__qualname__}", where))
         else:
             cls = _import(path, where)
         if not issubclass(cls, tuple(slot.bases)):

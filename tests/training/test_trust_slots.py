@@ -339,3 +339,21 @@ def test_eval_task_yaml_that_names_python_needs_the_opt_in(untrusted, tmp_path):
     assert not marker.exists() and "utils" not in sys.modules
     os.environ["LOOPNET_TRUST_CONFIG"] = "1"
     refuse_task_code(tasks)  # trusted: the harness's own rules apply
+
+
+def test_a_class_named_by_its_short_name_is_walked_too(untrusted, tmp_path):
+    """jsonargparse resolves `class_path: DDPStrategy` among the slot's subclasses; the check follows it into
+    that class's init_args, and passes what fits."""
+    from loopnet.training import trust
+    from loopnet.training.cli import LoopnetCLI
+
+    marker = tmp_path / "marker"
+    short = {"class_path": "DDPStrategy", "init_args": {"ddp_comm_state": payloads(marker)["torch"]}}
+    with pytest.raises(ValueError, match=rf"^{SLOT.replace('.', '[.]')} names {TORCH_POPEN}.*--trust_config"):
+        trust.check_config({"trainer": {"strategy": short}}, LoopnetCLI.roots())
+    fine = {"callbacks": [{"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "step"}}],
+            "strategy": {"class_path": "DDPStrategy", "init_args": {"find_unused_parameters": True}},
+            "plugins": [{"class_path": "lightning.fabric.plugins.environments.LightningEnvironment"}],
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}}
+    trust.check_config({"trainer": fine}, LoopnetCLI.roots())
+    assert not marker.exists()
