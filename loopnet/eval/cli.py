@@ -165,7 +165,10 @@ def run_eval(
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``loopnet eval`` / ``python -m loopnet.eval``; errors exit with status 2."""
-    args = build_parser().parse_args(argv)
+    from loopnet.training.trust import take_flag
+
+    # --trust_config: task folders whose YAML names Python functions (loopnet.eval.tasks.refuse_task_code)
+    args = build_parser().parse_args(take_flag(sys.argv[1:] if argv is None else list(argv)))
     with one_line_errors("loopnet eval", (TaskSetupError, ValueError, FileNotFoundError, ImportError), debug=True):
         report = run_eval(
             ckpt_path=args.ckpt_path, tasks=args.tasks, rounds=args.rounds, batch_size=args.batch_size,

@@ -212,6 +212,44 @@ def check_datasets(manager: "TaskManager", names: Iterable[str], probe_timeout: 
     )
 
 
+def refuse_task_code(folder: Path) -> None:
+    """Raise TaskSetupError for the first task YAML under `folder` (or a file it `include`s) whose `!function`
+    tag makes the harness import and run a Python file, unless the user trusts it (`--trust_config`, as a
+    config that names code: loopnet.training.trust); read as YAML nodes, nothing constructed."""
+    import yaml
+
+    from loopnet.training.trust import ENV, FLAG, trusted
+
+    if trusted():
+        return
+    files, seen = sorted(folder.rglob("*.yaml")) + sorted(folder.rglob("*.yml")), set()
+    while files:
+        file = files.pop(0).resolve()
+        if file in seen:
+            continue
+        seen.add(file)
+        try:
+            nodes = [yaml.compose(file.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)]
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # the harness says what is wrong with it
+        while nodes:
+            node = nodes.pop()
+            if node is None:
+                continue
+            if node.tag == "!function":
+                raise TaskSetupError(
+                    f"{file} (line {node.start_mark.line + 1}) names the function {node.value}, which the harness "
+                    f"would import from a Python file and run; fix: if you trust these tasks and their author, rerun "
+                    f"with {FLAG} (or {ENV}=1), or use tasks without !function")
+            if isinstance(node, yaml.MappingNode):
+                for key, value in node.value:
+                    if key.value == "include" and isinstance(value, yaml.ScalarNode):
+                        files.append(file.parent / value.value)
+                    nodes.append(value)
+            elif isinstance(node, yaml.SequenceNode):
+                nodes += node.value
+
+
 def make_task_manager(names: list[str], include_path: list[str] | None) -> "TaskManager":
     """The harness's TaskManager; indexes only `include_path` when every name is defined there.
 
@@ -225,6 +263,7 @@ def make_task_manager(names: list[str], include_path: list[str] | None) -> "Task
     for path in paths:
         if not Path(path).is_dir():
             raise TaskSetupError(f"--include_path {path} is not a folder")
+        refuse_task_code(Path(path))
     if paths:
         local = TaskManager(include_path=paths, include_defaults=False)
         index = local.task_index

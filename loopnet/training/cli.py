@@ -244,9 +244,17 @@ class LoopnetCLI(LightningCLI):
             dm.vocabulary.check_fits(self.model.config.vocab_size)
             self.model.vocabulary = dm.vocabulary  # LoopedLM._vocabulary: text <-> the corpus's ids
 
+    @staticmethod
+    def roots() -> dict[str, type]:
+        """The classes whose signatures a subcommand's settings follow: key -> class (`trust.check_config`)."""
+        from lightning.pytorch import Trainer
+
+        return {"trainer": Trainer, "model": LoopedLM, "data": TokenStreamDataModule,
+                **{group: cls for group, (cls, _) in callbacks().items()}}
+
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
-        trust.check_classes(cfg.get("trainer"), "trainer", "trainer")  # nothing named is called yet
+        trust.check_config(cfg, self.roots())  # every class named fits its slot; nothing named is built yet
         LoopConfig(**cfg.model.config.as_dict())  # a bad model config fails here with its own message
         check_settings(self.subcommand, cfg)
         logger = cfg.trainer.logger

@@ -1,42 +1,52 @@
-"""What a config may make Python import and run: classes of loopnet, Lightning, torch and torchmetrics,
-nothing else, unless the user trusts the config (`--trust_config` or `LOOPNET_TRUST_CONFIG=1`).
+"""What a config may make Python import and run. A config names a class only where the parameter it
+sets is declared with a class hierarchy loopnet expects (callbacks, loggers, strategies, accelerators,
+precision and the Trainer's other plugins, profilers, optimizers, schedulers, data and model classes:
+`EXPECTED`), the class a subclass of it and defined under loopnet, Lightning, torch or torchmetrics
+(`ALLOWED`); anything else needs the user's trust (`--trust_config` or `LOOPNET_TRUST_CONFIG=1`).
 
 jsonargparse imports every `class_path` a config names, and every dotted name it reads as a callable,
 then calls it while it builds the classes: `class_path: os.system` with `init_args: {command: ...}` runs a
-shell command, and importing a module runs its top-level code. Configs travel (a paper's repository, a
-colleague's sweep), so a config is read as data: jsonargparse's own import-path policy denies every path
-outside `ALLOWED` before anything is imported (`apply`), `refuse_untrusted` walks the settings read
-without Lightning for the class paths it leaves unresolved, and `check_classes` refuses a bare function
-named where a class is expected, after the (allowed) import and before anything is called.
+shell command, importing a module runs its top-level code, and torch's own classes include some whose
+constructor starts a process. Lightning types some parameters `object` or `Any` (DDPStrategy's
+`ddp_comm_state`, the DDP keywords it passes on), where any class fits. Configs travel (a paper's
+repository, a colleague's sweep), so a config is read as data:
+
+- by name, before any import: jsonargparse's own import-path policy denies every path outside ALLOWED
+  (`apply`), and `refuse_untrusted` walks the settings read without Lightning for such paths;
+- by slot, after LightningCLI's parse (which imports only ALLOWED modules) and before anything is built:
+  `check_config` walks the settings against each class's own signature, at any depth of init_args.
 
     apply              set jsonargparse's policy (deny all but ALLOWED) unless the config is trusted
     take_flag          remove `--trust_config` from argv, recording the opt-in in the environment
     refuse_untrusted   raise ValueError for the first disallowed import path in settings (dicts, lists)
-    check_classes      raise ValueError for a class_path that names no class, or a class of the wrong base
+    check_config       raise ValueError for the first class or callable that a key's declared type does not expect
 """
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
+import functools
+import importlib
 import importlib.util
 import inspect
 import os
+import types
+import typing
+from dataclasses import dataclass, field
 from typing import Any
 
 from jsonargparse import Namespace, set_parsing_settings
-from jsonargparse import _common
 
-# jsonargparse's own import-path setting, restored for a trusted config (it has no public reset).
-_DEFAULT = {key: _common.parsing_settings[key] for key in ("import_path_verdicts", "import_paths_enforced")}
+from loopnet.compat import parsing_settings
+
+# jsonargparse's own settings that `apply` changes, restored for a trusted config (they have no public reset).
+_DEFAULT = {key: parsing_settings[key]
+            for key in ("import_path_verdicts", "import_paths_enforced", "instantiate_subclass_spec_in_any")}
 
 ALLOWED = ("loopnet", "lightning", "torch", "torchmetrics")
 FLAG = "--trust_config"
 ENV = "LOOPNET_TRUST_CONFIG"
-# Where LightningCLI builds a class of a known base from a config: key -> (module, base class name).
-BASES = {"callbacks": ("lightning.pytorch.callbacks", "Callback"),
-         "logger": ("lightning.pytorch.loggers", "Logger"),
-         "strategy": ("lightning.pytorch.strategies", "Strategy"),
-         "profiler": ("lightning.pytorch.profilers", "Profiler"),
-         "accelerator": ("lightning.pytorch.accelerators", "Accelerator")}
 
 
 def trusted() -> bool:
@@ -54,14 +64,17 @@ def take_flag(argv: list[str]) -> list[str]:
 def apply() -> None:
     """Deny every import path a config value names outside ALLOWED (jsonargparse checks each before
     importing it, and again where the object is defined: `torch.os.system` is `posix.system`); a trusted
-    config gets jsonargparse's own default back (the setting is global: one process may check both)."""
+    config gets jsonargparse's own defaults back (the settings are global: one process may check both)."""
     if not trusted():
-        set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(ALLOWED))
+        # and a class spec given where any value goes is kept as data, never built (`check_config` refuses it)
+        set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(ALLOWED),
+                             instantiate_subclass_spec_in_any=False)
     else:
-        _common.parsing_settings.update(_DEFAULT)
+        parsing_settings.update(_DEFAULT)
 
 
 def allowed(path: str) -> bool:
+    """Whether `path`'s package is one of ALLOWED: its first name whole (`loopnetevil` is not `loopnet`)."""
     return path.split(".", 1)[0] in ALLOWED
 
 
@@ -103,36 +116,223 @@ def refuse_untrusted(settings: Any, where: str = "the config") -> None:
         raise ValueError(refusal(settings, where))
 
 
-def check_classes(settings: Any, where: str = "", key: str = "") -> None:
-    """After LightningCLI's parse (the allowed modules imported, nothing called): every `class_path` names
-    a class, not a function (a function named there is called with the init_args), and under the
-    Trainer's callbacks, logger, strategy, profiler and accelerator a class of that base."""
+# The class hierarchies a config may name a class of, each where a parameter is declared with it (or a
+# subclass of it): (module, class name). The Trainer's own plugin types are here as its `plugins` takes them.
+EXPECTED = (("lightning.pytorch.callbacks", "Callback"), ("lightning.pytorch.loggers", "Logger"),
+            ("lightning.pytorch.strategies", "Strategy"), ("lightning.pytorch.accelerators", "Accelerator"),
+            ("lightning.pytorch.plugins.precision", "Precision"), ("lightning.pytorch.profilers", "Profiler"),
+            ("lightning.fabric.plugins.environments", "ClusterEnvironment"),
+            ("lightning.fabric.plugins.io", "CheckpointIO"), ("lightning.pytorch.plugins", "LayerSync"),
+            ("torch.optim", "Optimizer"), ("torch.optim.lr_scheduler", "LRScheduler"),
+            ("lightning.pytorch", "LightningModule"), ("lightning.pytorch", "LightningDataModule"))
+# Where a parameter is declared `type[X]`, the class itself, never built: FSDP's wrapping policies name
+# the model's blocks (`auto_wrap_policy: [loopnet.model.layers.Block]`).
+TYPES = (("torch.nn", "Module"),)
+
+
+@functools.cache
+def _expected(names: tuple = EXPECTED) -> tuple[type, ...]:
+    return tuple(getattr(importlib.import_module(module), name) for module, name in names)
+
+
+@dataclass
+class _Slot:
+    """What a parameter's declared type lets a config give it: instances of `bases` (a class spec), the
+    classes `types` themselves (`type[X]`), items of `items` (a list), values of `values` (a mapping),
+    the fields of `fields` (a dataclass); `anything`: typed Any, object or not at all."""
+    bases: list[type] = field(default_factory=list)
+    types: list[type] = field(default_factory=list)
+    items: list[Any] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+    fields: list[type] = field(default_factory=list)
+    anything: bool = False
+
+
+class _OneOf(tuple):
+    """Several declared types of one value (the items of two list types in a Union)."""
+
+
+def _slot(hint: Any) -> _Slot:
+    slot, todo = _Slot(), [hint]
+    while todo:
+        hint = todo.pop()
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if isinstance(hint, _OneOf):
+            todo += hint
+        elif origin in (typing.Union, types.UnionType):
+            todo += args
+        elif origin is typing.Annotated:
+            todo.append(args[0])
+        elif origin is typing.Literal or hint is type(None):
+            pass
+        elif origin is type:
+            slot.types += [t for a in args for t in _classes(a)]
+        elif origin is collections.abc.Callable:  # jsonargparse builds a class spec given to Callable[..., X]
+            slot.bases += [c for c in _classes(args[-1] if args else None) if issubclass(c, _expected())]
+        elif inspect.isclass(origin) and issubclass(origin, collections.abc.Mapping):
+            slot.values.append(args[-1] if args else Any)
+        elif inspect.isclass(origin) and issubclass(origin, collections.abc.Iterable):
+            slot.items += [a for a in args if a is not Ellipsis] or [Any]
+        elif not inspect.isclass(hint) or hint is object:  # Any, no annotation, a name left unresolved
+            slot.anything = True
+        elif issubclass(hint, _expected()):
+            slot.bases.append(hint)
+        elif dataclasses.is_dataclass(hint):
+            slot.fields.append(hint)
+        elif issubclass(hint, collections.abc.Mapping):
+            slot.values.append(Any)
+        elif issubclass(hint, (list, tuple, set, frozenset)):
+            slot.items.append(Any)
+    return slot
+
+
+def _classes(hint: Any) -> list[type]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [c for a in typing.get_args(hint) for c in _classes(a)]
+    return [hint] if inspect.isclass(hint) else []
+
+
+def _type_name(hint: Any) -> str:
+    if hint is inspect.Parameter.empty:
+        return "(no type declared)"
+    name = hint.__name__ if inspect.isclass(hint) else str(hint).replace("typing.", "")
+    return f"(typed {name})"
+
+
+def untrusted(where: str, path: str, why: str, fix: str = "") -> str:
+    """The one-line refusal of `path` named at the key `where`."""
+    return (f"{where} names {path}, but {why}; fix: {fix + ', or ' if fix else ''}if you trust this config and "
+            f"its author, rerun with {FLAG} (or {ENV}=1)")
+
+
+def _import(path: str, where: str) -> type:
+    """The class `path` names, imported only when its package is one of ALLOWED (by name: `loopnetevil` is
+    not `loopnet`) and checked to be defined there too (`torch.os.system` is `posix.system`)."""
+    if not allowed(path):
+        raise ValueError(refusal(path, where))
+    module, _, name = path.rpartition(".")
+    try:
+        try:
+            obj = getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError:  # a class nested in a class: module.Outer.Inner
+            parent, _, outer = module.rpartition(".")
+            obj = getattr(getattr(importlib.import_module(parent), outer), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"{where} names {path}, which cannot be imported ({err}); fix: check its spelling") from None
+    defined = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', '')}"
+    if not allowed(defined):
+        raise ValueError(refusal(defined, where))
+    if not inspect.isclass(obj):
+        raise ValueError(refusal(path, where) + " (it is a function, not a class)")
+    return obj
+
+
+def _by_name(name: str, bases: list[type]) -> type | None:
+    """The subclass of `bases` named `name` (jsonargparse's short form, `class_path: DDPStrategy`)."""
+    todo, seen = list(bases), set()
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if cls.__name__ == name:
+            return cls
+        todo += cls.__subclasses__()
+    return None
+
+
+@functools.cache
+def _params(cls: type) -> dict[str, Any]:
+    """The parameters a config gives `cls` (its signature, following **kwargs as jsonargparse does) and their
+    declared types."""
+    from loopnet.compat import get_signature_parameters
+
+    return {p.name: p.annotation for p in get_signature_parameters(cls, None, logger=False)}
+
+
+def check_tree(value: Any, hint: Any, where: str) -> None:
+    """Raise ValueError for the first class or callable in `value` (a config's settings, parsed or as
+    read) that the declared type `hint` of its key does not expect: a class spec (`class_path`) or a class
+    is accepted only where `hint` names a class hierarchy of EXPECTED, and must be a subclass of it; its
+    `init_args` are checked against its own signature, at any depth. A function is never accepted."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    slot = _slot(hint)
+    if isinstance(value, dict) and "class_path" in value:
+        path = value["class_path"]
+        if not isinstance(path, str):
+            path = f"{getattr(path, '__module__', '?')}.{getattr(path, '__qualname__', path)}"
+        if not slot.bases:
+            why = f"that option {_type_name(hint)} " + ("takes any value, so no class named there is checked"
+                                                          if slot.anything else "takes no class from a config")
+            raise ValueError(untrusted(where, path, why))
+        if "." not in path:
+            cls = _by_name(path, slot.bases)
+            if cls is None:
+                raise ValueError(untrusted(where, path, "no class of that name is known there",
+                                           "give the full import path of the class"))
+            if not allowed(cls.__module__):  # a class of that name imported from elsewhere
+                raise ValueError(refusal(f"{cls.__module__}.{cls.__qualname__}", where))
+        else:
+            cls = _import(path, where)
+        if not issubclass(cls, tuple(slot.bases)):
+            want = " or ".join(f"{b.__module__}.{b.__qualname__}" for b in slot.bases)
+            raise ValueError(untrusted(where, path, f"it is not a {slot.bases[0].__name__}",
+                                       f"give a subclass of {want} there"))
+        params = _params(cls)
+        for group in ("init_args", "dict_kwargs"):
+            args = value.get(group)
+            if isinstance(args, Namespace):
+                args = args.as_dict()
+            for key, arg in (args.items() if isinstance(args, dict) else ()):
+                hint_ = params.get(key, Any) if group == "init_args" else Any
+                check_tree(arg, hint_, f"{where}.{group}.{key}")
+        return
+    if inspect.isclass(value):  # a class itself, as a parse leaves one given to type[X]
+        path = f"{value.__module__}.{value.__qualname__}"
+        if not allowed(path):
+            raise ValueError(refusal(path, where))
+        if not any(issubclass(value, t) and issubclass(t, _expected() + _expected(TYPES)) for t in slot.types):
+            raise ValueError(untrusted(where, path, f"that option {_type_name(hint)} takes no class from a config"))
+        return
+    if callable(value):  # a function (or any callable object) named by its import path
+        path = f"{getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', type(value).__name__)}"
+        raise ValueError(refusal(path, where) + " (it is a function, not a class)")  # noqa: TRY004
+    if isinstance(value, dict):
+        params = {}
+        for cls in slot.fields:
+            params.update(_params(cls))
+        for key, item in value.items():
+            if isinstance(key, str) and key.startswith("__"):  # jsonargparse's own (__path__)
+                continue
+            inner = params.get(key) if key in params else (
+                _OneOf(slot.values) if slot.values and not params else Any)
+            check_tree(item, inner, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple, set)):
+        inner = _OneOf(slot.items) if slot.items else (hint if slot.bases or slot.types else Any)
+        for i, item in enumerate(value):
+            check_tree(item, inner, f"{where}[{i}]")
+
+
+def check_config(cfg: Any, roots: dict[str, type]) -> None:
+    """check_tree on a command's settings: each key of `roots` against that class's signature (the Trainer,
+    the model, the data module, a callback's group), any other key as typed Any. Nothing with a trusted
+    config (`--trust_config`)."""
     if trusted():
         return
-    from jsonargparse._util import import_object
-
-    if isinstance(settings, Namespace):
-        settings = settings.as_dict()
-    if isinstance(settings, dict):
-        path = settings.get("class_path")
-        if isinstance(path, str) and "." in path:
-            obj = import_object(path)
-            if not inspect.isclass(obj):
-                raise ValueError(refusal(path, where) + " (it is not a class)")
-            if key in BASES:
-                module, name = BASES[key]
-                base = getattr(importlib.import_module(module), name)
-                if not issubclass(obj, base):
-                    raise ValueError(f"{where} names {path}, which is not a {name}; fix: give a subclass of "
-                                     f"{module}.{name} there")
-        for k, value in settings.items():
-            check_classes(value, f"{where}.{k}" if where else str(k), k)
-    elif inspect.isroutine(settings):  # a dotted name read as a callable: imported, to be called later
-        path = f"{getattr(settings, '__module__', None) or '?'}.{getattr(settings, '__qualname__', settings)}"
-        raise ValueError(refusal(path, where) + " (it is a function, not a class)")
-    elif isinstance(settings, (list, tuple)):
-        for i, value in enumerate(settings):
-            check_classes(value, f"{where}[{i}]", key)
+    if isinstance(cfg, Namespace):
+        cfg = cfg.as_dict()
+    for key, value in (cfg or {}).items():
+        if key.startswith("__") or key == "config":  # the config files' paths
+            continue
+        if key in roots:
+            params = _params(roots[key])
+            if isinstance(value, dict):
+                for name, item in value.items():
+                    if not name.startswith("__"):
+                        check_tree(item, params.get(name, Any), f"{key}.{name}")
+                continue
+        check_tree(value, Any, key)
 
 
 def refuse_sweep(spec: Any, path: Any) -> None:
