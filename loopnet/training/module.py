@@ -25,6 +25,7 @@ from loopnet.data.vocab import EOT_ID
 from loopnet.data.vocabulary import GPT2Vocab, Vocabulary
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.diagnostics.depth_eval import DepthEvaluation
+from loopnet.generate import generate
 from loopnet.model.rounds import RoundDraw, draw_rounds
 from loopnet.training.options import FrontierConfig, GenerateConfig, OptimConfig
 
@@ -287,10 +288,10 @@ class LoopedLM(L.LightningModule):
     def predict_step(self, batch, batch_idx=0):
         g, vocab = self.gen, self._vocabulary()
         prompt = batch[0].tolist()
-        out = self.model.generate([prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
-                                  top_k=g.top_k, n_vocab=vocab.size, cache=g.cache,
-                                  exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds,
-                                  compile=g.compile)
+        out = generate(self.model, [prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
+                       top_k=g.top_k, n_vocab=vocab.size, cache=g.cache,
+                       exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds,
+                       compile=g.compile)
         new, self.generated_rounds = out.tokens[0], out.rounds[0]
         rank_zero_info(f"loopnet: {len(new)} tokens generated, {out.mean_rounds():.2f} rounds per token "
                        f"(exit: {g.exit}; rounds per token {self.generated_rounds})")
