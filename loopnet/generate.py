@@ -65,7 +65,8 @@ def generate(model: nn.Module, prompts: torch.Tensor | Sequence[Sequence[int]], 
              n_vocab: int | None = None, window: int | None = None,
              stop: Callable[[int, list[int]], bool] | None = None, cache: bool = True,
              exit: str = "none", exit_threshold: float | None = None,
-             max_rounds: int | None = None, compile: bool = False) -> Generation:
+             max_rounds: int | None = None, compile: bool = False,
+             interrupted: Callable[[], bool] | None = None) -> Generation:
     """Continue each prompt (token ids; a [B, T] tensor is B prompts) by up to `max_new_tokens` tokens
     at R' = `rounds`, with `sample_next(temperature, top_k)` over the first `n_vocab` ids (default all).
 
@@ -99,7 +100,11 @@ def generate(model: nn.Module, prompts: torch.Tensor | Sequence[Sequence[int]], 
     bf16 copy of the head that a rounding bound proves exact, or leaves a near tie to the fp32 logits
     (`GreedyScreen`). It pays a compile (seconds to tens of seconds, once per model, batch size
     and R') for a faster token: worth it for long generations. The tokens equal the eager cache's up to
-    float rounding (the masked attention and the fused matmuls sum in another order)."""
+    float rounding (the masked attention and the fused matmuls sum in another order).
+
+    `interrupted` (a stop request, e.g. a signal's flag): asked before every token and between the rounds
+    of an eager step; once it returns True generation ends, and the tokens generated so far are returned
+    (a token whose rounds it cut short is dropped). A compiled step runs its rounds without asking."""
     cfg = model.config
     W = cfg.seq_len if window is None else window
     if not 1 <= W <= cfg.seq_len:
@@ -119,16 +124,19 @@ def generate(model: nn.Module, prompts: torch.Tensor | Sequence[Sequence[int]], 
     if cache:
         # A compiled greedy step ends in the argmax of the head (`GreedyScreen`), any other at the final Norm.
         screen = _screen(model) if compile and temperature <= 0 else None
-        steps = _Cached(model, W, R, exit, exit_threshold, V, compile, screen)
+        steps = _Cached(model, W, R, exit, exit_threshold, interrupted, V, compile, screen)
     else:
-        steps = _Recompute(model, W, R, exit, exit_threshold)
+        steps = _Recompute(model, W, R, exit, exit_threshold, interrupted)
     new: list[list[int]] = [[] for _ in sequences]
     used: list[list[int]] = [[] for _ in sequences]
     active = list(range(len(sequences)))
     for _ in range(max_new_tokens):
-        if not active:
+        if not active or (interrupted is not None and interrupted()):
             break
-        tokens, logits, rounds_used = steps.next([sequences[i] for i in active])
+        try:
+            tokens, logits, rounds_used = steps.next([sequences[i] for i in active])
+        except _Interrupted:
+            break
         if tokens is None:
             tokens = sample_next(logits[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
         still = []
@@ -144,13 +152,19 @@ def generate(model: nn.Module, prompts: torch.Tensor | Sequence[Sequence[int]], 
     return Generation(new, used)
 
 
+class _Interrupted(Exception):
+    """`interrupted()` returned True between two rounds: the token under way is dropped."""
+
+
 class _Steps:
     """One token of every active sequence per `next(contexts)`: (tokens or None, logits [B, V] or None,
     rounds used [B]); tokens when the step settled them itself (a compiled greedy step), else the logits
     to sample from. `keep(rows)`: only these rows of the batch go on."""
 
-    def __init__(self, model: nn.Module, W: int, R: int, exit: str, threshold: float | None):
+    def __init__(self, model: nn.Module, W: int, R: int, exit: str, threshold: float | None,
+                 interrupted: Callable[[], bool] | None):
         self.model, self.W, self.R, self.exit, self.threshold = model, W, R, exit, threshold
+        self.interrupted = interrupted
         self.device = model.wte.weight.device
         self.head: HeadColumns | None = None  # the fp32 head, looked up once, when a token first needs its logits
 
@@ -173,9 +187,10 @@ class _Recompute(_Steps):
         inputs = inputs.to(self.device)
         last = torch.tensor([len(w) - 1 for w in windows], device=self.device)
         if self.exit == "none":
-            return None, self.logits(_final_state(self.model, inputs, None, last, None, self.R)), [self.R] * len(windows)
+            h = _final_state(self.model, inputs, None, last, None, self.R, self.interrupted)
+            return None, self.logits(h), [self.R] * len(windows)
         logits, exit_round = _exit_logits(self.model, inputs, None, last, None, self.R, self.exit, self.threshold,
-                                          self.logits)
+                                          self.logits, self.interrupted)
         return None, logits, exit_round.tolist()
 
 
@@ -183,8 +198,9 @@ class _Cached(_Steps):
     """`cache=True`: a `KVCache` over each window but its last token, then each sequence's newest token at
     its own next position; rebuilt from the cropped windows once a sequence outgrows the window."""
 
-    def __init__(self, model, W, R, exit, threshold, n_vocab: int, compile: bool, screen: GreedyScreen | None):
-        super().__init__(model, W, R, exit, threshold)
+    def __init__(self, model, W, R, exit, threshold, interrupted, n_vocab: int, compile: bool,
+                 screen: GreedyScreen | None):
+        super().__init__(model, W, R, exit, threshold, interrupted)
         self.n_vocab, self.static, self.screen = n_vocab, compile, screen
         self.kv: KVCache | None = None
         self.step = None
@@ -203,7 +219,8 @@ class _Cached(_Steps):
                 prefix[row, : len(w) - 1] = torch.tensor(w[:-1])
             positions = torch.arange(width, device=self.device).expand(len(windows), width)
             kv.begin(positions)
-            *_, (_, x) = self.model.iter_rounds(prefix.to(self.device), self.R, positions=positions, kv=kv)
+            x = _last_round(self.model.iter_rounds(prefix.to(self.device), self.R, positions=positions, kv=kv),
+                            self.interrupted)
             self.model.finish(x, kv=kv)
             kv.end(torch.tensor([len(w) - 2 for w in windows], device=self.device))
 
@@ -217,7 +234,7 @@ class _Cached(_Steps):
         kv.begin(positions)
         if self.exit != "none":
             logits, exit_round = _exit_logits(self.model, inputs, positions, last, kv, self.R, self.exit,
-                                              self.threshold, self.logits)
+                                              self.threshold, self.logits, self.interrupted)
             kv.end(positions[:, 0])
             kv.fill_later_rounds(exit_round, self.R, self.model.config.n_blocks, positions[:, 0])
             return None, logits, exit_round.tolist()
@@ -229,7 +246,7 @@ class _Cached(_Steps):
             h, picked, settled = self.step(*args, *self.screen.args(self.n_vocab))
             tokens = picked.tolist() if bool(settled.all()) else None  # else a near tie: fp32 decides
         else:
-            h = (self.step if self.step is not None and kv.store else _final_state)(*args)
+            h = self.step(*args) if self.step is not None and kv.store else _final_state(*args, self.interrupted)
         kv.end(positions[:, 0])
         return tokens, (None if tokens is not None else self.logits(h)), [self.R] * len(contexts)
 
@@ -260,12 +277,21 @@ def _screen(model: nn.Module) -> GreedyScreen | None:
     return screen if screen.usable else None
 
 
-def _final_state(model: nn.Module, inputs, positions, last, kv, R: int) -> torch.Tensor:
+def _final_state(model: nn.Module, inputs, positions, last, kv, R: int,
+                 interrupted: Callable[[], bool] | None = None) -> torch.Tensor:
     """What the head reads for each row's next token: the final Norm of the coda's output [B, d] at
     position `last[b]`, after R rounds (the coda, where there is one, reads every position; the head
     then reads only each row's last, as nanoGPT's generate does)."""
-    *_, (_, x) = model.iter_rounds(inputs, R, positions=positions, kv=kv)
+    x = _last_round(model.iter_rounds(inputs, R, positions=positions, kv=kv), interrupted)
     return _readout(model, x, last, kv)
+
+
+def _last_round(rounds, interrupted: Callable[[], bool] | None) -> torch.Tensor:
+    """The state x_end of the last of `iter_rounds`'s rounds, asking `interrupted()` after each."""
+    for _, x in rounds:
+        if interrupted is not None and interrupted():
+            raise _Interrupted
+    return x
 
 
 def _greedy_step(model: nn.Module, inputs, positions, last, kv, R: int, *screen_args) -> tuple:
@@ -280,7 +306,7 @@ def _readout(model: nn.Module, x: torch.Tensor, last: torch.Tensor, kv: KVCache 
 
 
 def _exit_logits(model: nn.Module, inputs, positions, last, kv, R: int, exit: str, threshold,
-                 head_logits: Callable[[torch.Tensor], torch.Tensor]):
+                 head_logits: Callable[[torch.Tensor], torch.Tensor], interrupted: Callable[[], bool] | None = None):
     """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]) under
     the exit criterion `exit`; `head_logits` maps a final state [B, d] to its logits.
 
@@ -302,6 +328,8 @@ def _exit_logits(model: nn.Module, inputs, positions, last, kv, R: int, exit: st
         if r == 0:
             criterion.start(x[rows, last])
             continue
+        if interrupted is not None and interrupted():
+            raise _Interrupted
         logits = readout(x) if criterion.needs_logits or r == R else None
         exits, _ = criterion.step(x[rows, last], logits)
         newly = exits & ~done if r < R else ~done

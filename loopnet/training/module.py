@@ -286,14 +286,18 @@ class LoopedLM(L.LightningModule):
 
     @torch.no_grad()
     def predict_step(self, batch, batch_idx=0):
-        g, vocab = self.gen, self._vocabulary()
+        g, vocab, trainer = self.gen, self._vocabulary(), self._trainer
         prompt = batch[0].tolist()
+        # A stop signal (Lightning's SIGTERM flag, which `GracefulInterrupt` sets for SIGINT and SIGHUP too)
+        # ends the generation between tokens: the text so far is returned, printed and saved.
+        stopping = (lambda: trainer.received_sigterm) if trainer is not None else None
         out = generate(self.model, [prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
                        top_k=g.top_k, n_vocab=vocab.size, cache=g.cache,
                        exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds,
-                       compile=g.compile)
+                       compile=g.compile, interrupted=stopping)
         new, self.generated_rounds = out.tokens[0], out.rounds[0]
-        rank_zero_info(f"loopnet: {len(new)} tokens generated, {out.mean_rounds():.2f} rounds per token "
+        stopped = " (stopped by a signal)" if len(new) < g.max_new_tokens and stopping and stopping() else ""
+        rank_zero_info(f"loopnet: {len(new)} tokens generated{stopped}, {out.mean_rounds():.2f} rounds per token "
                        f"(exit: {g.exit}; rounds per token {self.generated_rounds})")
         # Returned, not printed (that would land inside the progress bar): `loopnet predict` prints and saves it.
         return vocab.decode(prompt + new)

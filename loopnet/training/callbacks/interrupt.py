@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM stop a fit cleanly, between steps, with a resumable checkpoint."""
+"""Ctrl-C and SIGTERM stop a fit cleanly, between steps, with a resumable checkpoint; a prediction, between
+tokens, with the text generated so far."""
 
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ class GracefulInterrupt(Checkpoint):
     run as it was before that validation began, and the resumed run runs the validation again before
     its next step, so its record (TensorBoard, summary, best checkpoint) equals the uninterrupted
     run's. One during the sanity check (a few batches, before any step) waits for its end.
+
+    `loopnet predict`: SIGINT, SIGTERM and SIGHUP set Lightning's stop flag (`trainer.received_sigterm`),
+    which the generation asks before every token (`LoopedLM.predict_step`): it ends there, and the text
+    generated so far is printed and saved as a complete prediction's is; the process exits 0. A second
+    Ctrl-C aborts at once.
 
     Args:
         filename: Name of the checkpoint written on interruption (without .ckpt).
@@ -96,6 +102,25 @@ class GracefulInterrupt(Checkpoint):
 
     def _on_sigterm(self, signum, frame) -> None:
         self._pending = True
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        # After Lightning registered its own SIGTERM handler, which this replaces; its teardown restores them all.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        stops = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # (not under nohup)
+            stops.append(signal.SIGHUP)
+
+        def stop_generating(signum, frame) -> None:
+            if signum == signal.SIGINT:
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
+            if not trainer.received_sigterm and trainer.is_global_zero:
+                print(f"\nloopnet: {signal.Signals(signum).name} received; stopping the generation after this "
+                      "token, the text so far is kept", file=sys.stderr)
+            trainer._signal_connector.received_sigterm = True
+
+        for signum in stops:
+            signal.signal(signum, stop_generating)
 
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         self._install_sigterm()  # after Lightning registered its own handler, which this replaces
