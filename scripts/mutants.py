@@ -74,7 +74,7 @@ GROUPS = {
                        "tests/diagnostics/test_update_size.py", "tests/diagnostics/test_recipe_instruments.py")),
     # The held-out split and the training stream's resume state.
     "data": Group("loopnet/data/datamodule.py",
-                  ("xǁTokenStreamDataModuleǁn_held_out", "xǁTokenStreamDataModuleǁ_train_stream",
+                  ("xǁTokenStreamDataModuleǁn_held_out", "xǁTokenStreamDataModuleǁtrain_stream",
                    "xǁTokenStreamDataModuleǁval_windows", "xǁTokenStreamDataModuleǁ_held_out_windows",
                    "xǁTokenStreamDataModuleǁtrain_dataloader"),
                   ("tests/data/test_held_out.py", "tests/data/test_datamodule.py", "tests/data/test_valcache.py",

@@ -15,6 +15,7 @@ from lightning.pytorch.loops.evaluation_loop import RestartStage
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from loopnet import checkpoints
+from loopnet.compat import set_stop_flag
 from loopnet.files import remove_stale_temporaries
 from loopnet.training.console import pipe_broken, send_broken_output_to
 
@@ -117,7 +118,7 @@ class GracefulInterrupt(Checkpoint):
             if not trainer.received_sigterm and trainer.is_global_zero:
                 print(f"\nloopnet: {signal.Signals(signum).name} received; stopping the generation after this "
                       "token, the text so far is kept", file=sys.stderr)
-            trainer._signal_connector.received_sigterm = True
+            set_stop_flag(trainer)
 
         for signum in stops:
             signal.signal(signum, stop_generating)
@@ -134,7 +135,7 @@ class GracefulInterrupt(Checkpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._armed and self._stop_agreed(trainer):  # Lightning's own stop, on every rank after this same step
-            trainer._signal_connector.received_sigterm = True
+            set_stop_flag(trainer)
 
     # A stop during a validation abandons it. Lightning raises SIGTERMException after a validation batch
     # once `received_sigterm` is set (not after the last one: that validation completes, and the stop
@@ -150,9 +151,9 @@ class GracefulInterrupt(Checkpoint):
         if not self._armed or trainer.sanity_checking:
             return
         self._val_progress = copy.deepcopy(trainer.fit_loop.epoch_loop.val_loop.batch_progress.state_dict())
-        if trainer._signal_connector.received_sigterm:  # the ranks agreed to stop at this step's end
+        if trainer.received_sigterm:  # the ranks agreed to stop at this step's end
             if self._last_step(trainer):
-                trainer._signal_connector.received_sigterm = False  # (Lightning would leave it after a batch)
+                set_stop_flag(trainer, False)  # (Lightning would leave it after a batch)
                 return
             self._abandoning = True
             raise SIGTERMException()  # before any of its batches
@@ -160,15 +161,16 @@ class GracefulInterrupt(Checkpoint):
     def on_validation_batch_end(self, trainer, *args, **kwargs) -> None:
         if not self._armed:
             return
-        connector = trainer._signal_connector
         if trainer.sanity_checking:
             # Stopped in the sanity check, Lightning would write a step-0 checkpoint whose resume shifts
             # every step: the stop waits for the first step (the ranks agree on it there).
-            if connector.received_sigterm:
-                connector.received_sigterm, self._pending = False, True
+            if trainer.received_sigterm:
+                set_stop_flag(trainer, False)
+                self._pending = True
             return
         if not self._last_step(trainer) and self._stop_agreed(trainer):  # (every rank skips the last step's alike)
-            connector.received_sigterm, self._abandoning = True, True
+            set_stop_flag(trainer)
+            self._abandoning = True
 
     @staticmethod
     def _last_step(trainer) -> bool:
