@@ -159,6 +159,12 @@ LAST = "last"
 SENTINELS = (LAST, *IN_PROCESS)
 
 
+def resume_hint() -> str:
+    """How to resume a stopped fit, for its last line: the command `LOOPNET_RESUME` names where the launcher
+    knows it (`make fit` sets it), else the same command with `--ckpt_path last`."""
+    return os.environ.get("LOOPNET_RESUME") or "the same command and --ckpt_path last"
+
+
 def version_folder(logger_args) -> Path:
     """The TensorBoard logger's version folder (`logger_args`: its init_args, version pinned);
     version "" for sweep cells: no version level."""

@@ -222,7 +222,7 @@ class GracefulInterrupt(Checkpoint):
                 RunSummary.of(trainer).name_last_checkpoint(self.ckpt_path)  # written before this checkpoint
                 bar = "\n" if trainer.progress_bar_callback is not None else ""  # the bar's line has no end
                 print(f"{bar}loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
-                      "resume with the same command and --ckpt_path last", file=sys.stderr)
+                      f"resume with {checkpoints.resume_hint()}", file=sys.stderr)
 
     # A Ctrl-C while the interruption checkpoint is written would abandon it (the stop would then leave
     # no checkpoint at all): held, with one line saying what is happening; the run ends moments later.
