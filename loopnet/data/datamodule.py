@@ -39,8 +39,8 @@ from loopnet.data.stream import (
 from loopnet.data.textfiles import check_documents
 from loopnet.data.valcache import cache_root, cached_windows
 from loopnet.data.tokenizer import gpt2_encoding
-from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
-from loopnet.data.vocab import VocabName
+from loopnet.data.token_ids import DEFAULT as DEFAULT_VOCAB
+from loopnet.data.token_ids import VocabName
 from loopnet.data.vocabulary import VOCABULARIES, CompactVocab, Vocabulary
 
 

@@ -36,7 +36,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from loopnet.data.vocab import N_VOCAB
+from loopnet.data.token_ids import N_VOCAB
 from loopnet.checkpoints import load_checkpoint_meta, model_weights
 from loopnet.generate import Generation, generate
 from loopnet.model import LoopConfig, LoopedTransformer

@@ -21,7 +21,7 @@ import torch
 from torchmetrics import MeanMetric
 
 from loopnet.checkpoints import check_checkpoint_config
-from loopnet.data.vocab import EOT_ID
+from loopnet.data.token_ids import EOT_ID
 from loopnet.data.vocabulary import GPT2Vocab, Vocabulary
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.diagnostics.depth_eval import DepthEvaluation
