@@ -84,7 +84,7 @@ def theory(name: str, n_blocks: int, rounds: int, kappa: float) -> float:
 def resolve(config_args: list[str]):
     """(LoopConfig, OptimConfig, data module, gradient clip value) of a `loopnet fit` command line, through
     the CLI's own parser and checks (config files, keys, types); nothing is trained or written."""
-    from loopnet.training.check import parse_fit
+    from loopnet.training.dry_run import parse_fit
 
     cfg = parse_fit(config_args)
     from loopnet.data import TokenStreamDataModule

@@ -264,7 +264,7 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
 
 def build(args: list[str] | None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> LoopnetCLI:
     """LightningCLI over loopnet's model and data module with loopnet's settings, on `args` (None: the
-    command line); a `cli_class` that runs nothing (`check.CheckOnly`) only parses and checks."""
+    command line); a `cli_class` that runs nothing (`dry_run.CheckOnly`) only parses and checks."""
     return cli_class(
         LoopedLM,
         TokenStreamDataModule,
