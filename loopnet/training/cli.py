@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from loopnet import checkpoints, compat
 from loopnet.data import TokenStreamDataModule
-from loopnet.data.preflight import check_hub
+from loopnet.data.hub_reachable import check_hub
 from loopnet.data.token_ids import DEFAULT as DEFAULT_VOCAB
 from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import error_line, one_line_errors
