@@ -101,7 +101,7 @@ def newer_than_kept(path: str | None, trainer) -> bool:
 
 
 # ----------------------------------------------------------------------------------------- compatibility
-def check_checkpoint_config(saved: Any, current: dict) -> None:
+def check_model_config(saved: Any, current: dict) -> None:
     """Raise a clear error when a checkpoint's model config (a dict or a LoopConfig) differs from the current one."""
     if saved is None:
         return
@@ -126,7 +126,7 @@ def check_checkpoint(path: str, model_config: dict) -> dict:
     the file (with `--ckpt_path last` the user did not). Returns the checkpoint, its tensors on disk."""
     ckpt = load_checkpoint_meta(path)
     try:
-        check_checkpoint_config(ckpt.get("hyper_parameters", {}).get("config"), model_config)
+        check_model_config(ckpt.get("hyper_parameters", {}).get("config"), model_config)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     return ckpt

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torchmetrics import MeanMetric
 
-from loopnet.checkpoints import check_checkpoint_config
+from loopnet.checkpoints import check_model_config
 from loopnet.data.token_ids import EOT_ID
 from loopnet.data.vocabulary import GPT2Vocab, Vocabulary
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
@@ -165,7 +165,7 @@ class LoopedLM(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint trained with another model config, naming the differing fields;
         keep the checkpoint's RNG states for the first training step of the resumed run."""
-        check_checkpoint_config(checkpoint.get("hyper_parameters", {}).get("config"), asdict(self.config))
+        check_model_config(checkpoint.get("hyper_parameters", {}).get("config"), asdict(self.config))
         fuse_qkv_optimizer_states(checkpoint, [[name for name, _ in group] for group in self._param_groups()])
         states = checkpoint.get("rng_states")
         rank = self.global_rank if self._trainer is not None else 0

@@ -18,7 +18,7 @@ from loopnet.training.precheck import ckpt_path_problem
 
 def check_ckpt_path(subcommand: str, cfg: Namespace) -> None:
     """`--ckpt_path` as given: an evaluation needs one, and one that names a file in this process
-    (`best`, `hpc`) only a fit has; a file is checked (`check_checkpoint`)."""
+    (`best`, `hpc`) only a fit has; a file is checked (`check_for_command`)."""
     path = cfg.get("ckpt_path")
     problem = ckpt_path_problem(subcommand, path)
     if problem:
@@ -26,10 +26,10 @@ def check_ckpt_path(subcommand: str, cfg: Namespace) -> None:
     if not path or path in checkpoints.SENTINELS:
         return
     checkpoints.check_checkpoint_file(path)
-    check_checkpoint(path, cfg, subcommand)
+    check_for_command(path, cfg, subcommand)
 
 
-def check_checkpoint(path: str, cfg: Namespace, subcommand: str) -> None:
+def check_for_command(path: str, cfg: Namespace, subcommand: str) -> None:
     """The checks a checkpoint passes before anything is built: readable plain data, the same model
     config and, to resume a fit, the same data stream."""
     ckpt = checkpoints.check_checkpoint(path, cfg.model.config.as_dict())
@@ -49,7 +49,7 @@ def resolve_fit_last(cfg: Namespace) -> tuple[str | None, str]:
     folder = checkpoints.pinned_checkpoint_folder(cfg)
     last = checkpoints.newest_last_checkpoint(folder) if folder is not None else None
     if last is not None:
-        check_checkpoint(str(last), cfg, "fit")
+        check_for_command(str(last), cfg, "fit")
         cfg.ckpt_path = str(last)
         if rank_zero_only.rank == 0:
             print(f"loopnet: resuming from {last}", file=sys.stderr)
@@ -70,7 +70,7 @@ def newest_run_checkpoint(cfg: Namespace, subcommand: str) -> str:
     if found is None:
         raise FileNotFoundError(f"--ckpt_path last: no {where}; fix: give the .ckpt file with --ckpt_path, "
                                 f"or use the config (and run name) the model was trained with")
-    check_checkpoint(str(found), cfg, subcommand)
+    check_for_command(str(found), cfg, subcommand)
     if rank_zero_only.rank == 0:
         print(f"loopnet: evaluating {found}", file=sys.stderr)
     return str(found)

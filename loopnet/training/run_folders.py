@@ -35,7 +35,7 @@ RUN_NAME_FIELDS = {"n_heads": "h{}", "seq_len": "ctx{}", "vocab_size": "v{}", "m
 def run_name(config) -> str:
     """The run folder's name: the scheme, wiring, K, R and width, then every other model field that is not
     LoopConfig's default, e.g. ``deeploop_carry_k2_r6_d128_h4_ctx128`` (configs/cpu.yaml). Models that
-    cannot resume each other's checkpoints (`checkpoints.check_checkpoint_config`) never share a folder,
+    cannot resume each other's checkpoints (`checkpoints.check_model_config`) never share a folder,
     so `--ckpt_path last` finds only this model's runs. `config`: the model config (a Namespace or dict)."""
     config = config.as_dict() if hasattr(config, "as_dict") else dict(config)
     name = [scheme_label(config["residual"], config.get("p")), config["wiring"], f"k{config['n_blocks']}",
