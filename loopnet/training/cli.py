@@ -39,8 +39,8 @@ from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.errors import OneLineErrors, PeerLost, Reported, dead_ranks, peer_lost
 from loopnet.training.module import LoopedLM
 from loopnet.training.precheck import LINKS, check_settings, normalize_argv, precheck
+from loopnet.training.resume import ResumeOnEveryRank, absolute
 from loopnet.training.run_folders import SaveConfigOnStart, check_fresh_version, evaluate_in_run_folder, run_name
-from loopnet.training.shared_folder import ResumeOnEveryRank, absolute
 from loopnet.training.subcommands import EVALUATION, READ_DATA, SUBCOMMANDS
 
 
@@ -144,8 +144,8 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
 
     def fit(self, **kwargs) -> None:
         """`trainer.fit`; one that fails before its first step completes removes the empty run folder it
-        created, saying so in one line (`loopnet.training.failed_start`), and the error goes on as before."""
-        from loopnet.training.failed_start import existing_log_folders, remove_failed_start
+        created, saying so in one line (`run_folders.remove_failed_start`), and the error goes on as before."""
+        from loopnet.training.run_folders import existing_log_folders, remove_failed_start
 
         existed = existing_log_folders(self.trainer)
         if getattr(self, "_resume_last", None) is not None:  # --ckpt_path last: every rank resumes, or none
