@@ -1,37 +1,48 @@
 # loopnet: two commands from a fresh clone.
-#   make fit   set up .venv and train DeepLoop K=2 x R=6 on the embedded corpus (CPU, a few minutes)
-#   make test  set up .venv and run the test suite (offline)
+#   make fit   set up .venv (what training needs) and train DeepLoop K=2 x R=6 on the embedded corpus (CPU,
+#              a few minutes); make fit ARGS="--ckpt_path last" resumes it, ARGS="..." passes any option
+#   make test  set up .venv with the test extra too and run the test suite (offline)
 #   make test-quick  the tests not marked slow (no real fits in subprocesses), a few minutes
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 CONFIG ?= configs/deeploop_r6.yaml
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
 .PHONY: setup fit test test-quick tensorboard clean device-wheels study map map-controls map-smoke rival rival-smoke width gamma-core gamma mutants
 
-setup: $(STAMP)
+setup: $(TEST_STAMP)
 
 # torch is pinned and installed first: an unpinned torch pulled in by a dependency is a CUDA build of several GB.
+# $(STAMP): what `loopnet` needs to train; $(TEST_STAMP): the test extra on top (pytest, lm-eval and its stack).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e .
 	touch $(STAMP)
 
-# The hint is printed whatever the fit's outcome (and the fit's exit status kept).
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -e '.[test]'
+	touch $(TEST_STAMP)
+
+# ARGS: more options for the fit. LOOPNET_RESUME is the command a stopped fit prints to resume it: this one,
+# with --ckpt_path last. The PATH hint is printed whatever the fit's outcome (and the fit's exit status kept).
+ARGS ?=
+RESUME_ARGS = $(strip $(subst --ckpt_path last,,$(ARGS)) --ckpt_path last)
 fit: $(STAMP)
-	@$(VENV)/bin/loopnet fit --config $(CONFIG) --config configs/cpu.yaml; status=$$?; \
+	@LOOPNET_RESUME='make fit$(if $(filter command line,$(origin CONFIG)), CONFIG=$(CONFIG)) ARGS="$(RESUME_ARGS)"' \
+	 $(VENV)/bin/loopnet fit --config $(CONFIG) --config configs/cpu.yaml $(ARGS); status=$$?; \
 	 echo "loopnet is in $(VENV)/bin, not on your PATH: run '. $(abspath $(VENV))/bin/activate' (or 'export PATH=$(abspath $(VENV))/bin:\$$PATH') to type 'loopnet ...'"; \
 	 exit $$status
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q tests
 
-test-quick: $(STAMP)
+test-quick: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
 # The CPU study that orders the schemes (docs/results/order/README.md): four sweeps, the
@@ -154,7 +165,7 @@ rival-smoke: $(STAMP)
 MUTANTS_DIR ?= /tmp/loopnet-mutants
 MUTANT_JOBS ?= 2
 GROUPS ?=
-mutants: $(STAMP)
+mutants: $(TEST_STAMP)
 	$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -e '.[test,mutants]'
 	MUTANTS_DIR=$(MUTANTS_DIR) MUTANT_JOBS=$(MUTANT_JOBS) $(PY) scripts/mutants.py $(GROUPS)
 

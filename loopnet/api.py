@@ -146,7 +146,7 @@ class Model:
         `resid_norm` (RMS of the pre-Norm stream α·x + f(x)), `state_norm_dev`, `branch_ratio`
         ‖f(x)‖/‖α·x‖, and at attention visits `attn_logit_max`, `attn_logit_absmax`, `attn_log_z`.
         Measured by the `VisitProbe` the training callback attaches, over the batch's positions."""
-        from loopnet.diagnostics.probe import VisitProbe
+        from loopnet.diagnostics.visit_probe import VisitProbe
         from loopnet.diagnostics.tags import ATTN_QUANTITIES, FORWARD_QUANTITIES
 
         idx = self._ids(text, extra=0)

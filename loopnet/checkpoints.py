@@ -101,7 +101,7 @@ def newer_than_kept(path: str | None, trainer) -> bool:
 
 
 # ----------------------------------------------------------------------------------------- compatibility
-def check_checkpoint_config(saved: Any, current: dict) -> None:
+def check_model_config(saved: Any, current: dict) -> None:
     """Raise a clear error when a checkpoint's model config (a dict or a LoopConfig) differs from the current one."""
     if saved is None:
         return
@@ -126,7 +126,7 @@ def check_checkpoint(path: str, model_config: dict) -> dict:
     the file (with `--ckpt_path last` the user did not). Returns the checkpoint, its tensors on disk."""
     ckpt = load_checkpoint_meta(path)
     try:
-        check_checkpoint_config(ckpt.get("hyper_parameters", {}).get("config"), model_config)
+        check_model_config(ckpt.get("hyper_parameters", {}).get("config"), model_config)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     return ckpt
@@ -158,6 +158,12 @@ def model_weights(ckpt: dict, path, gpt2_ids: bool = True) -> tuple[dict, dict]:
 IN_PROCESS = ("best", "hpc")
 LAST = "last"
 SENTINELS = (LAST, *IN_PROCESS)
+
+
+def resume_hint() -> str:
+    """How to resume a stopped fit, for its last line: the command `LOOPNET_RESUME` names where the launcher
+    knows it (`make fit` sets it), else the same command with `--ckpt_path last`."""
+    return os.environ.get("LOOPNET_RESUME") or "the same command and --ckpt_path last"
 
 
 def version_folder(logger_args) -> Path:

@@ -110,7 +110,7 @@ def main(args: list[str] | None = None) -> None:
         settings = precheck(argv)  # a typo reported in a second, not after Lightning's import
     if settings is not None and argv[0] in READ_DATA:  # an unreachable hub said in seconds, not after Lightning's
         from loopnet.data.errors import DataConfigError
-        from loopnet.data.preflight import check_hub
+        from loopnet.data.hub_reachable import check_hub
 
         with one_line_errors("loopnet", (DataConfigError,)):
             check_hub(settings.data, argv)

@@ -1,10 +1,114 @@
-"""The dependencies' private APIs that loopnet uses, in one place: each has no public equivalent, and a
-new release of the dependency that moves it breaks here, at import, rather than deep in a command."""
+"""Every use of a dependency's private API, in one place.
+
+loopnet reaches past the public API of Lightning, jsonargparse and the standard library where no public
+path does what it needs; each such use is a function here, saying what it relies on. tests/test_compat.py
+checks each one (the private name exists, with the signature and the behaviour relied on), so an upgrade
+that changes one fails there, by name, rather than somewhere in `loopnet fit`. pyproject.toml pins
+Lightning and jsonargparse to the minor versions those tests cover.
+
+    Lightning     on_rank_death, CkptPathHook, compute_dtype, set_stop_flag
+    jsonargparse  parsing_settings, import_object, get_signature_parameters
+    stdlib        run_exit_handlers
+"""
 
 from __future__ import annotations
 
-# jsonargparse
-# The parsing settings as a dict (the import-path policy's entries have no public getter or reset), and
-# the signature reader its parsers use (follows **kwargs into the classes they are passed to).
-from jsonargparse._common import parsing_settings  # noqa: F401
-from jsonargparse._parameter_resolvers import get_signature_parameters  # noqa: F401
+import os
+import sys
+from collections.abc import Callable
+
+# ----------------------------------------------------------------------------- Lightning
+
+
+def on_rank_death(before: Callable[[], None]) -> None:
+    """When a rank that Lightning's launcher started dies, run `before()` first (it must not raise: an error
+    there is printed), then end as Lightning does, sending every other rank its termination signal, except
+    that rank 0 exits with status 1 instead of its own SIGKILL (-9 reads as if something outside killed it).
+
+    Relies on `_ChildProcessObserver` (lightning.fabric's subprocess launcher, rank 0's watcher thread):
+    its `_run` calls `self._terminate_all()` when a child ended with a non-zero status, and the instance
+    holds `_child_processes` (Popen list) and `_termination_signal`."""
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    def terminate_all(observer) -> None:
+        try:
+            before()
+        except Exception as err:  # the termination goes on whatever happens there
+            print(f"loopnet: could not write the run summary ({err!r})", file=sys.stderr, flush=True)
+        for child in observer._child_processes:
+            child.send_signal(observer._termination_signal)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    _ChildProcessObserver._terminate_all = terminate_all
+
+
+class CkptPathHook:
+    """A LightningCLI mixin: `check_ckpt_path()` runs where LightningCLI would merge a checkpoint's saved
+    hyperparameters into the parsed config (`--ckpt_path`), instead of that merge.
+
+    Relies on `LightningCLI.__init__` calling the private `self._parse_ckpt_path()` once, after the parse
+    (`self.config` set) and before any class is instantiated."""
+
+    def _parse_ckpt_path(self) -> None:
+        self.check_ckpt_path()
+
+    def check_ckpt_path(self) -> None:
+        raise NotImplementedError
+
+
+def compute_dtype(precision_plugin):
+    """The dtype a Trainer's precision plugin computes in (torch.float32, torch.bfloat16, torch.half, ...).
+    Relies on `lightning.pytorch.callbacks.throughput_monitor._plugin_to_compute_dtype(plugin)`."""
+    from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+
+    return _plugin_to_compute_dtype(precision_plugin)
+
+
+def set_stop_flag(trainer, stop: bool = True) -> None:
+    """Set the flag behind the public `trainer.received_sigterm`, which Lightning's own SIGTERM handler sets:
+    its loops then stop after the current batch (raising `SIGTERMException` in a validation).
+    Relies on `trainer._signal_connector.received_sigterm`, a plain attribute that property reads."""
+    trainer._signal_connector.received_sigterm = stop
+
+
+# ----------------------------------------------------------------------------- jsonargparse
+
+
+def parsing_settings() -> dict:
+    """jsonargparse's global parsing settings, the live dict that `set_parsing_settings` writes (it has no
+    public getter or reset). Relies on `jsonargparse._common.parsing_settings`, with the keys
+    `import_path_verdicts` and `import_paths_enforced`."""
+    from jsonargparse import _common
+
+    return _common.parsing_settings
+
+
+def import_object(path: str):
+    """The object a dotted path names, imported as jsonargparse imports a `class_path` (so under its import
+    settings). Relies on `jsonargparse._util.import_object(path)`."""
+    from jsonargparse._util import import_object as imported
+
+    return imported(path)
+
+
+def get_signature_parameters(cls, method: str | None = None, **kwargs) -> list:
+    """The parameters of `cls`'s `method` (None: its constructor) as jsonargparse's parsers read them: each
+    with `.name` and `.annotation`, following `**kwargs` into the classes they are passed to (the trust
+    check judges each slot by this). Relies on `jsonargparse._parameter_resolvers.get_signature_parameters`
+    (function, method_or_property, logger=...)."""
+    from jsonargparse._parameter_resolvers import get_signature_parameters as parameters
+
+    return parameters(cls, method, **kwargs)
+
+
+# ----------------------------------------------------------------------------- standard library
+
+
+def run_exit_handlers() -> None:
+    """Run (and clear) the atexit handlers now, as the interpreter does at its exit: for a forked process
+    that runs a program and then leaves by `os._exit`. Relies on `atexit._run_exitfuncs()`."""
+    import atexit
+
+    atexit._run_exitfuncs()

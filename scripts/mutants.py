@@ -58,13 +58,13 @@ GROUPS = {
                       "xǁLoopedTransformerǁloss_round_indices", "xǁLoopedTransformerǁiter_rounds",
                       "xǁLoopedTransformerǁhead", "xǁLoopedTransformerǁfinish", "xǁLoopedTransformerǁforward"),
                      ("tests/model/test_model.py", "tests/model/test_wirings.py", "tests/model/test_recipe_model.py",
-                      "tests/model/test_loop_arguments.py", "tests/diagnostics/test_probe.py",
+                      "tests/model/test_loop_arguments.py", "tests/diagnostics/test_visit_probe.py",
                       "tests/model/test_cache.py::test_cached_logits_equal_the_full_forward_at_every_position",
                       "tests/training/test_recipe_optim.py::test_the_model_adds_the_z_term_on_the_fused_and_the_plain_path"),
                      deselect="not static"),  # the static cache (a compiled step's) is cache.py's, not the loop's
     # The per-visit probe: forward statistics, per-visit gradients, κ̂: the whole file.
-    "probe": Group("loopnet/diagnostics/probe.py", ("*",),
-                   ("tests/diagnostics/test_probe.py", "tests/diagnostics/test_visit_values.py")),
+    "probe": Group("loopnet/diagnostics/visit_probe.py", ("*",),
+                   ("tests/diagnostics/test_visit_probe.py", "tests/diagnostics/test_visit_values.py")),
     # The callback's per-visit values (what it logs, not how it writes TensorBoard files).
     "callback": Group("loopnet/diagnostics/callback.py",
                       ("x_physical_sublayers", "x_step_draw", "x_total_norm", "x_global_norm",
@@ -74,7 +74,7 @@ GROUPS = {
                        "tests/diagnostics/test_update_size.py", "tests/diagnostics/test_recipe_instruments.py")),
     # The held-out split and the training stream's resume state.
     "data": Group("loopnet/data/datamodule.py",
-                  ("xǁTokenStreamDataModuleǁn_held_out", "xǁTokenStreamDataModuleǁ_train_stream",
+                  ("xǁTokenStreamDataModuleǁn_held_out", "xǁTokenStreamDataModuleǁtrain_stream",
                    "xǁTokenStreamDataModuleǁval_windows", "xǁTokenStreamDataModuleǁ_held_out_windows",
                    "xǁTokenStreamDataModuleǁtrain_dataloader"),
                   ("tests/data/test_held_out.py", "tests/data/test_datamodule.py", "tests/data/test_valcache.py",

@@ -89,7 +89,7 @@ dm = TokenStreamDataModule(seq_len=128, batch_size=8, source="hub", path=sys.arg
                            val_max_tokens=1048576, num_workers=0)
 dm.check(0, 2)  # what `loopnet fit` does before training, on rank 0 of 2: the held-out windows, a first document
 t1 = time.perf_counter()
-next(iter(dm._train_stream(0, 2)))  # rank 0's first training batch (one slot)
+next(iter(dm.train_stream(0, 2)))  # rank 0's first training batch (one slot)
 t2 = time.perf_counter()
 print(json.dumps({"check_s": round(t1 - t0, 2), "first_batch_s": round(t2 - t1, 2), "data_s": round(t2 - t0, 2)}))
 """

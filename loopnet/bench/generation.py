@@ -46,6 +46,7 @@ def cpu_config() -> dict:
 def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None = None,
         seq_len: int | None = None, compiled: bool = True) -> dict:
     from loopnet.env import machine
+    from loopnet.generate import generate
     from loopnet.model import LoopConfig, LoopedTransformer
 
     load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -65,16 +66,16 @@ def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None
     if compiled:
         modes["compiled"] = {"cache": True, "compile": True}
         t = time.perf_counter()
-        model.generate(prompt, 4, cache=True, compile=True)  # the compile, timed on its own
+        generate(model, prompt, 4, cache=True, compile=True)  # the compile, timed on its own
         compile_s = time.perf_counter() - t
     for kwargs in modes.values():  # warm-up of every path
-        model.generate(prompt, 4, **kwargs)
+        generate(model, prompt, 4, **kwargs)
     tokens, times = {}, {mode: [] for mode in modes}
     names = list(modes)
     for rep in range(reps):
         for mode in names[rep % len(names):] + names[: rep % len(names)]:  # rotating order
             t = time.perf_counter()
-            out = model.generate(prompt, new, **modes[mode])
+            out = generate(model, prompt, new, **modes[mode])
             times[mode].append(time.perf_counter() - t)
             tokens.setdefault(mode, out.tokens)
             print(f"[bench generation] rep {rep + 1}/{reps} {mode}: {new / times[mode][-1]:8.1f} tokens/s",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
-from loopnet.data.vocab import N_VOCAB
+from loopnet.data.token_ids import N_VOCAB
 from loopnet.model import LoopConfig
 
 

@@ -39,8 +39,8 @@ from loopnet.data.stream import (
 from loopnet.data.textfiles import check_documents
 from loopnet.data.valcache import cache_root, cached_windows
 from loopnet.data.tokenizer import gpt2_encoding
-from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
-from loopnet.data.vocab import VocabName
+from loopnet.data.token_ids import DEFAULT as DEFAULT_VOCAB
+from loopnet.data.token_ids import VocabName
 from loopnet.data.vocabulary import VOCABULARIES, CompactVocab, Vocabulary
 
 
@@ -321,7 +321,7 @@ class TokenStreamDataModule(L.LightningDataModule):
     def train_dataloader(self) -> ResumableLoader:
         """Infinite (inputs, targets) LongTensor batches [batch_size, seq_len], resumable."""
         self.setup("fit")
-        stream = self._train_stream(*self._rank_world())
+        stream = self.train_stream(*self._rank_world())
         loader = ResumableLoader(
             stream,
             num_workers=self.num_workers,
@@ -336,7 +336,9 @@ class TokenStreamDataModule(L.LightningDataModule):
         self._train_loader = weakref.ref(loader)
         return loader
 
-    def _train_stream(self, rank: int, world: int) -> TrainStream:
+    def train_stream(self, rank: int, world: int) -> TrainStream:
+        """The training batches of rank `rank` of `world`, as `train_dataloader` reads them (without its
+        loader's workers and resume state)."""
         parquet = isinstance(self.docs, ParquetCorpus)
         return TrainStream(
             self.docs,
@@ -408,7 +410,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         held-out windows are kept for validation; the training check reads up to its first document."""
         self.val_windows(rank, world_size)
         if train:
-            next(self._train_stream(rank, world_size).documents(0))
+            next(self.train_stream(rank, world_size).documents(0))
 
     def val_dataloader(self) -> DataLoader:
         """The held-out split, finite and in a fixed order (the same on every run)."""

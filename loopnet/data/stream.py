@@ -31,7 +31,7 @@ from loopnet.data.parquet import ParquetCorpus
 from loopnet.data.sources import ValSelector
 from loopnet.data.bytelevel import ByteVocab
 from loopnet.data.tokenizer import gpt2_encoding
-from loopnet.data.vocab import EOT_ID
+from loopnet.data.token_ids import EOT_ID
 
 if TYPE_CHECKING:  # imported where documents are read: `datasets` (with pandas) costs ~0.8 s of every start-up
     import datasets

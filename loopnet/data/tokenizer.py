@@ -19,7 +19,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 
 from loopnet.data.errors import DataConfigError
 from loopnet.data.packages import package_dir
-from loopnet.data.vocab import EOT_ID, EOT_TEXT, N_VOCAB
+from loopnet.data.token_ids import EOT_ID, EOT_TEXT, N_VOCAB
 
 # The digests tiktoken_ext.openai_public.gpt2() expects for the two files.
 GPT2_FILE_SHA256 = {

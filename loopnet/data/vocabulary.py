@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import get_args
 
-from loopnet.data.vocab import EOT_ID, N_VOCAB, VocabName, check_fits
+from loopnet.data.token_ids import EOT_ID, N_VOCAB, VocabName, check_fits
 
 
 class Vocabulary:

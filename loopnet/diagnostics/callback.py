@@ -34,7 +34,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 
 from loopnet.model import SUBLAYERS, Visit
 
-from .probe import VisitProbe, kappas
+from .visit_probe import VisitProbe, kappas
 from .summary import RunSummary
 from .tags import (HIST_QUANTITIES, OUTPUT_QUANTITIES, custom_scalars_layout, hist_tag, output_tag, sublayer_tag,
                    visit_quantities, visit_tag)
@@ -136,7 +136,7 @@ class VisitDiagnostics(Callback):
     ratio, activation- and parameter-gradient norms of every sublayer visit (round r, block k,
     attn|ffn); the measured visit alignment κ̂_R and the update-to-weight ratio of every physical
     sublayer; the global gradient norm before clipping; per-round histograms. κ̂_R(j) treats all
-    of sublayer j's parameters as one vector g_{r,j} (see `loopnet.diagnostics.probe`); the
+    of sublayer j's parameters as one vector g_{r,j} (see `loopnet.diagnostics.visit_probe`); the
     model-wide κ̂ (``grad/kappa_model``) concatenates every sublayer. Tags: `loopnet.diagnostics.tags`.
 
     Args:

@@ -42,10 +42,10 @@ from tqdm import tqdm
 
 from loopnet.api import build_network
 from loopnet.checkpoints import load_checkpoint_meta, model_weights
-from loopnet.data.vocab import N_VOCAB
+from loopnet.data.token_ids import N_VOCAB
+from loopnet.generate import Generation, generate
 from loopnet.model import LoopConfig, LoopedTransformer
 from loopnet.model.exit import check_exit, exit_logits
-from loopnet.model.transformer import Generation
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ class LoopnetLM(TemplateLM):
 
     def _generate(self, prompts: list[list[int]], max_new: int, until: list[str], kwargs: dict) -> Generation:
         """Generated token ids per prompt (and rounds per token), until <|endoftext|> or a stop string;
-        finished rows leave the batch. Keys and values are cached across rounds (`LoopedTransformer.generate`)."""
+        finished rows leave the batch. Keys and values are cached across rounds (`loopnet.generate`)."""
         do_sample = bool(kwargs.get("do_sample")) and float(kwargs.get("temperature", 0.0)) > 0
         temperature, top_k = float(kwargs.get("temperature", 0.0)), kwargs.get("top_k")
 
@@ -380,8 +380,8 @@ class LoopnetLM(TemplateLM):
             text = self.tok_decode(new)
             return new[-1] == self.eot_token_id or any(s and s in text for s in until)
 
-        return self.model.generate(
-            prompts, max_new, rounds=self.rounds, temperature=temperature if do_sample else 0.0, top_k=top_k,
-            n_vocab=self.vocab_size, window=self.max_length, stop=stop, exit=self.exit,
+        return generate(
+            self.model, prompts, max_new, rounds=self.rounds, temperature=temperature if do_sample else 0.0,
+            top_k=top_k, n_vocab=self.vocab_size, window=self.max_length, stop=stop, exit=self.exit,
             exit_threshold=self.exit_threshold,
         )

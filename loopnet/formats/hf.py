@@ -203,7 +203,7 @@ def write_folder(folder: Path, config: dict, weights: dict, ckpt: dict, source: 
                  max_shard_size: int | str) -> None:
     import torch
 
-    from loopnet.data.vocab import EOT_ID
+    from loopnet.data.token_ids import EOT_ID
     from loopnet.eval.adapter import build_model
 
     model = build_model(config, weights)  # checks the weights against the config (and reads older layouts)
@@ -246,7 +246,7 @@ def export_record(ckpt: dict, source: Path, model) -> dict:
 
 
 def hf_config(cfg, vocab: str, dtype: str, meta: dict) -> dict:
-    from loopnet.data.vocab import EOT_ID
+    from loopnet.data.token_ids import EOT_ID
     from loopnet.data.vocabulary import known_size
 
     eot = 256 if vocab == "bytes" else EOT_ID
@@ -278,7 +278,7 @@ def write_tokenizer(folder: Path, vocab: str, seq_len: int) -> None:
     from transformers import GPT2TokenizerFast, PreTrainedTokenizerFast
 
     from loopnet.data.tokenizer import _check_files, _default_data_dir
-    from loopnet.data.vocab import EOT_TEXT
+    from loopnet.data.token_ids import EOT_TEXT
 
     if vocab == "gpt2":
         files = _check_files(_default_data_dir())  # the digests tiktoken checks

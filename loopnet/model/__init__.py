@@ -11,8 +11,8 @@ from loopnet.lazy import lazy_attributes
 _WHERE = {
     "LoopConfig": ".config", "Architecture": ".config", "RunSettings": ".config", "RUN_SETTINGS": ".config",
     "BETA_SCALED": ".scales", "SCHEMES": ".scales", "residual_scales": ".scales",
-    "LoopedTransformer": ".transformer", "Generation": ".transformer", "lm_loss": ".transformer",
-    "sample_next": ".transformer",
+    "LoopedTransformer": ".transformer", "lm_loss": ".transformer",
+    "Generation": "loopnet.generate", "sample_next": "loopnet.generate",
     "SUBLAYERS": ".visits", "Visit": ".visits", "VisitObserver": ".visits", "VisitTrace": ".visits",
     "visit_order": ".visits",
 }

@@ -25,18 +25,15 @@ sampled rounds and scales_depth "sampled" a training step passes α of its drawn
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .cache import KVCache
 from .config import LoopConfig
-from .exit import ExitCriterion, check_exit
-from .head import GreedyScreen, HeadColumns
 from .injection import make_injection
 from .kernels import LinearCrossEntropy, z_loss_term
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
@@ -44,45 +41,16 @@ from .parametrization import hidden_init_gain, logit_multiplier
 from .scales import BETA_SCALED
 from .visits import SUBLAYERS, Visit, VisitObserver
 
+if TYPE_CHECKING:
+    from loopnet.generate import Generation
+
+    from .cache import KVCache
+
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in fp32; targets of -1 are ignored. The one loss formula of
     training and evaluation."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
-
-
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = None) -> torch.Tensor:
-    """Next token ids [B, 1] from last-position logits [B, V]: greedy when temperature <= 0,
-    otherwise sampled from softmax(logits / temperature), restricted to the top_k most likely."""
-    if temperature <= 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k:
-        kth = torch.topk(logits, min(int(top_k), logits.size(-1))).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, -float("inf"))
-    return torch.multinomial(F.softmax(logits, -1), 1)
-
-
-# Inductor's options for a compiled decode step: its one-row matmuls (one position, batch 1) as fused
-# multiply-reductions in inductor's own C++ kernels instead of a BLAS call each (inductor's decompose_mm
-# pass; on CPU it applies to a first dimension of 1 and other dimensions up to 2048). A cached token's
-# matmuls are tiny, and a BLAS call's overhead (and MKL's generic path on AMD) outweighs the work: the
-# whole step becomes one kernel. No effect on a GPU's decode (the pass needs there a first dimension of 10240+).
-DECODE_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
-
-
-@dataclass
-class Generation:
-    """What `LoopedTransformer.generate` returns: the new token ids of each prompt, in prompt order, and
-    the rounds each new token ran (R' for every token unless an exit criterion stops it earlier)."""
-
-    tokens: list[list[int]]
-    rounds: list[list[int]]
-
-    def mean_rounds(self) -> float:
-        """Mean rounds per generated token (nan when none was generated)."""
-        counts = [r for row in self.rounds for r in row]
-        return sum(counts) / len(counts) if counts else float("nan")
 
 
 class LoopedTransformer(nn.Module):
@@ -112,9 +80,6 @@ class LoopedTransformer(nn.Module):
         self.z_term: torch.Tensor | None = None
         self._head_z: torch.Tensor | None = None  # the last head evaluation's mean (log Z)², with z-loss on
         self._compiled_head = None
-        # generate's copies of the head's weight (`loopnet.model.head`), kept while the weight is unchanged
-        self._generation_head: HeadColumns | None = None
-        self._greedy_screen: GreedyScreen | None = None
         # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
         self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
         self._injection_matmul = {"linear": 2 * cfg.d_model ** 2, "diagonal": cfg.d_model ** 2}.get(cfg.injection, 0)
@@ -389,208 +354,9 @@ class LoopedTransformer(nn.Module):
         return logits, losses[0] if len(losses) == 1 else torch.stack(losses).mean()
 
     # ----------------------------------------------------------------------------- generate
-    @torch.inference_mode()
-    def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
-                 rounds: int | None = None, temperature: float = 0.0, top_k: int | None = None,
-                 n_vocab: int | None = None, window: int | None = None,
-                 stop: Callable[[int, list[int]], bool] | None = None, cache: bool = True,
-                 exit: str = "none", exit_threshold: float | None = None,
-                 max_rounds: int | None = None, compile: bool = False) -> Generation:
-        """Continue each prompt (token ids; a [B, T] tensor is B prompts) by up to `max_new_tokens` tokens
-        at R' = `rounds`, with `sample_next(temperature, top_k)` over the first `n_vocab` ids (default all).
+    def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, **kwargs) -> Generation:
+        """Continue `prompts` by up to `max_new_tokens` tokens: `loopnet.generate.generate(self, ...)`, whose
+        keyword arguments (rounds, temperature, top_k, window, stop, cache, exit, compile, ...) it takes."""
+        from loopnet.generate import generate
 
-        Context: each sequence reads at most its last `window` tokens (default seq_len). Prompts of
-        unequal length are right-padded; attention is causal and positions count from 0, so the padding
-        cannot change the logits at a sequence's own positions. A prompt is done when `stop(i, its new
-        tokens)` is true; it then leaves the batch. Dropout follows the module's mode: call `eval()` first.
-
-        `cache` (default): the prompt but its last token runs once through the prelude, every round and
-        the coda, its keys and values kept per attention visit (`KVCache`: per prelude block, per
-        (round, block) of the core, per coda block); its last token and each new token then run over
-        their own position only: the prelude once, the rounds, the coda once on the final state.
-        Greedy output equals the recompute's (`cache=False`: the whole window through the model for
-        every token, as nanoGPT does). Past the window the context is cropped to its last `window`
-        tokens and the cache rebuilt from them: in a looped model every key past round 1's first block
-        depends on the tokens before it, so a cache cannot slide; each token past the window therefore
-        costs a full forward pass over the window, as without the cache.
-
-        `exit` (`loopnet.model.exit`): a token stops after the first round r ≤ `max_rounds` (default
-        R') at which the criterion holds (threshold `exit_threshold`, None: Huginn's default), and its
-        next token is drawn from round r's logits. With the cache, its keys and values of round r stand
-        in for the rounds it skipped (`KVCache.fill_later_rounds`), and the coda reads its round-r state.
-        The prompt's (or a rebuilt context's) tokens but the last run every round. Without the cache the
-        window runs every round at every position and the criterion picks the round of the last position
-        only. `Generation.rounds` holds the rounds each token used.
-
-        `compile` (with the cache, without an exit criterion): each new token's step up to the final Norm
-        (`_final_state`: every round, the coda) runs as one `torch.compile` graph (`DECODE_OPTIONS`) over a
-        static cache (`KVCache(static=True)`: fixed shapes, attention over the whole window under a mask);
-        the head follows eagerly, but for greedy decoding on CPU, where the step ends in the argmax of a
-        bf16 copy of the head that a rounding bound proves exact, or leaves a near tie to the fp32 logits
-        (`GreedyScreen`). It pays a compile (seconds to tens of seconds, once per model, batch size
-        and R') for a faster token: worth it for long generations. The tokens equal the eager cache's up to
-        float rounding (the masked attention and the fused matmuls sum in another order)."""
-        cfg = self.config
-        W = cfg.seq_len if window is None else window
-        if not 1 <= W <= cfg.seq_len:
-            raise ValueError(f"window must be in [1, seq_len={cfg.seq_len}], got {W}; fix: give a shorter window")
-        check_exit(exit, exit_threshold)
-        if compile and not (cache and exit == "none"):
-            raise ValueError("model.generate.compile needs the cache and no exit criterion (a token's rounds must not "
-                             "depend on its values); fix: set model.generate.cache: true and model.generate.exit: none, "
-                             "or compile: false")
-        R = (rounds or cfg.n_rounds) if exit == "none" or max_rounds is None else max_rounds
-        if R < 1:
-            raise ValueError(f"rounds must be >= 1, got {R}; fix: give a round count R' >= 1")
-        V = cfg.vocab_size if n_vocab is None else min(n_vocab, cfg.vocab_size)
-        device = self.wte.weight.device
-        sequences = [list(p) for p in (prompts.tolist() if torch.is_tensor(prompts) else prompts)]
-        if not all(sequences):
-            raise ValueError("every prompt needs at least one token; fix: start an empty prompt with <|endoftext|>")
-        new: list[list[int]] = [[] for _ in sequences]
-        used: list[list[int]] = [[] for _ in sequences]
-        active = list(range(len(sequences)))
-        kv: KVCache | None = None
-        # A compiled greedy step ends in the argmax of the head (`GreedyScreen`), any other at the final Norm.
-        screen = self._screen() if compile and temperature <= 0 else None
-        if compile:
-            step = torch.compile(self._final_state if screen is None else self._greedy_step, dynamic=False,
-                                 options=DECODE_OPTIONS)
-        head: HeadColumns | None = None  # the fp32 head, looked up once, when a token first needs its logits
-        for _ in range(max_new_tokens):
-            if not active:
-                break
-            if cache and (kv is None or max(len(sequences[i]) for i in active) > W):
-                # A new cache over each window but its last token (right-padded), run through every round;
-                # the last token then goes as every new token does, one position through the rounds.
-                windows = [sequences[i][-W:] for i in active]
-                kv = KVCache(len(active), W, device, static=compile)
-                width = max(map(len, windows)) - 1
-                if width:
-                    prefix = torch.zeros(len(windows), width, dtype=torch.long)
-                    for row, w in enumerate(windows):
-                        prefix[row, : len(w) - 1] = torch.tensor(w[:-1])
-                    positions = torch.arange(width, device=device).expand(len(windows), width)
-                    kv.begin(positions)
-                    *_, (_, x) = self.iter_rounds(prefix.to(device), R, positions=positions, kv=kv)
-                    self.finish(x, kv=kv)
-                    kv.end(torch.tensor([len(w) - 2 for w in windows], device=device))
-            if cache:  # each sequence's newest token at its own next position
-                inputs = torch.tensor([[sequences[i][-1]] for i in active], device=device)
-                positions = kv.lengths[:, None].clone()
-                last = torch.zeros(len(active), dtype=torch.long, device=device)
-                kv.begin(positions)
-            else:  # the (cropped) window of every sequence, right-padded, through the model
-                windows = [sequences[i][-W:] for i in active]
-                inputs = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
-                for row, w in enumerate(windows):
-                    inputs[row, : len(w)] = torch.tensor(w)
-                inputs, positions = inputs.to(device), None
-                last = torch.tensor([len(w) - 1 for w in windows], device=device)
-            tokens = None
-            if exit == "none":
-                # The compiled step once the cache holds every visit's slot (a one-token prompt fills them in its
-                # first step, eagerly); dynamo would not trace their allocation.
-                compiled = compile and kv.store
-                if compiled and screen is not None:
-                    h, picked, settled = step(inputs, positions, last, kv, R, *screen.args(V))
-                    tokens = picked.tolist() if bool(settled.all()) else None  # else a near tie: fp32 decides
-                else:
-                    h = (step if compiled else self._final_state)(inputs, positions, last, kv, R)
-                if tokens is None:
-                    head = head or self._head_columns()
-                    logits = head.logits(h)
-                rounds_used = [R] * len(active)
-            else:
-                head = head or self._head_columns()
-                logits, exit_round = self._exit_logits(inputs, positions, last, kv, R, exit, exit_threshold, head)
-                rounds_used = exit_round.tolist()
-            if kv is not None:
-                kv.end(positions[:, 0])
-                if exit != "none":
-                    kv.fill_later_rounds(exit_round, R, cfg.n_blocks, positions[:, 0])
-            if tokens is None:
-                tokens = sample_next(logits[:, :V].float(), temperature, top_k).squeeze(-1).tolist()
-            still = []
-            for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
-                sequences[i].append(token)
-                new[i].append(token)
-                used[i].append(rounds_used[row])
-                if stop is None or not stop(i, new[i]):
-                    still.append(row)
-            if kv is not None and len(still) < len(active):
-                kv.keep(still)
-            active = [active[row] for row in still]
-        return Generation(new, used)
-
-    def _head_columns(self) -> HeadColumns:
-        """The head's weight as column blocks for the next token's fp32 logits (`HeadColumns`)."""
-        chunks = max(1, torch.get_num_threads())
-        if self._generation_head is None or not self._generation_head.matches(self.lm_head.weight, chunks):
-            self._generation_head = HeadColumns(self.lm_head.weight, chunks)
-        return self._generation_head
-
-    def _screen(self) -> GreedyScreen | None:
-        """The head's bf16 copy for a compiled greedy step (`GreedyScreen`); None off the CPU (a GPU's
-        F.linear is not the bottleneck there) or when the weight is outside bf16's normal range."""
-        weight = self.lm_head.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
-            return None
-        if self._greedy_screen is None or not self._greedy_screen.matches(weight):
-            self._greedy_screen = GreedyScreen(weight)
-        return self._greedy_screen if self._greedy_screen.usable else None
-
-    def _greedy_step(self, inputs, positions, last, kv, R: int, *screen_args) -> tuple:
-        """`_final_state` h [B, d], then `GreedyScreen.screen(h, *screen_args)`: (h, token [B], settled [B])."""
-        h = self._final_state(inputs, positions, last, kv, R)
-        return h, *GreedyScreen.screen(h, *screen_args)
-
-    def _final_state(self, inputs, positions, last, kv, R: int) -> torch.Tensor:
-        """What the head reads for each row's next token: the final Norm of the coda's output [B, d] at
-        position `last[b]`, after R rounds (the coda, where there is one, reads every position; the head
-        then reads only each row's last, as nanoGPT's generate does)."""
-        *_, (_, x) = self.iter_rounds(inputs, R, positions=positions, kv=kv)
-        return self._readout(x, last, kv)
-
-    def _readout(self, x: torch.Tensor, last: torch.Tensor, kv: KVCache | None) -> torch.Tensor:
-        """The final Norm [B, d] of the coda's output on the loop state x, at each row's position `last[b]`."""
-        return self.final_norm(self.finish(x, kv=kv)[torch.arange(x.size(0), device=x.device), last])
-
-    def _exit_logits(self, inputs, positions, last, kv, R: int, exit: str, threshold, head: HeadColumns):
-        """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]) under
-        the exit criterion `exit`.
-
-        Runs up to R rounds and stops once every row exited. With the cache (one position per row) the
-        coda, where there is one, reads and writes the cache at each readout; it runs once more at the
-        end on the state each token leaves with, so that its keys and values are that state's (its
-        logits are the chosen ones: the same computation)."""
-        B = inputs.size(0)
-        rows = torch.arange(B, device=inputs.device)
-        exit_round = torch.full((B,), R, dtype=torch.long, device=inputs.device)
-
-        def readout(x):  # logits [B, V] at each row's last position of the loop state x
-            return head.logits(self._readout(x, last, kv))
-
-        criterion = ExitCriterion(exit, threshold)
-        done = torch.zeros(B, dtype=torch.bool, device=inputs.device)
-        chosen_logits = chosen_x = None
-        for r, x in self.iter_rounds(inputs, R, positions=positions, kv=kv, start=True):
-            if r == 0:
-                criterion.start(x[rows, last])
-                continue
-            logits = readout(x) if criterion.needs_logits or r == R else None
-            exits, _ = criterion.step(x[rows, last], logits)
-            newly = exits & ~done if r < R else ~done
-            if newly.any():
-                logits = readout(x) if logits is None else logits
-                pick = newly[:, None]
-                chosen_logits = logits.clone() if chosen_logits is None else torch.where(pick, logits, chosen_logits)
-                if kv is not None:
-                    chosen_x = x.clone() if chosen_x is None else torch.where(pick[:, None], x, chosen_x)
-                exit_round[newly] = r
-                done |= newly
-            if bool(done.all()):
-                break
-        if kv is not None and self.coda_blocks:
-            return readout(chosen_x), exit_round
-        return chosen_logits, exit_round
+        return generate(self, prompts, max_new_tokens, **kwargs)

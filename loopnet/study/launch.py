@@ -124,9 +124,10 @@ def run_command(cmd: list[str], log_path: str, env: dict[str, str], threads: int
     """In the forked process: run `cmd` (``python -m module args`` or ``python script args``) as the
     interpreter would, with `env` as the whole environment and both output streams appended to `log_path`.
     Exits as the interpreter would: non-daemon threads joined, then atexit."""
-    import atexit
     import runpy
     import threading
+
+    from loopnet.compat import run_exit_handlers
 
     signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the server's mask is the sweep's at its start
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -151,4 +152,4 @@ def run_command(cmd: list[str], log_path: str, env: dict[str, str], threads: int
         for thread in threading.enumerate():
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join()
-        atexit._run_exitfuncs()
+        run_exit_handlers()

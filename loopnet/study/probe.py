@@ -15,7 +15,7 @@ O(M·κ_R·(β/α)²), with M = 2N = 2KR visits, κ_R the visit alignment and α
 For every (scheme, R, seed) cell a fresh model (the config's, with that scheme and R) takes
 `--steps` AdamW steps from its initialisation on the first training batches (the same batches for
 every cell) at a constant learning rate; each step measures, on its own batch, κ̂_R over the whole
-model (`loopnet.diagnostics.probe`) and the relative change of the final state, of every round's
+model (`loopnet.diagnostics.visit_probe`) and the relative change of the final state, of every round's
 state and of the logits that the step caused (`loopnet.diagnostics.update_size`), exactly as
 `VisitDiagnostics` logs them during training. Neither paper measured this.
 
@@ -84,7 +84,7 @@ def theory(name: str, n_blocks: int, rounds: int, kappa: float) -> float:
 def resolve(config_args: list[str]):
     """(LoopConfig, OptimConfig, data module, gradient clip value) of a `loopnet fit` command line, through
     the CLI's own parser and checks (config files, keys, types); nothing is trained or written."""
-    from loopnet.training.check import parse_fit
+    from loopnet.training.dry_run import parse_fit
 
     cfg = parse_fit(config_args)
     from loopnet.data import TokenStreamDataModule
@@ -102,7 +102,7 @@ def measure_cell(base, optim, batches, scheme: str, rounds: int, seed: int, clip
     import torch
 
     from loopnet.diagnostics.callback import physical_sublayers
-    from loopnet.diagnostics.probe import VisitProbe, kappas
+    from loopnet.diagnostics.visit_probe import VisitProbe, kappas
     from loopnet.diagnostics.update_size import relative_changes, round_outputs
     from loopnet.training.module import LoopedLM
 
@@ -210,7 +210,7 @@ def markdown(summary: dict, rounds: list[int], meta: dict) -> str:
               f"- machine: {meta['machine']}; {meta['seconds']:.0f} s in all; loopnet @ {meta['commit']}",
               "- output change: ‖x_R' − x_R‖/‖x_R‖ of the final state on the step's own batch, before and after "
               "the step, without grad (`loopnet.diagnostics.update_size`), averaged over the steps, then mean ± "
-              "std over seeds; κ̂ over the whole model at each step (`loopnet.diagnostics.probe`)",
+              "std over seeds; κ̂ over the whole model at each step (`loopnet.diagnostics.visit_probe`)",
               "- theory: M·κ̂·(β/α)² with the measured κ̂ (its log-log slope), and the bounds 1 − 4p (κ = 1, "
               "decorrelated visits) and 2 − 4p (κ = R, aligned)", "",
               "![output change vs R](update_size.png)", "",

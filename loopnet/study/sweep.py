@@ -359,7 +359,7 @@ def parser() -> argparse.ArgumentParser:
 def check_cells(sweep, cells: list[Cell]) -> None:
     """Every unfinished cell's `loopnet fit` command passes the CLI's own checks (keys, types, the
     model config) before any cell runs: a typo in the grid fails here, not in each cell's log."""
-    from loopnet.training.check import check_command
+    from loopnet.training.dry_run import check_command
 
     bad: dict[str, list[str]] = {}
     for cell in cells:

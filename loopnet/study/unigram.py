@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from loopnet.data.vocab import N_VOCAB
+from loopnet.data.token_ids import N_VOCAB
 
 OPENWEBTEXT_PLATEAU = 7.67  # nats, GPT-2 BPE on OpenWebText (DeepLoop appendix)
 

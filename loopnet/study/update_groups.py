@@ -103,7 +103,7 @@ def measure_groups(lm, batch, kind: str, lr: float, clip=None, optimizer_state: 
     import torch
 
     from loopnet.diagnostics.callback import physical_sublayers
-    from loopnet.diagnostics.probe import VisitProbe, kappas
+    from loopnet.diagnostics.visit_probe import VisitProbe, kappas
     from loopnet.diagnostics.update_size import round_outputs
 
     model = lm.model

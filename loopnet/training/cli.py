@@ -21,15 +21,14 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from loopnet import checkpoints
+from loopnet import checkpoints, compat
 from loopnet.data import TokenStreamDataModule
-from loopnet.data.preflight import check_hub
-from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
+from loopnet.data.hub_reachable import check_hub
+from loopnet.data.token_ids import DEFAULT as DEFAULT_VOCAB
 from loopnet.diagnostics import DivergenceGuard
 from loopnet.env import error_line, one_line_errors
 from loopnet.files import atomic_write, check_run_folder, check_writable
@@ -40,8 +39,8 @@ from loopnet.training.defaults import TRAINER_DEFAULTS, callbacks
 from loopnet.training.errors import OneLineErrors, PeerLost, Reported, dead_ranks, peer_lost
 from loopnet.training.module import LoopedLM
 from loopnet.training.precheck import LINKS, check_settings, normalize_argv, precheck
+from loopnet.training.resume import ResumeOnEveryRank, absolute
 from loopnet.training.run_folders import SaveConfigOnStart, check_fresh_version, evaluate_in_run_folder, run_name
-from loopnet.training.shared_folder import ResumeOnEveryRank, absolute
 from loopnet.training.subcommands import EVALUATION, READ_DATA, SUBCOMMANDS
 
 
@@ -65,44 +64,30 @@ quiet_dependencies()
 _FITTING: dict = {}
 
 
-def _summary_before_termination(terminate_all):
+def _summary_before_termination() -> None:
     """Lightning's launcher (rank 0) watches the ranks it started; when one dies it SIGKILLs every process,
     itself included, within seconds: at start-up or during a collective that has not yet failed, rank 0
     would end without a summary.json. First the summary (status "interrupted", the dead rank named) and
-    one line, then Lightning's termination of the other ranks, and rank 0 exits 1."""
-
-    def wrapped(observer) -> None:
-        trainer = _FITTING.get("trainer")
-        try:
-            if trainer is not None and trainer.is_global_zero:
-                dead = dead_ranks(trainer) or ["a rank"]
-                lost = PeerLost(f"{' and '.join(dead)} of this DDP run ended at step {trainer.global_step}")
-                for callback in trainer.callbacks:
-                    if isinstance(callback, DivergenceGuard) and trainer.lightning_module is not None:
-                        callback.on_exception(trainer, trainer.lightning_module, lost)
-                error_line("loopnet", f"{lost}; every process of the run stops now; fix: see that rank's output "
-                                      f"for why it ended, then run the same command with --ckpt_path last")
-        except Exception as err:  # the termination goes on whatever happens here
-            print(f"loopnet: could not write the run summary ({err!r})", file=sys.stderr, flush=True)
-        # Lightning's termination, but rank 0 itself exits 1 (an error, as when a collective fails first)
-        # rather than by its own SIGKILL (-9, which reads as if something outside killed it).
-        for child in observer._child_processes:
-            child.send_signal(observer._termination_signal)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-
-    return wrapped
+    one line; then Lightning's termination of the other ranks, and rank 0 exits 1 (`compat.on_rank_death`)."""
+    trainer = _FITTING.get("trainer")
+    if trainer is not None and trainer.is_global_zero:
+        dead = dead_ranks(trainer) or ["a rank"]
+        lost = PeerLost(f"{' and '.join(dead)} of this DDP run ended at step {trainer.global_step}")
+        for callback in trainer.callbacks:
+            if isinstance(callback, DivergenceGuard) and trainer.lightning_module is not None:
+                callback.on_exception(trainer, trainer.lightning_module, lost)
+        error_line("loopnet", f"{lost}; every process of the run stops now; fix: see that rank's output "
+                              f"for why it ended, then run the same command with --ckpt_path last")
 
 
-_ChildProcessObserver._terminate_all = _summary_before_termination(_ChildProcessObserver._terminate_all)
+compat.on_rank_death(_summary_before_termination)
 
 
 class OneLineErrorParser(OneLineErrors, LightningArgumentParser):
     """LightningCLI's parser; a command-line or config error is one line with the fix (`OneLineErrors`)."""
 
 
-class LoopnetCLI(LightningCLI):
+class LoopnetCLI(compat.CkptPathHook, LightningCLI):
     def __init__(self, *args, **kwargs):
         argv = kwargs.get("args")
         argv = sys.argv[1:] if argv is None else argv
@@ -143,7 +128,7 @@ class LoopnetCLI(LightningCLI):
             parser.add_lightning_class_args(cls, group)
             parser.set_defaults({f"{group}.{k}": v for k, v in defaults.items()})
 
-    def _parse_ckpt_path(self) -> None:
+    def check_ckpt_path(self) -> None:
         """Check `--ckpt_path` before anything is built. Unlike LightningCLI's default, the
         checkpoint's hyperparameters do not silently replace the given config: the model config
         must match (else a clear error), and evaluation settings (eval_rounds, generate) stay
@@ -159,8 +144,8 @@ class LoopnetCLI(LightningCLI):
 
     def fit(self, **kwargs) -> None:
         """`trainer.fit`; one that fails before its first step completes removes the empty run folder it
-        created, saying so in one line (`loopnet.training.failed_start`), and the error goes on as before."""
-        from loopnet.training.failed_start import existing_log_folders, remove_failed_start
+        created, saying so in one line (`run_folders.remove_failed_start`), and the error goes on as before."""
+        from loopnet.training.run_folders import existing_log_folders, remove_failed_start
 
         existed = existing_log_folders(self.trainer)
         if getattr(self, "_resume_last", None) is not None:  # --ckpt_path last: every rank resumes, or none
@@ -287,7 +272,7 @@ class LoopnetCLI(LightningCLI):
 
 def build(args: list[str] | None, cli_class: type[LoopnetCLI] = LoopnetCLI) -> LoopnetCLI:
     """LightningCLI over loopnet's model and data module with loopnet's settings, on `args` (None: the
-    command line); a `cli_class` that runs nothing (`check.CheckOnly`) only parses and checks."""
+    command line); a `cli_class` that runs nothing (`dry_run.CheckOnly`) only parses and checks."""
     return cli_class(
         LoopedLM,
         TokenStreamDataModule,

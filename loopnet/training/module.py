@@ -20,11 +20,12 @@ import numpy as np
 import torch
 from torchmetrics import MeanMetric
 
-from loopnet.checkpoints import check_checkpoint_config
-from loopnet.data.vocab import EOT_ID
+from loopnet.checkpoints import check_model_config
+from loopnet.data.token_ids import EOT_ID
 from loopnet.data.vocabulary import GPT2Vocab, Vocabulary
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.diagnostics.depth_eval import DepthEvaluation
+from loopnet.generate import generate
 from loopnet.model.parametrization import check_optimizer, group_rules
 from loopnet.model.rounds import RoundDraw, draw_rounds
 from loopnet.training.options import FrontierConfig, GenerateConfig, OptimConfig
@@ -166,7 +167,7 @@ class LoopedLM(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuse a checkpoint trained with another model config, naming the differing fields;
         keep the checkpoint's RNG states for the first training step of the resumed run."""
-        check_checkpoint_config(checkpoint.get("hyper_parameters", {}).get("config"), asdict(self.config))
+        check_model_config(checkpoint.get("hyper_parameters", {}).get("config"), asdict(self.config))
         fuse_qkv_optimizer_states(checkpoint, [[name for name, _ in group] for group in self._param_groups()])
         states = checkpoint.get("rng_states")
         rank = self.global_rank if self._trainer is not None else 0
@@ -287,14 +288,18 @@ class LoopedLM(L.LightningModule):
 
     @torch.no_grad()
     def predict_step(self, batch, batch_idx=0):
-        g, vocab = self.gen, self._vocabulary()
+        g, vocab, trainer = self.gen, self._vocabulary(), self._trainer
         prompt = batch[0].tolist()
-        out = self.model.generate([prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
-                                  top_k=g.top_k, n_vocab=vocab.size, cache=g.cache,
-                                  exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds,
-                                  compile=g.compile)
+        # A stop signal (Lightning's SIGTERM flag, which `GracefulInterrupt` sets for SIGINT and SIGHUP too)
+        # ends the generation between tokens: the text so far is returned, printed and saved.
+        stopping = (lambda: trainer.received_sigterm) if trainer is not None else None
+        out = generate(self.model, [prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
+                       top_k=g.top_k, n_vocab=vocab.size, cache=g.cache,
+                       exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds,
+                       compile=g.compile, interrupted=stopping)
         new, self.generated_rounds = out.tokens[0], out.rounds[0]
-        rank_zero_info(f"loopnet: {len(new)} tokens generated, {out.mean_rounds():.2f} rounds per token "
+        stopped = " (stopped by a signal)" if len(new) < g.max_new_tokens and stopping and stopping() else ""
+        rank_zero_info(f"loopnet: {len(new)} tokens generated{stopped}, {out.mean_rounds():.2f} rounds per token "
                        f"(exit: {g.exit}; rounds per token {self.generated_rounds})")
         # Returned, not printed (that would land inside the progress bar): `loopnet predict` prints and saves it.
         return vocab.decode(prompt + new)

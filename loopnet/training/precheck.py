@@ -32,8 +32,8 @@ from jsonargparse.typing import Path_fr
 
 from loopnet import checkpoints
 from loopnet.data.sources import Source
-from loopnet.data.vocab import DEFAULT as DEFAULT_VOCAB
-from loopnet.data.vocab import VocabName, check_fits
+from loopnet.data.token_ids import DEFAULT as DEFAULT_VOCAB
+from loopnet.data.token_ids import VocabName, check_fits
 from loopnet.data.vocabulary import known_size
 from loopnet.model.config import LoopConfig
 from loopnet.model.parametrization import check_optimizer

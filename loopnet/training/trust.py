@@ -41,7 +41,7 @@ from jsonargparse import Namespace, set_parsing_settings
 from loopnet.compat import parsing_settings
 
 # jsonargparse's own settings that `apply` changes, restored for a trusted config (they have no public reset).
-_DEFAULT = {key: parsing_settings[key]
+_DEFAULT = {key: parsing_settings()[key]
             for key in ("import_path_verdicts", "import_paths_enforced", "instantiate_subclass_spec_in_any")}
 
 ALLOWED = ("loopnet", "lightning", "torch", "torchmetrics")
@@ -70,7 +70,7 @@ def apply() -> None:
         set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(ALLOWED),
                              instantiate_subclass_spec_in_any=False)
     else:
-        parsing_settings.update(_DEFAULT)
+        parsing_settings().update(_DEFAULT)
 
 
 def allowed(path: str) -> bool:

@@ -62,7 +62,7 @@ def test_each_pass_over_the_training_documents_is_the_next_epoch(tmp_path):
     dm = TokenStreamDataModule(seq_len=16, batch_size=1, source="files", path=str(tmp_path / "c.parquet"),
                                val_fraction=0.1)
     dm.setup()
-    s = dm._train_stream(0, 1)
+    s = dm.train_stream(0, 1)
     epochs = [pos["epoch"] for pos, _ in itertools.islice(s.documents(0), 3 * 9)]
     assert epochs == [0] * 9 + [1] * 9 + [2] * 9
 
@@ -77,7 +77,7 @@ def test_ranks_and_loader_workers_read_disjoint_parquet_parts_covering_the_train
     train_rows = dm.docs.n_docs - dm.n_held_out
     seen = []
     for rank in range(2):
-        s = dm._train_stream(rank, 2)
+        s = dm.train_stream(rank, 2)
         for slot in range(2):
             seen.append({text.split()[0] for _, text in s.slot_texts(slot, epoch=0)})
     assert all(seen) and sum(len(s) for s in seen) == train_rows == len(set().union(*seen))

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from loopnet.diagnostics import VisitProbe
-from loopnet.diagnostics import probe as probe_module
+from loopnet.diagnostics import visit_probe as probe_module
 from loopnet.model import LoopedTransformer, Visit
 from loopnet.model.layers import Attention
 from tests.helpers import tiny_config

@@ -1,7 +1,7 @@
 """Every instrument on every model of the recipe (prelude and coda, learned injection, qk-norm, sampled
 rounds, z-loss, Muon): per-visit norms and gradient contributions, κ̂, the update size, the depth profile and
 `loopnet compare`, each against the independent computation the suite already has for the seed papers'
-models (tests/diagnostics/test_probe.py, test_update_size.py, test_compare.py)."""
+models (tests/diagnostics/test_visit_probe.py, test_update_size.py, test_compare.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def batch(seed=0):
 # ------------------------------------------------------------------------------ per-visit gradients and κ̂
 @pytest.mark.parametrize("case", list(MODELS))
 def test_per_visit_contributions_sum_to_every_weights_gradient_and_kappa_agrees(case):
-    """As test_probe.py: the visits' g_{r,j} add up to each parameter's .grad (prelude and coda sublayers
+    """As test_visit_probe.py: the visits' g_{r,j} add up to each parameter's .grad (prelude and coda sublayers
     included), κ̂ from squared norms equals κ̂ from the kept tensors, and an untied sublayer's κ̂ is 1."""
     cfg = tiny_config(**MODELS[case])
     d = draw_rounds(cfg, 3, seed=0)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from loopnet.data import gpt2_encoding
-from loopnet.data.vocab import N_VOCAB as GPT2_VOCAB
+from loopnet.data.token_ids import N_VOCAB as GPT2_VOCAB
 
 DATA_DIR = Path(__file__).parent / "data"
 TASK = "loopnet_tiny_mc"

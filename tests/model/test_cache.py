@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loopnet.model import LoopedTransformer, sample_next
+from loopnet.generate import sample_next
+from loopnet.model import LoopedTransformer
 from loopnet.model.cache import KVCache
 from tests.helpers import tiny_config
 

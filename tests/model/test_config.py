@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from loopnet.checkpoints import check_checkpoint_config
+from loopnet.checkpoints import check_model_config
 from loopnet.model import RUN_SETTINGS, Architecture, LoopConfig, LoopedTransformer, RunSettings
 from tests.helpers import tiny_config
 
@@ -33,6 +33,6 @@ def test_run_settings_leave_the_weights_as_they_are():
 
 def test_a_checkpoint_must_match_the_architecture_only():
     saved = tiny_config()
-    check_checkpoint_config(saved, dataclasses.asdict(dataclasses.replace(saved, dropout=0.2, truncate_rounds=2)))
+    check_model_config(saved, dataclasses.asdict(dataclasses.replace(saved, dropout=0.2, truncate_rounds=2)))
     with pytest.raises(ValueError, match="d_model: checkpoint 32 vs config 64"):
-        check_checkpoint_config(saved, dataclasses.asdict(dataclasses.replace(saved, d_model=64)))
+        check_model_config(saved, dataclasses.asdict(dataclasses.replace(saved, d_model=64)))

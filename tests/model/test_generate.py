@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loopnet.model import LoopedTransformer, sample_next
+from loopnet.generate import sample_next
+from loopnet.model import LoopedTransformer
 from tests.helpers import tiny_config
 
 
@@ -83,3 +84,26 @@ def test_predict_step_continues_the_prompt_as_the_plain_loop(tmp_path):
     prompt = batch[0].tolist()
     new = recompute(lm.model, prompt, 12, 3, 8, 50257, temperature=0.9, top_k=30)
     assert text == gpt2_encoding().decode(prompt + new)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"cache": False}, {"exit": "entropy", "exit_threshold": 0.0}],
+                         ids=["cache", "recompute", "exit"])
+def test_an_interrupted_generation_returns_the_tokens_before_the_stop(model, kwargs):
+    prompts = [[1, 2, 3], [4, 5]]
+    full = model.generate(prompts, 6, **kwargs)
+    lengths = []
+    for stop_at in range(1, 60):  # the n-th time it is asked (before a token, or between two rounds)
+        asked = []
+
+        def interrupted():
+            asked.append(1)
+            return len(asked) >= stop_at
+
+        got = model.generate(prompts, 6, interrupted=interrupted, **kwargs)
+        n = len(got.tokens[0])
+        assert got.tokens == [row[:n] for row in full.tokens] and got.rounds == [row[:n] for row in full.rounds]
+        if n < 6:
+            assert len(asked) == stop_at  # not asked again once it said stop
+        lengths.append(n)
+    # Every token's rounds are asked about: the generation ends at every token count, in order.
+    assert lengths == sorted(lengths) and set(lengths) == set(range(7))

@@ -116,17 +116,17 @@ def test_check_checkpoint_file(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- config
-def test_check_checkpoint_config_names_each_differing_field():
+def test_check_model_config_names_each_differing_field():
     current = config_dict()
-    ck.check_checkpoint_config(None, current)
-    ck.check_checkpoint_config(dict(current), current)
-    ck.check_checkpoint_config(tiny_config(), current)  # a LoopConfig instance too
+    ck.check_model_config(None, current)
+    ck.check_model_config(dict(current), current)
+    ck.check_model_config(tiny_config(), current)  # a LoopConfig instance too
     # Run-time fields may differ.
-    ck.check_checkpoint_config(config_dict(dropout=0.1, truncate_rounds=1, checkpoint_rounds=True, loss_rounds="all"),
+    ck.check_model_config(config_dict(dropout=0.1, truncate_rounds=1, checkpoint_rounds=True, loss_rounds="all"),
                                current)
     saved = config_dict(n_rounds=4, d_model=64)
     with pytest.raises(ValueError) as err:
-        ck.check_checkpoint_config(saved, current)
+        ck.check_model_config(saved, current)
     assert str(err.value) == ("the checkpoint was trained with another model config (d_model: checkpoint 64 vs config 32; "
                               "n_rounds: checkpoint 4 vs config 3); run with the config saved beside it "
                               "(runs/<run>/version_N/config.yaml), and use --model.eval_rounds to evaluate other round counts")
@@ -135,9 +135,9 @@ def test_check_checkpoint_config_names_each_differing_field():
 def test_a_field_the_checkpoint_lacks_counts_as_its_default():
     current = config_dict()
     older = {k: v for k, v in current.items() if k != "sandwich"}
-    ck.check_checkpoint_config(older, current)  # current sandwich is the default False
+    ck.check_model_config(older, current)  # current sandwich is the default False
     with pytest.raises(ValueError, match=r"\(sandwich: checkpoint False vs config True\)"):
-        ck.check_checkpoint_config(older, config_dict(sandwich=True))
+        ck.check_model_config(older, config_dict(sandwich=True))
 
 
 def test_check_checkpoint_names_the_file(tmp_path):

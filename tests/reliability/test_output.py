@@ -28,7 +28,7 @@ def test_checking_a_command_ignores_the_callers_own_arguments(monkeypatch, recwa
     """`loopnet sweep` checks each cell's command in-process; LightningCLI warned about sys.argv each time."""
     import sys
 
-    from loopnet.training.check import check_command
+    from loopnet.training.dry_run import check_command
 
     from .helpers import SHORT
 

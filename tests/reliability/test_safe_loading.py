@@ -75,7 +75,7 @@ def test_trainer_loads_with_weights_only_by_default(evil, tmp_path, monkeypatch)
     import loopnet.training.resume as resume
 
     path, marker = evil
-    monkeypatch.setattr(resume, "check_checkpoint", lambda *args: None)
+    monkeypatch.setattr(resume, "check_for_command", lambda *args: None)
     monkeypatch.setattr(checkpoints, "check_checkpoint", lambda *args: {})
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         loopnet("test", *SHORT, "--ckpt_path", str(path), cwd=tmp_path)

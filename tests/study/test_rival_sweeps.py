@@ -59,7 +59,7 @@ def test_map_controls_cover_the_missing_controls():
 
 
 def test_smoke_is_one_cell_per_arm_and_its_commands_pass_the_cli_checks():
-    from loopnet.training.check import check_command
+    from loopnet.training.dry_run import check_command
 
     cells = expand(load_sweep("configs/sweeps/rival/smoke.yaml"))
     assert [c.params["model.config.branch_scale"] for c in cells] == ["one", "sqrt_depth", "wang"]

@@ -65,12 +65,12 @@ def test_ratio_rows_pair_the_schemes_at_the_same_starting_point():
 def test_checkpoints_from_before_norm_affine_still_load():
     from dataclasses import asdict
 
-    from loopnet.checkpoints import check_checkpoint_config
+    from loopnet.checkpoints import check_model_config
 
     old = {k: v for k, v in asdict(LoopConfig()).items() if k != "norm_affine"}  # written before the field existed
-    check_checkpoint_config(old, asdict(LoopConfig()))
+    check_model_config(old, asdict(LoopConfig()))
     with pytest.raises(ValueError, match="norm_affine: checkpoint True vs config False"):
-        check_checkpoint_config(old, asdict(LoopConfig(norm_affine=False)))
+        check_model_config(old, asdict(LoopConfig(norm_affine=False)))
 
 
 def _ratio(kind, rounds, lr):

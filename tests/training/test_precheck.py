@@ -105,7 +105,7 @@ def lightning_verdict(argv: list[str]):
     on what it parsed, building nothing; the typed configs it would build are built and so check their
     values, as `LoopedLM` does when instantiated."""
     from loopnet.model.config import LoopConfig
-    from loopnet.training.check import CheckOnly
+    from loopnet.training.dry_run import CheckOnly
     from loopnet.training.cli import build
     from loopnet.training.options import GenerateConfig, OptimConfig
 
@@ -166,7 +166,7 @@ def test_the_signatures_read_from_source_are_the_classes_own():
 def test_the_two_parsers_define_the_same_options(folder):
     """Every option of the early parser is LightningCLI's with the same type and default; the Trainer's and
     the callbacks' options, Lightning's own, are the only ones it takes as a mapping."""
-    from loopnet.training.check import CheckOnly
+    from loopnet.training.dry_run import CheckOnly
     from loopnet.training.cli import build
     from loopnet.training.defaults import CALLBACK_GROUPS
 

@@ -70,7 +70,7 @@ def test_an_unlisted_module_is_refused_without_being_imported(tmp_path, form):
 
 
 def _check(argv: list[str]) -> str | None:
-    from loopnet.training.check import check_command
+    from loopnet.training.dry_run import check_command
 
     return check_command(argv)
 
@@ -104,7 +104,7 @@ def test_lightning_clis_own_parse_refuses_too(tmp_path, monkeypatch):
     """`LoopnetCLI` without the early checks (the guard in LightningCLI's parse path): the import path
     policy refuses os.system, and a function of an allowed package named where a callable goes (imported
     at the parse, called at fit start) is refused before anything is built."""
-    from loopnet.training.check import CheckOnly
+    from loopnet.training.dry_run import CheckOnly
     from loopnet.training.cli import build
 
     monkeypatch.delenv("LOOPNET_TRUST_CONFIG", raising=False)

@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM stop a fit cleanly, between steps, with a resumable checkpoint."""
+"""Ctrl-C and SIGTERM stop a fit cleanly, between steps, with a resumable checkpoint; a prediction, between
+tokens, with the text generated so far."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from lightning.pytorch.loops.evaluation_loop import RestartStage
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from loopnet import checkpoints
+from loopnet.compat import set_stop_flag
 from loopnet.files import remove_stale_temporaries
 from loopnet.training.console import pipe_broken, send_broken_output_to
 
@@ -40,6 +42,11 @@ class GracefulInterrupt(Checkpoint):
     run as it was before that validation began, and the resumed run runs the validation again before
     its next step, so its record (TensorBoard, summary, best checkpoint) equals the uninterrupted
     run's. One during the sanity check (a few batches, before any step) waits for its end.
+
+    `loopnet predict`: SIGINT, SIGTERM and SIGHUP set Lightning's stop flag (`trainer.received_sigterm`),
+    which the generation asks before every token (`LoopedLM.predict_step`): it ends there, and the text
+    generated so far is printed and saved as a complete prediction's is; the process exits 0. A second
+    Ctrl-C aborts at once.
 
     Args:
         filename: Name of the checkpoint written on interruption (without .ckpt).
@@ -97,6 +104,25 @@ class GracefulInterrupt(Checkpoint):
     def _on_sigterm(self, signum, frame) -> None:
         self._pending = True
 
+    def on_predict_start(self, trainer, pl_module) -> None:
+        # After Lightning registered its own SIGTERM handler, which this replaces; its teardown restores them all.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        stops = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # (not under nohup)
+            stops.append(signal.SIGHUP)
+
+        def stop_generating(signum, frame) -> None:
+            if signum == signal.SIGINT:
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
+            if not trainer.received_sigterm and trainer.is_global_zero:
+                print(f"\nloopnet: {signal.Signals(signum).name} received; stopping the generation after this "
+                      "token, the text so far is kept", file=sys.stderr)
+            set_stop_flag(trainer)
+
+        for signum in stops:
+            signal.signal(signum, stop_generating)
+
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         self._install_sigterm()  # after Lightning registered its own handler, which this replaces
 
@@ -109,7 +135,7 @@ class GracefulInterrupt(Checkpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._armed and self._stop_agreed(trainer):  # Lightning's own stop, on every rank after this same step
-            trainer._signal_connector.received_sigterm = True
+            set_stop_flag(trainer)
 
     # A stop during a validation abandons it. Lightning raises SIGTERMException after a validation batch
     # once `received_sigterm` is set (not after the last one: that validation completes, and the stop
@@ -125,9 +151,9 @@ class GracefulInterrupt(Checkpoint):
         if not self._armed or trainer.sanity_checking:
             return
         self._val_progress = copy.deepcopy(trainer.fit_loop.epoch_loop.val_loop.batch_progress.state_dict())
-        if trainer._signal_connector.received_sigterm:  # the ranks agreed to stop at this step's end
+        if trainer.received_sigterm:  # the ranks agreed to stop at this step's end
             if self._last_step(trainer):
-                trainer._signal_connector.received_sigterm = False  # (Lightning would leave it after a batch)
+                set_stop_flag(trainer, False)  # (Lightning would leave it after a batch)
                 return
             self._abandoning = True
             raise SIGTERMException()  # before any of its batches
@@ -135,15 +161,16 @@ class GracefulInterrupt(Checkpoint):
     def on_validation_batch_end(self, trainer, *args, **kwargs) -> None:
         if not self._armed:
             return
-        connector = trainer._signal_connector
         if trainer.sanity_checking:
             # Stopped in the sanity check, Lightning would write a step-0 checkpoint whose resume shifts
             # every step: the stop waits for the first step (the ranks agree on it there).
-            if connector.received_sigterm:
-                connector.received_sigterm, self._pending = False, True
+            if trainer.received_sigterm:
+                set_stop_flag(trainer, False)
+                self._pending = True
             return
         if not self._last_step(trainer) and self._stop_agreed(trainer):  # (every rank skips the last step's alike)
-            connector.received_sigterm, self._abandoning = True, True
+            set_stop_flag(trainer)
+            self._abandoning = True
 
     @staticmethod
     def _last_step(trainer) -> bool:
@@ -195,7 +222,7 @@ class GracefulInterrupt(Checkpoint):
                 RunSummary.of(trainer).name_last_checkpoint(self.ckpt_path)  # written before this checkpoint
                 bar = "\n" if trainer.progress_bar_callback is not None else ""  # the bar's line has no end
                 print(f"{bar}loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
-                      "resume with the same command and --ckpt_path last", file=sys.stderr)
+                      f"resume with {checkpoints.resume_hint()}", file=sys.stderr)
 
     # A Ctrl-C while the interruption checkpoint is written would abandon it (the stop would then leave
     # no checkpoint at all): held, with one line saying what is happening; the run ends moments later.

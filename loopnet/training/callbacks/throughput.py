@@ -6,7 +6,8 @@ import warnings
 
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
-from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+
+from loopnet.compat import compute_dtype
 
 
 def _sequences(batch) -> int:
@@ -45,7 +46,7 @@ class TokenThroughput(ThroughputMonitor):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         device, peak = trainer.strategy.root_device, None
-        if device.type == "cuda" and _plugin_to_compute_dtype(trainer.precision_plugin) in (torch.bfloat16, torch.half):
+        if device.type == "cuda" and compute_dtype(trainer.precision_plugin) in (torch.bfloat16, torch.half):
             peak = gpu_bf16_peak(torch.cuda.get_device_name(device))
         with warnings.catch_warnings():
             if peak is not None:  # Lightning's table misses the device and says so; loopnet's has it
