@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal, Optional, get_args
 
-from . import parametrization as transfer
+from .parametrization import PARAMETRIZATIONS, completep_epsilon
 from .scales import BRANCH_SCALES, SCHEMES, branch_scale, residual_scales
 
 Residual = Literal["preln", "postln", "deepnorm", "deeploop", "scaled"]
@@ -28,7 +28,7 @@ Parametrization = Literal["standard", "mup", "completep"]
 
 assert get_args(Residual) == SCHEMES
 assert get_args(BranchScale) == BRANCH_SCALES
-assert get_args(Parametrization) == transfer.PARAMETRIZATIONS
+assert get_args(Parametrization) == PARAMETRIZATIONS
 _CHOICES = {
     "residual": Residual,
     "branch_scale": BranchScale,
@@ -177,7 +177,7 @@ class Architecture:
         """Pre-LN's branch multiplier ε of the training depth (K, R); kept fixed when evaluating at another R'.
         Under CompleteP, (N/N₀)^-a (`parametrization.completep_epsilon`)."""
         if self.parametrization == "completep":
-            return transfer.completep_epsilon(self)
+            return completep_epsilon(self)
         return branch_scale(self.branch_scale, self.n_blocks, self.n_rounds, self.branch_lambda)
 
     @property
