@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal, Optional, get_args
 
-from .parametrization import PARAMETRIZATIONS, completep_epsilon
+from .parametrization import PARAMETRIZATIONS, check_parametrization, completep_epsilon
 from .scales import BRANCH_SCALES, SCHEMES, branch_scale, residual_scales
 
 Residual = Literal["preln", "postln", "deepnorm", "deeploop", "scaled"]
@@ -322,7 +322,7 @@ class LoopConfig(RunSettings, Architecture):
                              f"fix: set model.config.residual: preln, or branch_scale: one for residual={self.residual!r}")
         if self.parametrization != "completep" and self.completep_alpha != 1.0:
             raise ValueError("LoopConfig.completep_alpha belongs to parametrization completep; fix: remove it")
-        transfer.check(self)
+        check_parametrization(self)
         try:
             self.branch_epsilon
         except ValueError as err:

@@ -75,7 +75,7 @@ def group_rules(cfg: LoopConfig) -> dict[str, dict[str, float]]:
             "other": {"lr": 1.0, "weight_decay": 1.0, "eps": eps}}
 
 
-def check(cfg: LoopConfig) -> None:
+def check_parametrization(cfg: LoopConfig) -> None:
     """Refuse a parametrization's incompatible settings, in one line each."""
     p = cfg.parametrization
     if p == "standard":

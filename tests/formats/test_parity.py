@@ -44,7 +44,11 @@ RECIPES = [{"n_prelude": 1, "n_coda": 2, "wiring": "inject", "injection": "diago
            {"residual": "preln", "branch_scale": "wang"}, {"bias": True, "norm": "layernorm"},
            {"norm_affine": False, "qk_norm": True}, {"input_norm": True, "wiring": "lt"},
            {"mlp_ratio": 2.5, "n_heads": 2}]
-CASES = SCHEMES + WIRINGS + RECIPES
+# μP's and CompleteP's multipliers (logits, attention scale, branch ε) away from their base width and depth
+PARAMETRIZATIONS = [{"parametrization": "mup", "mup_base_width": 16},
+                    {"parametrization": "completep", "residual": "preln", "mup_base_width": 16,
+                     "completep_base_depth": 2}]
+CASES = SCHEMES + WIRINGS + RECIPES + PARAMETRIZATIONS
 
 
 def label(case: dict) -> str:
