@@ -21,7 +21,6 @@ import torch
 from torchmetrics import MeanMetric
 
 from loopnet.checkpoints import check_checkpoint_config
-from loopnet.data.vocab import EOT_ID
 from loopnet.data.vocabulary import GPT2Vocab, Vocabulary
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.diagnostics.depth_eval import DepthEvaluation
@@ -280,7 +279,8 @@ class LoopedLM(L.LightningModule):
         return self._data_vocabulary() or GPT2Vocab()
 
     def predict_dataloader(self):
-        ids = self._vocabulary().encode(self.gen.prompt) or [EOT_ID]
+        vocab = self._vocabulary()
+        ids = vocab.encode(self.gen.prompt) or [vocab.eot]  # an empty prompt starts from the model's end-of-text
         return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len:])], batch_size=1)
 
     @torch.no_grad()
