@@ -137,3 +137,18 @@ def test_the_report_table_shows_rounds_2_R_and_the_last():
     assert len(lines) == 3  # run b has no profile
     assert lines[2] == "| a | 2, 3, 6 | 4 / 3.5 / 3.5 | 0.5 / 0.2 / 0.02 | 0.3 / 0.1 / 0.0001 | 1.5 / 1.1 / 0.7 |"
     assert fixed_point_table([("b", None)]) is None
+
+
+def test_the_jacobian_measurement_reports_its_progress(capsys):
+    """One line per round at most (here every round: no minimum interval), the round reached, then done; none on
+    a rank other than 0."""
+    from loopnet.diagnostics.depth_eval import JacobianProgress
+
+    model, idx = tiny(), torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(8))
+    jacobian_profile(model, idx, 4, iters=1, progress=JacobianProgress("val", True, every=0))
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("model.extrapolate_rounds): ")[1].rsplit(",", 1)[0] for line in lines] == [
+        "round 2 of 4", "round 3 of 4", "done"]
+    assert all(line.startswith("loopnet: val: σ_max of the round Jacobians") for line in lines)
+    jacobian_profile(model, idx, 4, iters=1, progress=JacobianProgress("val", False, every=0))
+    assert capsys.readouterr().err == ""
