@@ -99,7 +99,7 @@ class SweepRunner:
         self.threads = threads or max(1, (os.cpu_count() or 1) // jobs)
         self.max_cells, self.resume, self.echo = max_cells, resume, never_raising(echo)
         self.out = sweep.out
-        self.results: dict[str, str] = {}  # cell id -> skipped | completed | diverged | failed | busy
+        self.results: dict[str, str] = {}  # cell id -> skipped | completed | diverged | failed | stopped | busy
         if start not in STARTS:
             raise SweepError(f"--start must be one of {STARTS}, got {start!r}")
         self.server = launch.ForkServer() if start == "forkserver" else None
@@ -174,6 +174,11 @@ class SweepRunner:
                       f"{'n/a' if val is None else f'{val:.4f}'} ({seconds:.0f} s)")
             self.log("finished", cell, status=status, rc=rc, seconds=round(seconds, 1),
                      final_val_loss=val, diverged_at_step=summary.get("diverged_at_step"))
+        elif status == "interrupted" and rc == 0:  # stopped cleanly by a signal of its own (a process group's)
+            self.results[cell.id] = "stopped"
+            self.echo(f"[{done}/{total}] {cell.id}: stopped at step {summary.get('global_step')} by a signal; a rerun "
+                      f"continues it")
+            self.log("stopped", cell, rc=rc)
         else:
             self.results[cell.id] = "failed"
             why = f"exit code {rc}" + (f", summary status {status!r}" if status else ", no summary")
@@ -377,7 +382,7 @@ def check_cells(sweep, cells: list[Cell]) -> None:
 
 
 def run(argv: list[str], echo=None) -> int:
-    """`loopnet sweep` without exiting: returns 0 when every selected cell is finished, 1 otherwise."""
+    """`loopnet sweep` without exiting: returns 1 when a cell failed or was stopped by a signal of its own, else 0."""
     echo = never_raising(echo or (lambda line: print(line, flush=True)))  # flushed: sweeps run for hours under nohup
     args = parser().parse_args(argv)
     sweep = load_sweep(args.sweep_file, out=args.out)
@@ -402,13 +407,14 @@ def run(argv: list[str], echo=None) -> int:
         raise KeyboardInterrupt  # `main` says how to continue, and exits 130
     failed = sorted(c for c, r in results.items() if r == "failed")
     unfinished = [c.id for c in cells if not is_finished(sweep.out / c.id)]
-    counts = {k: sum(1 for r in results.values() if r == k) for k in ("completed", "diverged", "skipped", "failed", "busy")}
+    counts = {k: sum(1 for r in results.values() if r == k)
+              for k in ("completed", "diverged", "skipped", "failed", "stopped", "busy")}
     echo("loopnet sweep: " + ", ".join(f"{v} {k}" for k, v in counts.items())
          + (f"; {len(unfinished)} cell(s) not finished" if unfinished else "; all cells finished")
          + (f"; failed: {', '.join(failed)}" if failed else ""))
     if not unfinished:
         echo(f"next: loopnet report {sweep.out}")
-    return 1 if failed else 0
+    return 1 if failed or counts["stopped"] else 0
 
 
 def main(argv: list[str] | None = None) -> None:
