@@ -4,8 +4,6 @@ per-round profile matches the model evaluated at each R'."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
