@@ -75,8 +75,9 @@ def resolve_files(path: str | list[str]) -> list[str]:
 
 def folder_given(folder: str) -> str:
     """What is wrong with a folder given to `source: files` (which reads files), and the glob that reads its files."""
-    found = [os.path.relpath(p, os.path.expanduser(folder))
-             for p in glob.glob(os.path.join(os.path.expanduser(folder), "**", "*"), recursive=True) if os.path.isfile(p)]
+    root = os.path.expanduser(folder)
+    found = [os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*"), recursive=True)
+             if os.path.isfile(p)]
     kinds = Counter(ext for ext in (os.path.splitext(f)[1].lower() for f in found) if ext in _BUILDERS)
     if not kinds:
         return (f"data.path {folder!r} is a folder holding no {', '.join(sorted(_BUILDERS))} file, and `source: files` "

@@ -91,8 +91,8 @@ def round_profile(model, idx: torch.Tensor, targets: torch.Tensor, max_rounds: i
 def jacobian_profile(model, idx: torch.Tensor, max_rounds: int, iters: int = 10, seed: int = 0,
                      progress=None) -> list[float | None]:
     """[σ_max of round r's Jacobian for r = 1..max_rounds] (None at round 1) on sequences `idx`, each at the
-    trajectory's own x_{r−1}; `progress(r, max_rounds)` is called before (r = 1) and after each round. Runs with grad enabled for
-    the jvp/vjp; eval mode is the caller's."""
+    trajectory's own x_{r−1}; `progress(r, max_rounds)` is called before (r = 1) and after each round. Runs
+    with grad enabled for the jvp/vjp; eval mode is the caller's."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         states = [x for _, x in model.iter_rounds(idx, max_rounds)]

@@ -147,7 +147,8 @@ class LoopedLM(L.LightningModule):
         self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor; set per stage and shape
         self._flops: dict[tuple[str, int, int], float] = {}
         self._resume_rng: Optional[dict] = None  # RNG states from a checkpoint, applied at the next training step
-        self.depth_eval = DepthEvaluation(extrapolate_rounds, self.frontier, self.config.n_rounds, jacobian_at_validation)
+        self.depth_eval = DepthEvaluation(extrapolate_rounds, self.frontier, self.config.n_rounds,
+                                          jacobian_at_validation)
         self.eval_loss = torch.nn.ModuleDict(
             {str(r): MeanMetric() for r in [self.config.n_rounds, *self.eval_rounds]}
         )

@@ -61,11 +61,11 @@ def test_power_iteration_finds_the_dense_jacobians_largest_singular_value(wiring
 
 @pytest.mark.parametrize("wiring", WIRINGS[:2], ids=lambda w: "_".join(w.values()))
 def test_jacobian_profile_is_each_rounds_dense_jacobian_at_the_previous_state(wiring):
-    """Round r's σ_max is that of ∂x_r/∂x_{r−1} at the trajectory's x_{r−1}: the dense Jacobian's largest singular
-    value (torch.autograd.functional.jacobian + svdvals, float64) at every round, within the power iteration's
-    bound (as above) for the start vector each round draws. The blocks' matrices are scaled up so that the
-    rounds' maps differ (σ_max 2.8-6.3) and their spectra have a gap (σ_2/σ_1 ≤ 0.56): a Jacobian taken at x_r
-    instead of x_{r−1}, or of another round, is told apart, and 30 steps leave a bound below 1e-20."""
+    """Round r's σ_max is that of ∂x_r/∂x_{r−1} at the trajectory's x_{r−1}: the dense Jacobian's largest
+    singular value (torch.autograd.functional.jacobian + svdvals, float64) at every round, within the power
+    iteration's bound (as above) for the start vector each round draws. The blocks' matrices are scaled up so
+    that the rounds' maps differ (σ_max 2.8-6.3) and their spectra have a gap (σ_2/σ_1 ≤ 0.56): a Jacobian
+    taken at x_r instead of x_{r−1} is told apart, and 30 steps leave a bound below 1e-20."""
     model = tiny(**wiring)
     with torch.no_grad():
         for name, p in model.named_parameters():
