@@ -90,6 +90,16 @@ GROUPS = {
                       ("xǁLoopedLMǁconfigure_optimizers", "xǁLoopedLMǁ_param_groups"),
                       ("tests/training/test_lr_schedule.py", "tests/training/test_optim.py",
                        "tests/training/test_recipe_optim.py")),
+    # The extrapolation and fixed-point profile: the round map, σ_max by power iteration, the per-round
+    # quantities and their meter (the report's table is presentation).
+    "fixed_point": Group("loopnet/diagnostics/fixed_point.py",
+                         ("x_round_map", "x_round_jacobian_norm", "x_round_profile", "x_jacobian_profile",
+                          "xǁRoundProfileMeterǁ*"),
+                         ("tests/diagnostics/test_fixed_point.py", "tests/diagnostics/test_depth_sync.py",
+                          "tests/training/test_frontier.py")),
+    # The adaptive-exit criteria and the teacher-forced exit.
+    "exit": Group("loopnet/model/exit.py", ("xǁExitCriterionǁ*", "x_exit_logits"),
+                  ("tests/model/test_cache_exit.py", "tests/training/test_frontier.py", "tests/eval/test_exit.py")),
     # Checkpoint loading, checks and the run folders' versions: the whole file.
     "checkpoints": Group("loopnet/checkpoints.py", ("*",),
                          ("tests/reliability/test_checkpoint_files.py",)),

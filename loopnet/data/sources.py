@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -64,10 +65,29 @@ def resolve_files(path: str | list[str]) -> list[str]:
     files: list[str] = []
     for pattern in patterns:
         matches = [p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)]
+        if not matches and os.path.isdir(os.path.expanduser(pattern)):
+            raise DataConfigError(folder_given(pattern))
         if not matches:
             raise DataConfigError(f"No file matches {pattern!r}. Fix: check the path or glob in `path:`")
         files.extend(sorted(matches))
     return list(dict.fromkeys(files))  # drop duplicates, keep order
+
+
+def folder_given(folder: str) -> str:
+    """What is wrong with a folder given to `source: files` (which reads files), and the glob that reads its files."""
+    root = os.path.expanduser(folder)
+    found = [os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*"), recursive=True)
+             if os.path.isfile(p)]
+    kinds = Counter(ext for ext in (os.path.splitext(f)[1].lower() for f in found) if ext in _BUILDERS)
+    if not kinds:
+        return (f"data.path {folder!r} is a folder holding no {', '.join(sorted(_BUILDERS))} file, and `source: files` "
+                f"reads files. Fix: give the files to read (a path, a glob or a list)")
+    ext = kinds.most_common(1)[0][0]
+    nested = any(os.sep in f for f in found if f.lower().endswith(ext))
+    glob_ = os.path.join(folder, "**" if nested else "", f"*{ext}")
+    hub = " or read it as a dataset folder with --data.source hub" if ext == ".parquet" else ""
+    return (f"data.path {folder!r} is a folder ({sum(kinds.values())} data file(s) in it), and `source: files` reads "
+            f"files. Fix: give its files with a glob, --data.path '{glob_}'{hub}")
 
 
 def builder_for(files: list[str]) -> str:

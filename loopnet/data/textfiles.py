@@ -2,10 +2,12 @@
 line, a blank-line paragraph, or the whole file), and loopnet tokenizes it whole, so one 1 GB line takes
 gigabytes of memory and minutes before the first step. `check_documents` finds a document over
 `MAX_DOCUMENT_BYTES` by reading the files in `CHUNK_BYTES` pieces (memory bounded by a few pieces,
-whatever the file), and fails in one line naming the file and the fix before anything is tokenized."""
+whatever the file), and fails in one line naming the file and the fix before anything is tokenized; so does a
+file that is not UTF-8 (the error `datasets` would raise names no file, however many data.path lists)."""
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 
@@ -14,6 +16,7 @@ from loopnet.data.errors import DataConfigError
 MAX_DOCUMENT_BYTES = 64 << 20  # ~16M GPT-2 tokens: far beyond any window, a few hundred MB to tokenize
 CHUNK_BYTES = 8 << 20
 _TEXT = (".txt", ".md", ".text")  # what the text builder reads; compressed files are left to it
+_UTF8 = (*_TEXT, ".json", ".jsonl")  # files read as UTF-8 text
 _SEPARATORS = {"line": re.compile(rb"\n"), "paragraph": re.compile(rb"\n\r?\n")}
 
 
@@ -41,9 +44,29 @@ def largest_document_start(path: str, sample_by: str, limit: int | None = None) 
     return None
 
 
+def utf8_error(path: str) -> str | None:
+    """Where file `path` stops being UTF-8 ("byte 0xff at offset 1,004"), or None; read in CHUNK_BYTES pieces."""
+    decoder, pos = codecs.getincrementaldecoder("utf-8")(), 0
+    with open(path, "rb") as f:
+        while True:
+            piece = f.read(CHUNK_BYTES)
+            held = len(decoder.getstate()[0])  # the start of a character cut by the last piece's end
+            try:
+                decoder.decode(piece, final=not piece)
+            except UnicodeDecodeError as e:  # positions count the held bytes, then this piece
+                return f"byte 0x{e.object[e.start]:02x} at offset {pos - held + e.start:,}"
+            if not piece:
+                return None
+            pos += len(piece)
+
+
 def check_documents(files: list[str], sample_by: str) -> None:
-    """Raise `DataConfigError` when a .txt/.md file of `files` holds a document over MAX_DOCUMENT_BYTES."""
+    """Raise `DataConfigError` when a text or json file of `files` is not UTF-8, or a .txt/.md file holds a
+    document over MAX_DOCUMENT_BYTES."""
     for path in files:
+        if path.lower().endswith(_UTF8) and (where := utf8_error(path)):
+            raise DataConfigError(f"{path} is not valid UTF-8 ({where}). Fix: re-encode it as UTF-8, e.g. with "
+                                  f"`iconv -f <its encoding, e.g. latin1> -t UTF-8`")
         if not path.lower().endswith(_TEXT):
             continue
         at = largest_document_start(path, sample_by)

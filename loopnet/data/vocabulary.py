@@ -39,6 +39,11 @@ class Vocabulary:
         """Names the ids in the held-out windows' cache key."""
         return self.name
 
+    @property
+    def eot(self) -> int:
+        """The end-of-text id (what an empty prompt starts from)."""
+        raise NotImplementedError
+
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 
@@ -55,6 +60,10 @@ class GPT2Vocab(Vocabulary):
     @classmethod
     def known_size(cls) -> int:
         return N_VOCAB
+
+    @property
+    def eot(self) -> int:
+        return EOT_ID
 
     def encode(self, text: str) -> list[int]:
         from loopnet.data.tokenizer import gpt2_encoding
@@ -101,6 +110,10 @@ class CompactVocab(Vocabulary):
     def cache_key(self) -> str:
         return "compact-" + hashlib.sha256(self.ids.tobytes()).hexdigest()[:16]
 
+    @property
+    def eot(self) -> int:
+        return int(self.table[EOT_ID])
+
     def encode(self, text: str) -> list[int]:
         import numpy as np
 
@@ -128,6 +141,12 @@ class BytesVocab(Vocabulary):
         from loopnet.data.bytelevel import ByteVocab
 
         return ByteVocab()  # the stream reads a document's bytes through it
+
+    @property
+    def eot(self) -> int:
+        from loopnet.data.bytelevel import BYTE_EOT_ID
+
+        return BYTE_EOT_ID
 
     def encode(self, text: str) -> list[int]:
         return self.table.encode(text)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from pathlib import Path
 
 from .fixed_point import QUANTITIES, RoundProfileMeter
@@ -22,6 +24,28 @@ from .frontier import FrontierMeter, write_frontier
 
 JACOBIAN_SEQUENCES = 2  # sequences of the first batch whose round Jacobians are measured
 JACOBIAN_ITERS = 10  # power-iteration steps: error of order (σ2/σ1)^40
+PROGRESS_EVERY = 10.0  # seconds between the progress lines of a σ_max measurement
+
+
+class JacobianProgress:
+    """`jacobian_profile`'s progress as lines on stderr (rank 0): the round reached and the time so far, at most
+    every `every` seconds, and the total once done if that took longer; a measurement of minutes is never silent."""
+
+    def __init__(self, stage: str, say: bool, every: float = PROGRESS_EVERY):
+        self.stage, self.say, self.every = stage, say, every
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, r: int, max_rounds: int) -> None:
+        now = time.monotonic()
+        if r == 1:  # the measurement starts
+            self.start = self.last = now
+            return
+        if not self.say or (now - self.last < self.every and (r < max_rounds or now - self.start < self.every)):
+            return
+        self.last = now
+        done = "done" if r == max_rounds else f"round {r} of {max_rounds}"
+        print(f"loopnet: {self.stage}: σ_max of the round Jacobians (model.extrapolate_rounds): {done}, "
+              f"{now - self.start:.0f} s", file=sys.stderr, flush=True)
 
 
 def fixed_point_prefix(stage: str) -> str:
@@ -34,9 +58,14 @@ def fixed_point_tag(stage: str, quantity: str, round_: int) -> str:
 
 
 class DepthEvaluation:
-    def __init__(self, extrapolate_rounds: int | None, frontier=None, train_rounds: int = 1):
+    """`jacobian_at_validation`: σ_max also at validation (always at test): it costs a validation seconds to
+    minutes (docs/diagnostics.md)."""
+
+    def __init__(self, extrapolate_rounds: int | None, frontier=None, train_rounds: int = 1,
+                 jacobian_at_validation: bool = False):
         self.profile = RoundProfileMeter(extrapolate_rounds, JACOBIAN_SEQUENCES, JACOBIAN_ITERS) \
             if extrapolate_rounds else None
+        self.jacobian_at_validation = jacobian_at_validation
         self.frontier_config = frontier
         self.frontier = None
         if frontier is not None and frontier.exit != "none":
@@ -45,9 +74,11 @@ class DepthEvaluation:
         self.train_rounds = train_rounds
         self.ylims: dict[str, tuple[float, float]] = {}  # the round images' axes so far, per tag
 
-    def update(self, stage: str, model, inputs, targets) -> None:
+    def update(self, stage: str, model, inputs, targets, say: bool = True) -> None:
+        """Add a batch of `stage`; `say`: this process prints the σ_max progress (rank 0)."""
         if self.profile is not None:
-            self.profile.update(model, inputs, targets)
+            jacobian = stage == "test" or self.jacobian_at_validation
+            self.profile.update(model, inputs, targets, jacobian, JacobianProgress(stage, say) if jacobian else None)
         if stage == "test" and self.frontier is not None:
             self.frontier.update(model, inputs, targets)
 

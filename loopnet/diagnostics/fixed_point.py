@@ -88,16 +88,22 @@ def round_profile(model, idx: torch.Tensor, targets: torch.Tensor, max_rounds: i
     return out
 
 
-def jacobian_profile(model, idx: torch.Tensor, max_rounds: int, iters: int = 10, seed: int = 0) -> list[float | None]:
+def jacobian_profile(model, idx: torch.Tensor, max_rounds: int, iters: int = 10, seed: int = 0,
+                     progress=None) -> list[float | None]:
     """[σ_max of round r's Jacobian for r = 1..max_rounds] (None at round 1) on sequences `idx`, each at the
-    trajectory's own x_{r−1}. Runs with grad enabled for the jvp/vjp; eval mode is the caller's."""
+    trajectory's own x_{r−1}; `progress(r, max_rounds)` is called before (r = 1) and after each round. Runs
+    with grad enabled for the jvp/vjp; eval mode is the caller's."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         states = [x for _, x in model.iter_rounds(idx, max_rounds)]
     sigmas: list[float | None] = [None]
+    if progress is not None:
+        progress(1, max_rounds)  # starting
     with torch.enable_grad():
         for r in range(2, max_rounds + 1):
             sigmas.append(round_jacobian_norm(model, idx, states[r - 2], r, iters, generator))
+            if progress is not None:
+                progress(r, max_rounds)
     return sigmas
 
 
@@ -114,15 +120,17 @@ class RoundProfileMeter:
         self.weight = 0.0
         self.sigma: list[float | None] | None = None
 
-    def update(self, model, idx: torch.Tensor, targets: torch.Tensor) -> None:
+    def update(self, model, idx: torch.Tensor, targets: torch.Tensor, jacobian: bool = True, progress=None) -> None:
+        """Add a batch; `jacobian`: measure σ_max on it if not yet measured (`progress`: `jacobian_profile`'s)."""
         n = float((targets != -1).sum())
         for q, values in round_profile(model, idx, targets, self.max_rounds).items():
             acc = self.sums.setdefault(q, [0.0] * self.max_rounds)
             for i, v in enumerate(values):
                 acc[i] += (v if v is not None else math.nan) * n
         self.weight += n
-        if self.sigma is None and self.jacobian_sequences > 0:
-            self.sigma = jacobian_profile(model, idx[: self.jacobian_sequences], self.max_rounds, self.jacobian_iters)
+        if jacobian and self.sigma is None and self.jacobian_sequences > 0:
+            self.sigma = jacobian_profile(model, idx[: self.jacobian_sequences], self.max_rounds, self.jacobian_iters,
+                                          progress=progress)
 
     def sync(self, reduce) -> None:
         """Pool the processes' batches (DDP ranks each see their own): the token-weighted sums and weights

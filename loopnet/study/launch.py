@@ -101,8 +101,22 @@ class ForkServer:
 
     def warm(self) -> float:
         """Start the server and wait until it has imported its modules (a first fork returns): seconds.
-        Called with the stop signals unblocked, so that a stop during the imports is seen at once."""
+        Called with the stop signals unblocked, so that a stop during the imports is seen at once.
+
+        The server, and the resource tracker started with it, are spawned with the stop signals blocked, a mask
+        they keep (each fit unblocks them): a stop signal to the whole process group (a closed terminal's
+        SIGHUP, `kill -TERM -<pgid>`) would otherwise kill them under the running fits, losing the fits' exit
+        statuses and breaking their exit (the tracker's fd). They end with the sweep (their pipes close)."""
+        from multiprocessing import forkserver, resource_tracker
+
         t0 = time.monotonic()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            resource_tracker.ensure_running()  # which unblocks SIGINT and SIGTERM on its way out: blocked again
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            forkserver.ensure_running()  # spawns the server only: it imports `preload` afterwards
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         probe = self.context.Process(target=_nothing, daemon=False)
         probe.start()
         probe.join()

@@ -9,8 +9,9 @@ Each cell is one `python -m loopnet.training.cli fit ...` subprocess logging int
 own output in fit.log). A cell is *finished* when its summary.json has a final status
 (completed or diverged); finished cells are skipped, so rerunning a killed or partial sweep
 continues where it stopped. A cell that did not finish (killed, interrupted, crashed) runs again:
-from scratch by default, or from its last checkpoint with ``--resume ckpt``. A cell that fails
-(nonzero exit without a final summary) is reported and does not stop the others.
+from its last checkpoint when it has one (``--resume ckpt``, the default; a cell without one starts
+afresh), or from scratch with ``--resume restart``, which deletes the cell's folder, checkpoints
+included. A cell that fails (nonzero exit without a final summary) is reported and does not stop the others.
 
 Several sweep processes may share one folder (e.g. one per GPU, each with its own
 CUDA_VISIBLE_DEVICES): a per-cell lock in ``<out>/.locks/`` gives every cell to one process only. A
@@ -90,7 +91,7 @@ class SweepRunner:
     """Runs the unfinished cells of a sweep, at most `jobs` at a time, and logs what happens."""
 
     def __init__(self, sweep: Sweep, cells: list[Cell], jobs: int = 1, threads: int | None = None,
-                 max_cells: int | None = None, resume: str = "restart", echo=print, start: str = "forkserver"):
+                 max_cells: int | None = None, resume: str = "ckpt", echo=print, start: str = "forkserver"):
         if jobs < 1:
             raise SweepError(f"--jobs must be >= 1, got {jobs}")
         self.sweep, self.cells, self.jobs = sweep, cells, jobs
@@ -98,7 +99,7 @@ class SweepRunner:
         self.threads = threads or max(1, (os.cpu_count() or 1) // jobs)
         self.max_cells, self.resume, self.echo = max_cells, resume, never_raising(echo)
         self.out = sweep.out
-        self.results: dict[str, str] = {}  # cell id -> skipped | completed | diverged | failed | busy
+        self.results: dict[str, str] = {}  # cell id -> skipped | completed | diverged | failed | stopped | busy
         if start not in STARTS:
             raise SweepError(f"--start must be one of {STARTS}, got {start!r}")
         self.server = launch.ForkServer() if start == "forkserver" else None
@@ -152,8 +153,8 @@ class SweepRunner:
         cmd = list(cell.command)
         if self.resume == "ckpt" and any(cell_dir.glob("checkpoints/last*.ckpt")):
             cmd += ["--ckpt_path", "last"]  # Lightning picks the newer of last.ckpt / last-interrupted.ckpt
-        elif cell_dir.exists():
-            shutil.rmtree(cell_dir)  # a partial run: start over so its logs and summary are one clean run
+        elif cell_dir.exists():  # --resume restart, or a partial run without a checkpoint: start over
+            shutil.rmtree(cell_dir)  # so that its logs and summary are one clean run
         cell_dir.mkdir(parents=True, exist_ok=True)
         (cell_dir / CELL_FILE).write_text(json.dumps({"id": cell.id, "params": cell.params,
                                                       "command": shell_command(cmd)}, indent=2) + "\n")
@@ -173,6 +174,11 @@ class SweepRunner:
                       f"{'n/a' if val is None else f'{val:.4f}'} ({seconds:.0f} s)")
             self.log("finished", cell, status=status, rc=rc, seconds=round(seconds, 1),
                      final_val_loss=val, diverged_at_step=summary.get("diverged_at_step"))
+        elif status == "interrupted" and rc == 0:  # stopped cleanly by a signal of its own (a process group's)
+            self.results[cell.id] = "stopped"
+            self.echo(f"[{done}/{total}] {cell.id}: stopped at step {summary.get('global_step')} by a signal; a rerun "
+                      f"continues it")
+            self.log("stopped", cell, rc=rc)
         else:
             self.results[cell.id] = "failed"
             why = f"exit code {rc}" + (f", summary status {status!r}" if status else ", no summary")
@@ -347,8 +353,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch/OpenMP threads per cell (default: CPU cores / jobs)")
     p.add_argument("--max_cells", type=int, help="start at most this many unfinished cells, then stop")
     p.add_argument("--only", action="append", metavar="GLOB", help="run only cells whose id matches (repeatable)")
-    p.add_argument("--resume", choices=("restart", "ckpt"), default="restart",
-                   help="an unfinished cell reruns from scratch (restart, default) or from its last checkpoint (ckpt)")
+    p.add_argument("--resume", choices=("ckpt", "restart"), default="ckpt",
+                   help="an unfinished cell continues from its last checkpoint (ckpt, default; from scratch when it "
+                        "has none) or reruns from scratch, its folder and checkpoints deleted (restart)")
     p.add_argument("--start", choices=STARTS, default="forkserver",
                    help="how a fit starts: forked from a server that imported torch and Lightning once (forkserver, "
                         "default), or as a fresh process that imports them itself (fresh)")
@@ -375,7 +382,7 @@ def check_cells(sweep, cells: list[Cell]) -> None:
 
 
 def run(argv: list[str], echo=None) -> int:
-    """`loopnet sweep` without exiting: returns 0 when every selected cell is finished, 1 otherwise."""
+    """`loopnet sweep` without exiting: returns 1 when a cell failed or was stopped by a signal of its own, else 0."""
     echo = never_raising(echo or (lambda line: print(line, flush=True)))  # flushed: sweeps run for hours under nohup
     args = parser().parse_args(argv)
     sweep = load_sweep(args.sweep_file, out=args.out)
@@ -400,13 +407,14 @@ def run(argv: list[str], echo=None) -> int:
         raise KeyboardInterrupt  # `main` says how to continue, and exits 130
     failed = sorted(c for c, r in results.items() if r == "failed")
     unfinished = [c.id for c in cells if not is_finished(sweep.out / c.id)]
-    counts = {k: sum(1 for r in results.values() if r == k) for k in ("completed", "diverged", "skipped", "failed", "busy")}
+    counts = {k: sum(1 for r in results.values() if r == k)
+              for k in ("completed", "diverged", "skipped", "failed", "stopped", "busy")}
     echo("loopnet sweep: " + ", ".join(f"{v} {k}" for k, v in counts.items())
          + (f"; {len(unfinished)} cell(s) not finished" if unfinished else "; all cells finished")
          + (f"; failed: {', '.join(failed)}" if failed else ""))
     if not unfinished:
         echo(f"next: loopnet report {sweep.out}")
-    return 1 if failed else 0
+    return 1 if failed or counts["stopped"] else 0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,6 @@ import torch
 from torchmetrics import MeanMetric
 
 from loopnet.checkpoints import check_model_config
-from loopnet.data.token_ids import EOT_ID
 from loopnet.data.vocabulary import GPT2Vocab, Vocabulary
 from loopnet.model import LoopConfig, LoopedTransformer, lm_loss
 from loopnet.diagnostics.depth_eval import DepthEvaluation
@@ -109,7 +108,10 @@ class LoopedLM(L.LightningModule):
         extrapolate_rounds: Run validation and test batches up to this many rounds (e.g. 4R) and record,
             per round, the loss, the relative change of the state, the KL between successive rounds'
             predictions and the largest singular value of the round's Jacobian
-            (`loopnet.diagnostics.fixed_point`). None: off.
+            (`loopnet.diagnostics.fixed_point`). None: off. The Jacobian's σ_max is measured at test only,
+            unless `jacobian_at_validation`.
+        jacobian_at_validation: With `extrapolate_rounds`, measure σ_max at each validation too (on the first
+            batch; seconds to minutes each, docs/diagnostics.md).
         frontier: The exit criterion and thresholds whose loss and mean rounds per token `loopnet test`
             reports (`loopnet.diagnostics.frontier`).
     """
@@ -123,6 +125,7 @@ class LoopedLM(L.LightningModule):
         generate: GenerateConfig = GenerateConfig(),
         extrapolate_rounds: Optional[int] = None,
         frontier: FrontierConfig = FrontierConfig(),
+        jacobian_at_validation: bool = False,
     ):
         super().__init__()
         self.config, self.optim, self.gen = _as(LoopConfig, config), _as(OptimConfig, optim), _as(GenerateConfig, generate)
@@ -138,7 +141,7 @@ class LoopedLM(L.LightningModule):
         self.save_hyperparameters(
             {"config": asdict(self.config), "optim": asdict(self.optim), "eval_rounds": eval_rounds,
              "compile": compile, "generate": asdict(self.gen), "extrapolate_rounds": extrapolate_rounds,
-             "frontier": asdict(self.frontier)}
+             "frontier": asdict(self.frontier), "jacobian_at_validation": jacobian_at_validation}
         )
         self.model = LoopedTransformer(self.config)
         self.model.z_loss = self.optim.z_loss
@@ -147,7 +150,8 @@ class LoopedLM(L.LightningModule):
         self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor; set per stage and shape
         self._flops: dict[tuple[str, int, int], float] = {}
         self._resume_rng: Optional[dict] = None  # RNG states from a checkpoint, applied at the next training step
-        self.depth_eval = DepthEvaluation(extrapolate_rounds, self.frontier, self.config.n_rounds)
+        self.depth_eval = DepthEvaluation(extrapolate_rounds, self.frontier, self.config.n_rounds,
+                                          jacobian_at_validation)
         self.eval_loss = torch.nn.ModuleDict(
             {str(r): MeanMetric() for r in [self.config.n_rounds, *self.eval_rounds]}
         )
@@ -257,14 +261,14 @@ class LoopedLM(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         self._evaluate(batch)
-        self.depth_eval.update("val", self.model, *batch)
+        self.depth_eval.update("val", self.model, *batch, say=self._trainer is None or self._trainer.is_global_zero)
 
     def on_validation_epoch_end(self):
         self._log_eval("val")
 
     def test_step(self, batch, batch_idx):
         self._evaluate(batch)
-        self.depth_eval.update("test", self.model, *batch)
+        self.depth_eval.update("test", self.model, *batch, say=self._trainer is None or self._trainer.is_global_zero)
 
     def on_test_epoch_end(self):
         self._log_eval("test")
@@ -283,7 +287,8 @@ class LoopedLM(L.LightningModule):
         return self._data_vocabulary() or GPT2Vocab()
 
     def predict_dataloader(self):
-        ids = self._vocabulary().encode(self.gen.prompt) or [EOT_ID]
+        vocab = self._vocabulary()
+        ids = vocab.encode(self.gen.prompt) or [vocab.eot]  # an empty prompt starts from the model's end-of-text
         return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len:])], batch_size=1)
 
     @torch.no_grad()

@@ -74,6 +74,16 @@ class OptimConfig:
                 raise ValueError(f"{what}; fix: {fix}")
 
 
+def not_utf8(text: str) -> str | None:
+    """Where `text` is not UTF-8, or None: Python holds command-line bytes it cannot decode as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raw = text[err.start:err.end].encode("utf-8", "surrogateescape")
+        return f"byte{'s' if len(raw) > 1 else ''} {raw[:4].hex(' ')} at character {err.start}"
+    return None
+
+
 @dataclass
 class GenerateConfig:
     """Text continuation for `loopnet predict`.
@@ -124,6 +134,8 @@ class GenerateConfig:
              "give e.g. 1e-3 for kl, or null for the criterion's default"),
             (self.max_rounds is None or self.max_rounds >= 1, f"model.generate.max_rounds={self.max_rounds} must be >= 1",
              "give the most rounds a token may run, or null for `rounds`"),
+            (not_utf8(self.prompt) is None, f"model.generate.prompt is not UTF-8 text ({not_utf8(self.prompt)})",
+             "give the prompt in UTF-8 (e.g. convert it with `iconv -t UTF-8`)"),
             (not self.compile or (self.cache and self.exit == "none"),
              "model.generate.compile needs the cache and no exit criterion (a token's rounds must not depend on its values)",
              "set model.generate.cache: true and model.generate.exit: none, or compile: false"),

@@ -38,9 +38,21 @@ def check_for_command(path: str, cfg: Namespace, subcommand: str) -> None:
     """The checks a checkpoint passes before anything is built: readable plain data, the same model
     config and, to resume a fit, the same data stream."""
     ckpt = checkpoints.check_checkpoint(path, cfg.model.config.as_dict())
+    if subcommand == "fit":
+        check_steps_left(path, ckpt, cfg.trainer.get("max_steps"))
     saved = TokenStreamDataModule.saved_config(ckpt)
     if subcommand == "fit" and saved is not None:
         TokenStreamDataModule(**cfg.data.as_dict()).check_resume(saved, f"the checkpoint {path}")
+
+
+def check_steps_left(path: str, ckpt: dict, max_steps) -> None:
+    """A resume whose --trainer.max_steps is below the checkpoint's step is refused: the fit would run no step
+    and record a completed run at max_steps that no checkpoint holds."""
+    step = ckpt.get("global_step")
+    if isinstance(max_steps, int) and isinstance(step, int) and 0 <= max_steps < step:
+        raise ValueError(f"--trainer.max_steps {max_steps} is below step {step}, which the checkpoint {path} "
+                         f"already reached; fix: give --trainer.max_steps {step} or more to continue it, or evaluate "
+                         f"it with `loopnet test --ckpt_path {path}`")
 
 
 def resolve_fit_last(cfg: Namespace) -> tuple[str | None, str]:

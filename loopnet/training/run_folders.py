@@ -96,21 +96,32 @@ def check_fresh_version(cfg: Namespace) -> None:
 
 
 def evaluate_in_run_folder(cfg: Namespace, subcommand: str) -> None:
-    """`validate`/`test`/`predict` log into the checkpoint's own version folder when it is one of
-    this run name's (`<version>/<subcommand>/`, beside the fit's curves, no new `version_N`), or into a
-    `<subcommand>/` sub-folder of the version pinned; never over the fit's own files."""
+    """`validate`/`test`/`predict` log into the checkpoint's own version folder when it is in one
+    (`<version>/<subcommand>/`, beside the fit's curves, no new `version_N`), whatever the run name and
+    save_dir given, or into a `<subcommand>/` sub-folder of the version pinned; never over the fit's own files."""
     logger = cfg.trainer.logger
     if not isinstance(logger, Namespace) or not logger.class_path.endswith("TensorBoardLogger"):
         return
     args = logger.init_args
     if args.get("version") is None and cfg.get("ckpt_path"):
-        ckpt, root = Path(cfg.ckpt_path).absolute(), (Path(args.save_dir) / (args.get("name") or "")).absolute()
-        if ckpt.parent.name == "checkpoints" and ckpt.parent.parent.parent == root:
-            args.version = ckpt.parent.parent.name
+        version = fit_folder(Path(cfg.ckpt_path))
+        if version is not None:  # the run's save_dir, name and version, from where the checkpoint lies
+            args.save_dir, args.name, args.version = str(version.parent.parent), version.parent.name, version.name
     if args.get("version") is not None and args.get("sub_dir") is None:
         args.sub_dir = subcommand
         if subcommand in JOIN_THE_FIT and _names(logger.class_path, TensorBoardLogger):
             logger.class_path = f"{EvaluationLogger.__module__}.{EvaluationLogger.__name__}"
+
+
+def fit_folder(ckpt: Path) -> Path | None:
+    """The version folder of a fit that holds checkpoint `ckpt` (`<version>/checkpoints/<file>`, beside the
+    fit's config.yaml or summary.json), or None for a checkpoint outside a run folder."""
+    folder = ckpt.absolute().parent
+    if folder.name != "checkpoints" or not any((folder.parent / f).is_file() for f in ("config.yaml", "summary.json")):
+        return None
+    if not os.access(folder.parent, os.W_OK):  # a run of someone else's, read-only: the evaluation logs as given
+        return None
+    return folder.parent
 
 
 def _names(class_path: str, cls: type) -> bool:

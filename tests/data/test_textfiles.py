@@ -81,3 +81,33 @@ def test_documents_under_the_limit_pass(tmp_path, monkeypatch):
         textfiles.check_documents([str(tmp_path / "a.txt")], sample_by)
     with pytest.raises(DataConfigError):
         textfiles.check_documents([str(tmp_path / "a.txt")], "document")  # the file: 15,005 bytes
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_first_byte_that_is_not_utf8_is_found_across_pieces(tmp_path, monkeypatch, seed):
+    """Its offset equals the whole content's decode error, whatever the piece size cuts (characters of 2-4
+    bytes split between pieces included)."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice(["a", "é", "€", "𝄞", "\n"]) for _ in range(rng.randint(0, 60))).encode("utf-8")
+    bad = rng.choice([b"", b"\xff", b"\xc3", b"\xe2\x82", b"\xf0\x9d\x84", b"\x80", b"\xed\xa0\x80"])
+    data = text[:rng.randint(0, len(text))] + bad + text
+    path = tmp_path / "c.txt"
+    path.write_bytes(data)
+    monkeypatch.setattr(textfiles, "CHUNK_BYTES", rng.randint(1, 7))
+    try:
+        data.decode("utf-8")
+        expected = None
+    except UnicodeDecodeError as e:
+        expected = f"byte 0x{data[e.start]:02x} at offset {e.start:,}"
+    assert textfiles.utf8_error(str(path)) == expected
+
+
+def test_the_file_that_is_not_utf8_is_named_among_several(tmp_path):
+    (tmp_path / "a.txt").write_text("fine text\n" * 50)
+    (tmp_path / "b.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "Ca va tr\xe8s bien"}\n')
+    (tmp_path / "c.txt").write_text("more fine text\n")
+    files = [str(tmp_path / f) for f in ("a.txt", "b.jsonl", "c.txt")]
+    with pytest.raises(DataConfigError) as info:
+        textfiles.check_documents(files, "line")
+    assert str(info.value) == (f"{tmp_path}/b.jsonl is not valid UTF-8 (byte 0xe8 at offset 35). Fix: re-encode it "
+                               "as UTF-8, e.g. with `iconv -f <its encoding, e.g. latin1> -t UTF-8`")

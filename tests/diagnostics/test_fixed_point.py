@@ -4,13 +4,12 @@ per-round profile matches the model evaluated at each R'."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from loopnet.diagnostics.fixed_point import RoundProfileMeter, round_jacobian_norm, round_map, round_profile
+from loopnet.diagnostics.fixed_point import (RoundProfileMeter, jacobian_profile, round_jacobian_norm, round_map,
+                                             round_profile)
 from loopnet.model import LoopedTransformer
 from tests.helpers import tiny_config
 
@@ -60,6 +59,35 @@ def test_power_iteration_finds_the_dense_jacobians_largest_singular_value(wiring
         assert sigma == pytest.approx(float(S[0]), rel=1e-6)
 
 
+@pytest.mark.parametrize("wiring", WIRINGS[:2], ids=lambda w: "_".join(w.values()))
+def test_jacobian_profile_is_each_rounds_dense_jacobian_at_the_previous_state(wiring):
+    """Round r's σ_max is that of ∂x_r/∂x_{r−1} at the trajectory's x_{r−1}: the dense Jacobian's largest
+    singular value (torch.autograd.functional.jacobian + svdvals, float64) at every round, within the power
+    iteration's bound (as above) for the start vector each round draws. The blocks' matrices are scaled up so
+    that the rounds' maps differ (σ_max 2.8-6.3) and their spectra have a gap (σ_2/σ_1 ≤ 0.56): a Jacobian
+    taken at x_r instead of x_{r−1} is told apart, and 30 steps leave a bound below 1e-20."""
+    model = tiny(**wiring)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("blocks") and p.dim() == 2:
+                p.mul_(6.0)
+    idx = torch.randint(0, 64, (2, 3), generator=torch.Generator().manual_seed(7))
+    iters, rounds = 30, 5
+    got = jacobian_profile(model, idx, rounds, iters=iters, seed=3)
+    with torch.no_grad():
+        states = [x for _, x in model.iter_rounds(idx, rounds)]
+    generator, n = torch.Generator().manual_seed(3), states[0].numel()  # the start vectors, drawn in round order
+    assert got[0] is None and len(got) == rounds
+    for r in range(2, rounds + 1):
+        J = torch.autograd.functional.jacobian(round_map(model, idx, r), states[r - 2]).reshape(n, n)
+        _, S, Vh = torch.linalg.svd(J)
+        v0 = torch.randn(states[0].shape, generator=generator, dtype=torch.float64).flatten()
+        cos = abs(float(v0 @ Vh[0])) / float(v0.norm())
+        lam = S**2
+        bound = float((lam[0] - lam[-1]) * (1 - cos**2) / cos**2 * (lam[1] / lam[0]) ** (2 * iters)) / float(S[0])
+        assert -1e-10 <= float(S[0]) - got[r - 1] <= bound + 1e-10, (r, float(S[0]), got[r - 1], bound)
+
+
 @torch.no_grad()
 def test_round_profile_matches_the_model_at_each_round_count():
     model = tiny(wiring="lt")
@@ -93,7 +121,8 @@ def test_the_meter_weights_batches_by_their_tokens():
     out = meter.compute()
     losses = [round_profile(model, idx, t, 3)["loss"] for idx, t in batches]
     assert out["loss"] == pytest.approx([(8 * a + 4 * b) / 12 for a, b in zip(*losses)], rel=1e-10)
-    assert out["sigma_max"][0] is None and all(s > 0 and math.isfinite(s) for s in out["sigma_max"][1:])
+    # σ_max: the first batch's first sequence (jacobian_sequences), with the meter's iteration count
+    assert out["sigma_max"] == jacobian_profile(model, batches[0][0][:1], 3, iters=2)
 
 
 def test_the_report_table_shows_rounds_2_R_and_the_last():
@@ -106,3 +135,18 @@ def test_the_report_table_shows_rounds_2_R_and_the_last():
     assert len(lines) == 3  # run b has no profile
     assert lines[2] == "| a | 2, 3, 6 | 4 / 3.5 / 3.5 | 0.5 / 0.2 / 0.02 | 0.3 / 0.1 / 0.0001 | 1.5 / 1.1 / 0.7 |"
     assert fixed_point_table([("b", None)]) is None
+
+
+def test_the_jacobian_measurement_reports_its_progress(capsys):
+    """One line per round at most (here every round: no minimum interval), the round reached, then done; none on
+    a rank other than 0."""
+    from loopnet.diagnostics.depth_eval import JacobianProgress
+
+    model, idx = tiny(), torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(8))
+    jacobian_profile(model, idx, 4, iters=1, progress=JacobianProgress("val", True, every=0))
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("model.extrapolate_rounds): ")[1].rsplit(",", 1)[0] for line in lines] == [
+        "round 2 of 4", "round 3 of 4", "done"]
+    assert all(line.startswith("loopnet: val: σ_max of the round Jacobians") for line in lines)
+    jacobian_profile(model, idx, 4, iters=1, progress=JacobianProgress("val", False, every=0))
+    assert capsys.readouterr().err == ""

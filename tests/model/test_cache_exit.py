@@ -65,36 +65,28 @@ def test_bad_exit_settings_are_refused(model):
 
 
 def test_criteria_follow_their_formulas():
+    """Every round against its formula: round r compares with round r − 1 (each criterion's previous state
+    moves on), round 1 with the reference."""
     torch.manual_seed(0)
-    x0, x1, x2 = torch.randn(3, 4, 8).unbind(0)
-    l1, l2 = torch.randn(2, 4, 11).unbind(0)
-    p1, p2 = F.softmax(l1, -1), F.softmax(l2, -1)
+    xs = list(torch.randn(6, 4, 8).unbind(0))  # x_0 (the round-1 input), x_1, ..., x_5
+    ls = [None, *torch.randn(5, 4, 11).unbind(0)]  # the logits of rounds 1..5
+    ps = [torch.full((4, 11), 1 / 11), *(F.softmax(l, -1) for l in ls[1:])]  # p_0: uniform
     H = lambda p: -(p * p.log()).sum(-1)  # noqa: E731
-
-    kl = ExitCriterion("kl", 0.5)
-    kl.start(x0)
-    _, v1 = kl.step(x1, l1)
-    torch.testing.assert_close(v1, (p1.new_full(p1.shape, 1 / 11) * ((1 / 11) / p1).log()).sum(-1))  # from uniform
-    exits, v2 = kl.step(x2, l2)
-    torch.testing.assert_close(v2, (p1 * (p1 / p2).log()).sum(-1))
-    assert torch.equal(exits, v2 < 0.5)
-
-    latent = ExitCriterion("latent", 0.03)
-    latent.start(x0)
-    _, v1 = latent.step(x1)
-    torch.testing.assert_close(v1, (x1 - x0).norm(dim=-1) / x1.norm(dim=-1))
-
-    entropy = ExitCriterion("entropy", 0.1)
-    entropy.start(x0)
-    _, v1 = entropy.step(x1, l1)
-    torch.testing.assert_close(v1, (H(p1) - math.log(11)).abs())
-    _, v2 = entropy.step(x2, l2)
-    torch.testing.assert_close(v2, (H(p2) - H(p1)).abs())
+    expected = {"kl": lambda r: (ps[r - 1] * (ps[r - 1] / ps[r]).log()).sum(-1),
+                "latent": lambda r: (xs[r] - xs[r - 1]).norm(dim=-1) / xs[r].norm(dim=-1),
+                "entropy": lambda r: (H(ps[r]) - H(ps[r - 1])).abs()}  # H(p_0) = log V
+    for kind, formula in expected.items():
+        criterion = ExitCriterion(kind, 0.5)
+        criterion.start(xs[0])
+        for r in range(1, 6):
+            exits, value = criterion.step(xs[r], ls[r])
+            torch.testing.assert_close(value, formula(r), msg=f"{kind}, round {r}")
+            assert torch.equal(exits, value < 0.5)
 
     argmax = ExitCriterion("argmax", 2)
-    argmax.start(x0[:2, :2])
+    argmax.start(xs[0][:2, :2])
     same = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
-    counts = [argmax.step(x0[:2, :2], logits)[1].tolist() for logits in (same, same, same, same.flip(-1))]
+    counts = [argmax.step(xs[0][:2, :2], logits)[1].tolist() for logits in (same, same, same, same.flip(-1))]
     assert counts == [[0, 0], [1, 1], [2, 2], [0, 0]]
     assert ExitCriterion("argmax").threshold == 5 and ExitCriterion("kl").threshold == 1e-3  # Huginn's defaults
 

@@ -41,7 +41,7 @@ def test_non_utf8_corpus_with_a_compact_vocabulary(tmp_path):
     res = loopnet("fit", *SHORT, *COMPACT, "--data.source", "files", "--data.path", "latin.txt", cwd=tmp_path)
     assert res.code == 2 and "Traceback" not in res.err, res.err[-3000:]
     line = res.last_err_line
-    assert line.startswith("loopnet: error: A data file of data.path 'latin.txt' is not valid UTF-8"), line
+    assert line.startswith("loopnet: error: latin.txt is not valid UTF-8 (byte 0xc7 at offset 0)"), line
     assert "Fix: re-encode it as UTF-8" in line
     assert not (tmp_path / "runs").exists()
 

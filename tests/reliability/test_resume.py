@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from .helpers import RUN, TINY, SignalAt, callbacks, event_files, load, loopnet, scalars
+from .helpers import RUN, TINY, SignalAt, callbacks, event_files, load, loopnet, scalars, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +109,11 @@ def test_a_resume_with_no_step_left_keeps_the_newer_interruption_checkpoint(tmp_
     res = loopnet("fit", *ARGS, *callbacks((SignalAt, {"step": 6})), cwd=cwd)
     assert res.code == 0 and "stopped at step 6" in res.err, res.err[-3000:]
     ckpts = cwd / "runs" / RUN / "version_0" / "checkpoints"
+    # Below the step reached: refused in one line before the fit, the run folder untouched.
+    before = snapshot(cwd / "runs")
+    res = loopnet("fit", *ARGS, "--trainer.max_steps", "5", "--ckpt_path", "last", cwd=cwd)
+    assert res.code != 0 and "--trainer.max_steps 5 is below step 6" in res.last_err_line, res.err[-3000:]
+    assert "Traceback" not in res.err and snapshot(cwd / "runs") == before
     res = loopnet("fit", *ARGS, "--trainer.max_steps", "6", "--ckpt_path", "last", cwd=cwd)
     assert res.code == 0, res.err[-3000:]
     assert load(ckpts / "last-interrupted.ckpt")["global_step"] == 6 and load(ckpts / "last.ckpt")["global_step"] == 4

@@ -86,6 +86,22 @@ def test_evaluations_log_beside_the_fit_without_a_new_version(run):
     assert "test/loss" not in scalar_tags(version / "validate") and "val/loss" in scalar_tags(version / "validate")
 
 
+def test_evaluations_of_a_checkpoint_elsewhere_log_beside_its_run(run):
+    """A checkpoint of a run with its own name and save_dir, evaluated without repeating either, goes into that
+    run's folder (not a new `runs/<default name>/`)."""
+    version = run / "elsewhere" / "my_name" / "version_0"
+    version.parent.mkdir(parents=True)
+    (run / "runs" / RUN / "version_0").rename(version)
+    for sub in ("predict", "test"):
+        res = loopnet(sub, *SHORT, "--ckpt_path", str(version / "checkpoints" / "last.ckpt"),
+                      "--model.generate.max_new_tokens", "2", cwd=run)
+        assert res.code == 0, res.err[-3000:]
+        assert (version / sub / f"{sub}_config.yaml").is_file()
+    assert (version / "predict" / "predictions.txt").is_file()
+    assert sorted(p.name for p in (run / "elsewhere" / "my_name").iterdir()) == ["version_0"]
+    assert not list((run / "runs").rglob("*.yaml"))  # nothing under the default run name
+
+
 def test_a_fit_pinned_to_a_finished_run_is_refused(run):
     before = snapshot(run)
     res = loopnet("fit", *SHORT, "--trainer.logger.init_args.version", "0", cwd=run)

@@ -7,7 +7,9 @@ fit, in a fraction of a second instead of tens.
 - holds the run folder's lock as a fit does (`loopnet.checkpoints.lock_version` on ``OUT/CELL``);
 - "trains" for FAKE_FIT_SECONDS (default 0.6) in 20 ms steps, then writes a completed summary;
 - SIGTERM or SIGHUP: writes an interrupted summary and exits 0 at the next step, as a fit does;
-- FAKE_FIT_CRASH=CELL:abort|kill|exit,...: that cell dies of SIGABRT or SIGKILL, or exits with status 3, half way.
+- FAKE_FIT_CRASH=CELL:abort|kill|exit,...: that cell dies of SIGABRT or SIGKILL, or exits with status 3, half way;
+- FAKE_FIT_SEMAPHORE=1: holds a named semaphore, registered with multiprocessing's resource tracker as a real fit's
+  are (released at exit).
 """
 
 import os
@@ -35,6 +37,10 @@ def main() -> None:
 
     folder = out / name
     lock_version(folder)
+    if os.environ.get("FAKE_FIT_SEMAPHORE"):
+        import multiprocessing
+
+        semaphore = multiprocessing.get_context("forkserver").Lock()  # noqa: F841 (held until exit)
     try:
         seconds = float(os.environ.get("FAKE_FIT_SECONDS", "0.6"))
         crash = dict(c.split(":") for c in os.environ.get("FAKE_FIT_CRASH", "").split(",") if c)

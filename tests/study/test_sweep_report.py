@@ -80,7 +80,7 @@ def test_resume_runs_only_the_unfinished_cell(swept):
     assert [e["cell"] for e in events if e["event"] == "stopped"] == ["r2-s2"]  # by the kill
     assert [e["cell"] for e in events if e["event"] == "finished"] == ["r2-s1", "r2-s2"]
     assert (out / "r2-s1" / "summary.json").stat().st_mtime_ns == swept["mtime"]  # not rerun
-    assert not (out / "r2-s2" / "stale.txt").exists()  # the killed cell restarted from scratch
+    assert not (out / "r2-s2" / "stale.txt").exists()  # killed before its first checkpoint: restarted afresh
     assert "1 finished (skipped), 1 to run" in swept["echo"][0]
     manifest = json.loads((out / MANIFEST).read_text())
     assert [c["id"] for c in manifest["cells"]] == ["r2-s1", "r2-s2"]
@@ -287,6 +287,27 @@ def test_resume_from_checkpoint_and_threads_per_job(tmp_path, monkeypatch):
     assert by_cell["s2"][0][-2:] == ["--ckpt_path", "last"] and "--ckpt_path" not in by_cell["s1"][0]
     assert (out / "s2" / "checkpoints" / "last.ckpt").exists()  # kept for the resume
     assert all(env["OMP_NUM_THREADS"] == "1" for _, env in FakeFit.calls)
+
+
+def test_a_rerun_resumes_a_stopped_cell_from_its_checkpoint_by_default(tmp_path, monkeypatch):
+    """What the stop saved is kept and resumed, as "rerun the same command to continue" promises; only
+    `--resume restart` deletes it."""
+    import loopnet.study.sweep as sweep_mod
+
+    monkeypatch.setattr(sweep_mod, "spawn", FakeFit)
+    sweep_file = write_sweep(tmp_path, {"seed_everything": [1, 2]})
+    stopped = tmp_path / "sweep" / "s2" / "checkpoints" / "last-interrupted.ckpt"
+    for resume in ([], ["--resume", "restart"]):
+        FakeFit.calls = []
+        stopped.parent.mkdir(parents=True, exist_ok=True)
+        stopped.write_bytes(b"saved by a stop")
+        (tmp_path / "sweep" / "s2" / "summary.json").unlink(missing_ok=True)
+        assert run([str(sweep_file), "--start", "fresh", *resume], echo=lambda _: None) == 0
+        (cmd, _), = [c for c in FakeFit.calls if c[0][c[0].index("--trainer.logger.init_args.name") + 1] == "s2"]
+        if not resume:
+            assert cmd[-2:] == ["--ckpt_path", "last"] and stopped.read_bytes() == b"saved by a stop"
+        else:
+            assert "--ckpt_path" not in cmd and not stopped.exists()
 
 
 def test_max_cells_stops_after_that_many(tmp_path, monkeypatch):

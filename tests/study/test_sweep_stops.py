@@ -47,14 +47,15 @@ def write_sweep(folder: Path, cells: int) -> Path:
     return path
 
 
-def sweep_process(sweep_file: Path, *args: str, fit_seconds: float = 0.4, crash: str = "", ignore_hup: bool = False):
+def sweep_process(sweep_file: Path, *args: str, fit_seconds: float = 0.4, crash: str = "", ignore_hup: bool = False,
+                  semaphore: bool = False, new_session: bool = False):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               FAKE_FIT_SECONDS=str(fit_seconds), FAKE_FIT_CRASH=crash)
+               FAKE_FIT_SECONDS=str(fit_seconds), FAKE_FIT_CRASH=crash, FAKE_FIT_SEMAPHORE="1" if semaphore else "")
     # SIGHUP ignored as under nohup, else its default as from a terminal (set either way: the test runner
     # itself may run under nohup, whose SIG_IGN a child would inherit)
     hup = signal.SIG_IGN if ignore_hup else signal.SIG_DFL
     return subprocess.Popen([sys.executable, "-c", DRIVER, str(sweep_file), *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=new_session,
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, hup))
 
 
@@ -138,6 +139,25 @@ def test_a_stop_at_any_moment_is_logged_and_leaves_no_fit_running(tmp_path, star
 def test_sighup_stops_a_sweep_like_sigterm(tmp_path, start):
     result = stop_at_random(tmp_path, 7, start, signum=signal.SIGHUP, rerun=True)
     assert result["rc"] != 0 and result["stopped"] > 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_stop_signal_to_the_process_group_stops_every_fit_cleanly(tmp_path, signum):
+    """A closed terminal signals the sweep's whole process group: the fork server and multiprocessing's resource
+    tracker too. The fits stop as from the sweep (exit status 0, recorded), their logs without a traceback."""
+    sweep_file, out = write_sweep(tmp_path, cells=4), tmp_path / "sweep"
+    proc = sweep_process(sweep_file, "--jobs", "2", fit_seconds=30, semaphore=True, new_session=True)
+    wait_until(lambda: sum(e["event"] == "started" for e in events(out)) == 2 and all(
+        (out / f"s{i}" / "fit.log").is_file() for i in (1, 2)), proc, "two cells started", poll=0.05)
+    time.sleep(1.0)  # the fits hold their semaphores
+    os.killpg(proc.pid, signum)
+    output = communicate(proc)[0]
+    assert proc.returncode == 130 and not fits_alive(out), output[-3000:]
+    stopped = [e for e in events(out) if e["event"] == "stopped"]
+    assert sorted(e["cell"] for e in stopped) == ["s1", "s2"] and all(e["rc"] == 0 for e in stopped), stopped
+    for cell in ("s1", "s2"):
+        log = (out / cell / "fit.log").read_text()
+        assert "fake fit: stopped at step" in log and "Traceback" not in log and "resource_tracker" not in log, log
 
 
 def test_under_nohup_sighup_is_ignored(tmp_path):

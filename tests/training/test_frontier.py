@@ -10,6 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from loopnet.diagnostics.fixed_point import jacobian_profile, round_profile
 from loopnet.diagnostics.frontier import FrontierMeter, read_frontier
 from loopnet.training.module import LoopedLM
 from loopnet.training.options import FrontierConfig
@@ -50,7 +51,15 @@ def test_the_profile_loss_per_round_is_the_loss_at_that_round_count(tested):
     assert m["test_fixed_point/loss/r03"] == pytest.approx(m["test/loss"], rel=1e-5)
     assert m["test_fixed_point/loss/r04"] == pytest.approx(m["test/loss_r4"], rel=1e-5)
     for q in ("latent_change", "kl", "sigma_max"):
-        assert "test_fixed_point/%s/r01" % q not in m and math.isfinite(m[f"test_fixed_point/{q}/r06"])
+        assert "test_fixed_point/%s/r01" % q not in m
+    # every round of the others, computed apart: token-weighted over the batches, σ_max on the first batch
+    lm, _, _ = tested
+    model, data = lm.model.eval(), list(batches())
+    profiles = [round_profile(model, idx, targets, 6) for idx, targets in data]
+    expected = {q: [(a + b) / 2 for a, b in zip(*(p[q][1:] for p in profiles))] for q in ("latent_change", "kl")}
+    expected["sigma_max"] = jacobian_profile(model, data[0][0][:2], 6)[1:]
+    for q, values in expected.items():
+        assert [m[f"test_fixed_point/{q}/r{r:02d}"] for r in range(2, 7)] == pytest.approx(values, rel=1e-5), q
 
 
 def test_files_and_the_tensorboard_image_are_written(tested):
@@ -89,14 +98,24 @@ def test_a_round_image_draws_each_value_at_its_round_with_the_training_R_marked(
         assert ax.get_xlabel() == "round r" and ax.get_yscale() == ("log" if ROUND_VIEWS[q][1] else "linear")
 
 
-def test_validation_profile_reaches_the_summary_record():
+@pytest.mark.parametrize("at_validation", [False, True])
+def test_validation_profile_reaches_the_summary_record(at_validation):
+    """σ_max (minutes at a real width) only when asked for at validation: then that of the first batch's first
+    two sequences, as `jacobian_profile` computes it."""
     torch.manual_seed(0)
-    lm = LoopedLM(config=tiny_config(), extrapolate_rounds=4)
+    lm = LoopedLM(config=tiny_config(), extrapolate_rounds=4, jacobian_at_validation=at_validation)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False)
     (m,) = trainer.validate(lm, dataloaders=batches(n=1))
-    assert lm.depth_eval.last_profile["loss"][2] == pytest.approx(m["val/loss"], rel=1e-5)
-    assert m["fixed_point/sigma_max/r04"] > 0
+    profile = lm.depth_eval.last_profile
+    assert profile["loss"][2] == pytest.approx(m["val/loss"], rel=1e-5)
+    if not at_validation:
+        assert "sigma_max" not in profile and not any(k.startswith("fixed_point/sigma_max") for k in m)
+        return
+    ((idx, _),) = list(batches(n=1))
+    expected = jacobian_profile(lm.model.eval(), idx[:2], 4)
+    assert profile["sigma_max"][0] is None and profile["sigma_max"][1:] == pytest.approx(expected[1:], rel=1e-6)
+    assert m["fixed_point/sigma_max/r04"] == pytest.approx(expected[3], rel=1e-6)
 
 
 def test_the_meter_counts_only_target_tokens():

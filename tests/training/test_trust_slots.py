@@ -114,7 +114,7 @@ def settings(root: str, chain: list, name: str, value) -> tuple[dict, str]:
 @pytest.fixture(scope="module")
 def parsers():
     """Each subcommand's LightningCLI parser, as `loopnet <subcommand>` builds it (nothing parsed)."""
-    from loopnet.training.check import CheckOnly
+    from loopnet.training.dry_run import CheckOnly
     from loopnet.training.cli import build
 
     got = {}
@@ -207,7 +207,7 @@ def _refused(line: str | None, marker: Path, key: str = SLOT) -> None:
 def checked(untrusted, tmp_path, monkeypatch):
     """`check_command`: a `loopnet` command line through every check it passes before running (precheck,
     LightningCLI's parse, the CLI's own checks), nothing built."""
-    from loopnet.training.check import check_command
+    from loopnet.training.dry_run import check_command
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     return check_command
@@ -240,7 +240,7 @@ def test_an_evaluation_is_refused_by_slot(checked, tmp_path):
 
     import torch
 
-    from loopnet.training.check import parse_fit
+    from loopnet.training.dry_run import parse_fit
     from tests.reliability.helpers import SHORT
 
     marker = tmp_path / "marker"
@@ -300,7 +300,7 @@ def test_a_package_whose_name_starts_with_an_allowed_one_is_not_allowed(untruste
     """`loopnetevil` is not `loopnet`: refused by name, never imported (its import would leave the marker),
     by every reader of a config (the early walk, the slot check, the whole command)."""
     from loopnet.training import trust
-    from loopnet.training.check import check_command
+    from loopnet.training.dry_run import check_command
     from loopnet.training.cli import LoopnetCLI
     from tests.reliability.helpers import SHORT
 
