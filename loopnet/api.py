@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from loopnet.data.vocabulary import VOCABULARIES, CompactVocab, Vocabulary
+from loopnet.checkpoints import build_network
 from loopnet.model import LoopConfig, LoopedTransformer
 
 EXPORTED_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # one file, or the shards' index
@@ -238,21 +239,6 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
 def is_exported(folder: Path) -> bool:
     """A folder written by `loopnet export`: config.json beside model.safetensors (or its shards' index)."""
     return (folder / "config.json").is_file() and any((folder / name).is_file() for name in EXPORTED_WEIGHTS)
-
-
-def build_network(config: dict | LoopConfig, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
-                  dtype: torch.dtype | None = None) -> LoopedTransformer:
-    """The `LoopedTransformer` of `config` holding `weights` (its state dict), in eval mode on `device` (and
-    `dtype`, default: the weights'). The weights become the parameters themselves (`assign`), so tensors
-    read from disk by memory-mapping are not copied unless the device or dtype asks for it."""
-    model = LoopedTransformer(config if isinstance(config, LoopConfig) else LoopConfig(**config))
-    tied = model.config.tie_embeddings
-    if tied and "lm_head.weight" not in weights:  # a format that stores a shared tensor once (safetensors)
-        weights = {**weights, "lm_head.weight": weights.get("wte.weight")}
-    model.load_state_dict(weights, assign=True)
-    if tied:  # assigned one by one, the two names became two parameters: one again
-        model.lm_head.weight = model.wte.weight
-    return model.to(device=device, dtype=dtype).eval()
 
 
 def _folder_checkpoint(folder: Path) -> Path:

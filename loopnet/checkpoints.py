@@ -80,6 +80,23 @@ def load_checkpoint_meta(path: str) -> dict:
     return ckpt
 
 
+def build_network(config, weights: dict, device="cpu", dtype=None):
+    """The `LoopedTransformer` of `config` holding `weights` (its state dict), in eval mode on `device` (and
+    `dtype`, default: the weights'). The weights become the parameters themselves (`assign`), so tensors
+    read from disk by memory-mapping are not copied unless the device or dtype asks for it. The one builder of
+    `loopnet.load`, `loopnet eval` and `loopnet export`."""
+    from loopnet.model import LoopConfig, LoopedTransformer
+
+    model = LoopedTransformer(config if isinstance(config, LoopConfig) else LoopConfig(**config))
+    tied = model.config.tie_embeddings
+    if tied and "lm_head.weight" not in weights:  # a format that stores a shared tensor once (safetensors)
+        weights = {**weights, "lm_head.weight": weights.get("wte.weight")}
+    model.load_state_dict(weights, assign=True)
+    if tied:  # assigned one by one, the two names became two parameters: one again
+        model.lm_head.weight = model.wte.weight
+    return model.to(device=device, dtype=dtype).eval()
+
+
 def newer_than_kept(path: str | None, trainer) -> bool:
     """Whether the checkpoint at `path` (the interruption checkpoint) holds a later step than every
     checkpoint the fit `trainer` keeps (its ModelCheckpoints' last and best): then removing it would lose

@@ -40,8 +40,7 @@ from lm_eval.models.utils import (
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from loopnet.api import build_network
-from loopnet.checkpoints import load_checkpoint_meta, model_weights
+from loopnet.checkpoints import build_network, load_checkpoint_meta, model_weights
 from loopnet.data.token_ids import N_VOCAB
 from loopnet.generate import Generation, generate
 from loopnet.model import LoopConfig, LoopedTransformer
@@ -63,13 +62,7 @@ def load_checkpoint(ckpt_path: str | Path, device: str | torch.device = "cpu") -
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     # refuses pickled code and names a corrupt file in one line; then a checkpoint that is not loopnet's
-    return build_model(*model_weights(load_checkpoint_meta(str(path)), path), device)
-
-
-def build_model(config: dict, weights: dict, device: str | torch.device = "cpu") -> LoopedTransformer:
-    """The `LoopedTransformer` of `config` with `weights` (`loopnet.checkpoints.model_weights`), in eval mode:
-    `loopnet.load`'s builder."""
-    return build_network(config, weights, device)
+    return build_network(*model_weights(load_checkpoint_meta(str(path)), path), device)
 
 
 def _parse_batch_size(batch_size: int | str | None) -> int:

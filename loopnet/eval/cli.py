@@ -118,11 +118,12 @@ def run_eval(
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device} requested but CUDA is not available; use --device cpu")
 
-    from loopnet.eval.adapter import LoopnetLM, build_model
+    from loopnet.checkpoints import build_network
+    from loopnet.eval.adapter import LoopnetLM
 
     manager = make_task_manager(names, include_path)
     check_datasets(manager, names)
-    model = build_model(config, weights, device)
+    model = build_network(config, weights, device)
     train_rounds = model.config.n_rounds
     rounds = rounds or [train_rounds]
 

@@ -204,9 +204,9 @@ def write_folder(folder: Path, config: dict, weights: dict, ckpt: dict, source: 
     import torch
 
     from loopnet.data.token_ids import EOT_ID
-    from loopnet.eval.adapter import build_model
+    from loopnet.checkpoints import build_network
 
-    model = build_model(config, weights)  # checks the weights against the config (and reads older layouts)
+    model = build_network(config, weights)  # checks the weights against the config (and reads older layouts)
     cfg = model.config
     vocab = (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2")
     state = {k: v for k, v in model.state_dict().items() if not (cfg.tie_embeddings and k == "lm_head.weight")}

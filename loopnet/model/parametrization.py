@@ -25,45 +25,45 @@ head or the attention (training, the cache, generation, the probes) sees them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from .config import LoopConfig
+# A LoopConfig: config.py imports this module, so the type is named here, not imported (no import circle).
+Config = Any
 
 PARAMETRIZATIONS = ("standard", "mup", "completep")
 
 
-def width_multiplier(cfg: LoopConfig) -> float:
+def width_multiplier(cfg: Config) -> float:
     """m_d = d / d₀ (1 under the standard parametrization)."""
     return 1.0 if cfg.parametrization == "standard" else cfg.d_model / cfg.mup_base_width
 
 
-def depth_multiplier(cfg: LoopConfig) -> float:
+def depth_multiplier(cfg: Config) -> float:
     """m_L = N / N₀ at the training depth N = P + K·R + C (1 unless CompleteP)."""
     return cfg.n_unrolled / cfg.completep_base_depth if cfg.parametrization == "completep" else 1.0
 
 
-def hidden_init_gain(cfg: LoopConfig) -> float:
+def hidden_init_gain(cfg: Config) -> float:
     """Factor on the hidden matrices' normal init std σ: 1/√m_d (xavier is ∝ 1/√fan already: 1)."""
     return 1.0 if cfg.init_scheme == "xavier" else width_multiplier(cfg) ** -0.5
 
 
-def logit_multiplier(cfg: LoopConfig) -> float:
+def logit_multiplier(cfg: Config) -> float:
     """The output logits' multiplier d₀/d (μP's readout: logits = (d₀/d)·W·Norm(x))."""
     return 1.0 / width_multiplier(cfg)
 
 
-def query_scale(cfg: LoopConfig) -> float:
+def query_scale(cfg: Config) -> float:
     """Factor on the queries so that attention's logits are q·k·√d_h₀/d_h instead of q·k/√d_h: √(d₀/d)."""
     return width_multiplier(cfg) ** -0.5
 
 
-def completep_epsilon(cfg: LoopConfig) -> float:
+def completep_epsilon(cfg: Config) -> float:
     """CompleteP's Pre-LN branch multiplier m_L^(−a) (a = 1; a = ½ is depth-μP)."""
     return depth_multiplier(cfg) ** -cfg.completep_alpha
 
 
-def group_rules(cfg: LoopConfig) -> dict[str, dict[str, float]]:
+def group_rules(cfg: Config) -> dict[str, dict[str, float]]:
     """Per parameter role, the factors on AdamW's lr, weight decay and ε (see the table above):
     "hidden" (the hidden matrices), "block_vector" (the blocks' norm gains and biases), "other"
     (embeddings, an untied head, the final Norm, a diagonal injection's vectors)."""
@@ -75,7 +75,7 @@ def group_rules(cfg: LoopConfig) -> dict[str, dict[str, float]]:
             "other": {"lr": 1.0, "weight_decay": 1.0, "eps": eps}}
 
 
-def check_parametrization(cfg: LoopConfig) -> None:
+def check_parametrization(cfg: Config) -> None:
     """Refuse a parametrization's incompatible settings, in one line each."""
     p = cfg.parametrization
     if p == "standard":
@@ -109,7 +109,7 @@ def check_parametrization(cfg: LoopConfig) -> None:
                          "N = P + K·n_rounds + C; fix: set model.config.scales_depth: mean")
 
 
-def describe(cfg: LoopConfig) -> str:
+def describe(cfg: Config) -> str:
     """One line of the rules' values, for logs and reports."""
     rules = group_rules(cfg)
     return (f"{cfg.parametrization}: m_d {width_multiplier(cfg):g}, m_L {depth_multiplier(cfg):g}, hidden lr ×"

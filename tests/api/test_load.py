@@ -156,7 +156,7 @@ def test_import_loopnet_stays_light():
 def test_the_weights_are_used_as_read_on_their_own_device_and_dtype(ckpt):
     """The checkpoint's tensors (memory-mapped by the restricted loader) become the parameters: no copy of the
     weights unless the dtype (or device) asks for one."""
-    from loopnet.api import build_network
+    from loopnet.checkpoints import build_network
     from loopnet.checkpoints import load_checkpoint_meta, model_weights
 
     config, weights = model_weights(load_checkpoint_meta(str(ckpt)), ckpt)
