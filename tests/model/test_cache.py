@@ -24,6 +24,10 @@ WIRINGS = {  # name: LoopConfig fields
     "prelude_coda_flt": dict(wiring="flt", n_prelude=2, n_coda=1, qk_norm=True),
     "inject_linear": dict(wiring="inject", injection="linear", n_prelude=1, n_coda=1),
     "inject_diagonal": dict(wiring="inject", injection="diagonal", qk_norm=True),
+    # μP's query scale and logit multiplier, CompleteP's branch ε, away from their base width and depth
+    "mup": dict(wiring="carry", parametrization="mup", mup_base_width=16),
+    "completep": dict(wiring="carry", residual="preln", parametrization="completep", mup_base_width=16,
+                      completep_base_depth=2),
 }
 
 
