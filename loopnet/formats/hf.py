@@ -342,7 +342,7 @@ tags: [loopnet, looped-transformer]
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained(FOLDER)
+tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)  # transformers 5 reads config.json first
 model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)
 ids = tokenizer("ROMEO:", return_tensors="pt").input_ids
 model(ids).logits                                   # at the training R = {cfg.n_rounds}

@@ -116,7 +116,7 @@ def test_the_byte_vocabulary_gets_a_byte_tokenizer_with_the_training_ids(tmp_pat
 
     model = tiny_model(vocab_size=320)
     out = hf.export(save_checkpoint(model, tmp_path / "a.ckpt", vocab="bytes"), tmp_path / "out")
-    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     text = "ROMEO: ça va? ✓ 12"
     assert tokenizer(text).input_ids == ByteVocab.encode(text)
     assert tokenizer.decode(ByteVocab.encode(text)) == text
@@ -129,7 +129,7 @@ def test_the_gpt2_tokenizer_gives_the_ids_loopnet_trains_on(exported):
 
     from loopnet.data import gpt2_encoding
 
-    tokenizer = AutoTokenizer.from_pretrained(exported[2])
+    tokenizer = AutoTokenizer.from_pretrained(exported[2], trust_remote_code=True)
     text = "First Citizen:\nBefore we proceed any further, hear me speak.<|endoftext|>  ça  "
     assert tokenizer(text).input_ids == gpt2_encoding().encode(text, allowed_special="all")
     assert tokenizer.eos_token_id == 50256
