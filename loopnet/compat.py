@@ -6,7 +6,8 @@ checks each one (the private name exists, with the signature and the behaviour r
 that changes one fails there, by name, rather than somewhere in `loopnet fit`. pyproject.toml pins
 Lightning and jsonargparse to the minor versions those tests cover.
 
-    Lightning     on_rank_death, CkptPathHook, compute_dtype, set_stop_flag
+    Lightning     on_rank_death, CkptPathHook, NoRunHook, compute_dtype, set_stop_flag, configured_checkpoint_io,
+                  rerun_validation
     jsonargparse  parsing_settings, import_object, get_signature_parameters
     stdlib        run_exit_handlers
 """
@@ -56,6 +57,36 @@ class CkptPathHook:
 
     def check_ckpt_path(self) -> None:
         raise NotImplementedError
+
+
+class NoRunHook:
+    """A LightningCLI mixin that parses and checks but neither seeds the global RNGs nor runs the subcommand
+    (`loopnet sweep` checks every cell's command line in its own process).
+
+    Relies on `LightningCLI.__init__` calling the private `self._set_seed()` after the parse and
+    `self._run_subcommand(subcommand)` last, each with no other effect this mixin needs."""
+
+    def _set_seed(self) -> None:
+        pass
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def configured_checkpoint_io(strategy):
+    """The CheckpointIO plugin a Trainer was configured with, None when none was (the public
+    `strategy.checkpoint_io` creates a default one on read). Relies on `Strategy._checkpoint_io`."""
+    return strategy._checkpoint_io
+
+
+def rerun_validation(trainer) -> None:
+    """Make a resumed fit run the validation it had started (and abandoned) before its checkpoint, which the
+    loop's restart logic, working from its progress counters, would take as completed and skip. Relies on
+    `trainer.fit_loop.epoch_loop.val_loop._restart_stage` and `RestartStage.RESTARTED_MID_EVALUATION`
+    (lightning.pytorch.loops.evaluation_loop), read by the loop when it next runs."""
+    from lightning.pytorch.loops.evaluation_loop import RestartStage
+
+    trainer.fit_loop.epoch_loop.val_loop._restart_stage = RestartStage.RESTARTED_MID_EVALUATION
 
 
 def compute_dtype(precision_plugin):

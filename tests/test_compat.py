@@ -100,6 +100,53 @@ def test_lightning_cli_calls_parse_ckpt_path_after_the_parse_before_any_instance
     assert seen == [("fit", "some.ckpt", False)]
 
 
+def test_lightning_cli_seeds_and_runs_through_the_hooks_no_run_hook_empties(monkeypatch):
+    import lightning.pytorch.cli as cli_module
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    assert list(inspect.signature(LightningCLI._set_seed).parameters) == ["self"]
+    assert list(inspect.signature(LightningCLI._run_subcommand).parameters) == ["self", "subcommand"]
+    seeded, ran = [], []
+    monkeypatch.setattr(cli_module, "seed_everything", lambda seed, **kw: seeded.append(seed) or seed)
+    monkeypatch.setattr(BoringModel, "training_step", lambda *a: ran.append("step"))
+    monkeypatch.setattr(sys, "argv", ["loopnet"])
+    args = ["fit", "--seed_everything", "7", "--trainer.max_steps", "1", "--trainer.logger", "false",
+            "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false"]
+
+    class CLI(compat.NoRunHook, LightningCLI):
+        pass
+
+    cli = CLI(BoringModel, args=args)
+    assert hasattr(cli, "trainer") and seeded == [] and ran == []  # built; neither seeded nor run
+    LightningCLI(BoringModel, args=args)
+    assert seeded == [7] and ran  # without the hook: LightningCLI seeds through _set_seed and runs the fit
+
+
+def test_configured_checkpoint_io_is_none_until_one_is_given():
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    assert compat.configured_checkpoint_io(trainer.strategy) is None
+    assert isinstance(trainer.strategy.checkpoint_io, TorchCheckpointIO)  # the public property makes one
+    given = TorchCheckpointIO()
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, plugins=[given])
+    assert compat.configured_checkpoint_io(trainer.strategy) is given
+
+
+def test_rerun_validation_sets_the_restart_stage_the_evaluation_loop_reads():
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loops.evaluation_loop import RestartStage
+
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    loop = trainer.fit_loop.epoch_loop.val_loop
+    assert hasattr(loop, "_restart_stage") and hasattr(RestartStage, "RESTARTED_MID_EVALUATION")
+    compat.rerun_validation(trainer)
+    assert loop._restart_stage is RestartStage.RESTARTED_MID_EVALUATION
+    assert loop.restarted_mid_evaluation  # what the loop reads when it next runs
+
+
 def test_compute_dtype_of_each_precision():
     from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
 

@@ -117,7 +117,8 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
         # Checkpoints are written atomically (temporary file in the same folder, fsync, rename),
         # unless a CheckpointIO plugin was configured.
         strategy = trainer.strategy
-        if strategy._checkpoint_io is None or type(strategy._checkpoint_io) is TorchCheckpointIO:
+        configured = compat.configured_checkpoint_io(strategy)
+        if configured is None or type(configured) is TorchCheckpointIO:
             strategy.checkpoint_io = checkpoints.AtomicCheckpointIO()
         return trainer
 

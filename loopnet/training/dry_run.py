@@ -10,20 +10,15 @@ import sys
 
 from jsonargparse import Namespace
 
+from loopnet.compat import NoRunHook
 from loopnet.training.cli import LoopnetCLI, main
 
 
-class CheckOnly(LoopnetCLI):
+class CheckOnly(NoRunHook, LoopnetCLI):
     """Parses and checks a command line as `loopnet` does (config files, keys, types, the model config,
-    checkpoints, writable folders), but builds and runs nothing."""
-
-    def _set_seed(self) -> None:  # the caller's RNGs and log stay untouched
-        pass
+    checkpoints, writable folders), but builds and runs nothing (the caller's RNGs and log stay untouched)."""
 
     def instantiate_classes(self) -> None:
-        pass
-
-    def _run_subcommand(self, subcommand: str) -> None:
         pass
 
 

@@ -11,11 +11,10 @@ import threading
 from typing import Any
 
 from lightning.pytorch.callbacks import Checkpoint
-from lightning.pytorch.loops.evaluation_loop import RestartStage
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from loopnet import checkpoints
-from loopnet.compat import set_stop_flag
+from loopnet.compat import rerun_validation, set_stop_flag
 from loopnet.files import remove_stale_temporaries
 from loopnet.training.console import pipe_broken, send_broken_output_to
 
@@ -186,7 +185,7 @@ class GracefulInterrupt(Checkpoint):
             # Resumed between the step and its abandoned validation: fit_loop.reset, just before this hook,
             # worked the restart stage out from the progress counters, which cannot tell this validation
             # from one that completed (and would be skipped)
-            trainer.fit_loop.epoch_loop.val_loop._restart_stage = RestartStage.RESTARTED_MID_EVALUATION
+            rerun_validation(trainer)
         self._rerun_at = None
 
     def state_dict(self) -> dict[str, Any]:
