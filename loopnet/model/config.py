@@ -23,6 +23,8 @@ Norm = Literal["rmsnorm", "layernorm"]
 LossRounds = Literal["last", "all", "last_third"]
 RoundSampling = Literal["fixed", "poisson_lognormal", "poisson_truncated"]
 ScalesDepth = Literal["mean", "sampled"]
+Mlp = Literal["gelu", "gelu_tanh", "swiglu"]
+StateInit = Literal["zero", "random"]
 
 assert get_args(Residual) == SCHEMES
 assert get_args(BranchScale) == BRANCH_SCALES
@@ -37,6 +39,8 @@ _CHOICES = {
     "loss_rounds": LossRounds,
     "round_sampling": RoundSampling,
     "scales_depth": ScalesDepth,
+    "mlp": Mlp,
+    "state_init": StateInit,
     "init": (None, *get_args(Init)),
 }
 
@@ -59,6 +63,21 @@ class Architecture:
         n_coda: C, untied blocks applied once after the loop, before the final Norm and the LM head.
         mlp_ratio: FFN hidden width as a multiple of d_model.
         bias: Biases in linear layers.
+        mlp: The FFN: "gelu" (fc2(GELU(fc1 x)), erf GELU), "gelu_tanh" (GPT-2's tanh approximation of
+            GELU) or "swiglu" (a gated MLP: fc1 maps d to 2·d_ff, [gate; up], and fc2(SiLU(gate)·up):
+            Huginn's GatedMLP, Llama's MLP with gate_proj and up_proj stacked).
+        ffn_width: The FFN's hidden width d_ff exactly (an imported model's intermediate_size); None:
+            mlp_ratio·d_model.
+        rope_base: Base θ of the rotary frequencies θ^(−2i/d_h) (Huginn: 50000, Llama: 10000 or its
+            rope_theta); positions="rope" only.
+        qk_bias: A learned bias on every head's queries and keys (not on the values), added before the
+            rotary embedding: Huginn's qk_bias. Zero at init.
+        embed_scale: Multiply the token embedding by √d_model before the prelude (Huginn).
+        loop_norm: Apply the final Norm (the same weights) also to the loop's output, before the coda:
+            Huginn's ln_f, used twice.
+        state_init: With a learned injection, the state x that round 1 injects into: "zero" (loopnet's
+            default, deterministic) or "random" (Huginn's "like-init": a fresh draw per forward pass,
+            truncated normal N(0, init_std²) cut at ±3·init_std, times √d_model with embed_scale).
         tie_embeddings: Share the token embedding with the LM head (GPT-2, nanoGPT; the FLT code unties).
         input_norm: Feed Norm(e) (parameter-free RMSNorm of the embedding) into round 1 instead of e
             itself. The FLT code does (its configs set it); GPT-2, nanoGPT and DeepNet do not. With a
@@ -110,6 +129,13 @@ class Architecture:
     n_coda: int = 0
     mlp_ratio: float = 4.0
     bias: bool = False
+    mlp: Mlp = "gelu"
+    ffn_width: Optional[int] = None
+    rope_base: float = 10000.0
+    qk_bias: bool = False
+    embed_scale: bool = False
+    loop_norm: bool = False
+    state_init: StateInit = "zero"
     tie_embeddings: bool = True
     input_norm: bool = False
     positions: Positions = "learned"
@@ -148,7 +174,7 @@ class Architecture:
 
     @property
     def d_ff(self) -> int:
-        return int(self.mlp_ratio * self.d_model)
+        return self.ffn_width if self.ffn_width is not None else int(self.mlp_ratio * self.d_model)
 
     @property
     def scales(self) -> tuple[float, float]:
@@ -268,6 +294,12 @@ class LoopConfig(RunSettings, Architecture):
             raise ValueError(f"LoopConfig.injection={self.injection!r} starts each round from inj(x, e); it needs "
                              f"wiring='inject' and inject_into='first'; fix: set model.config.wiring: inject and "
                              f"model.config.inject_into: first")
+        if self.ffn_width is not None and self.ffn_width < 1:
+            raise ValueError(f"LoopConfig.ffn_width={self.ffn_width} must be >= 1; fix: give the FFN's hidden width, "
+                             f"or null for mlp_ratio·d_model")
+        if self.state_init != "zero" and self.injection not in ("linear", "diagonal"):
+            raise ValueError(f"LoopConfig.state_init={self.state_init!r} is the state a learned injection starts from; "
+                             f"fix: set model.config.injection: linear (or diagonal), or state_init: zero")
         if self.backprop_rounds is not None and self.backprop_rounds < 1:
             raise ValueError(f"LoopConfig.backprop_rounds={self.backprop_rounds} must be >= 1 (or null: every round); "
                              f"fix: give the number of final rounds that get gradients, e.g. 2")

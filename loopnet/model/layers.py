@@ -94,6 +94,8 @@ class Attention(nn.Module):
         hd = cfg.head_dim
         self.q_norm = RMSNorm(hd, eps=1e-6, elementwise_affine=cfg.norm_affine) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, eps=1e-6, elementwise_affine=cfg.norm_affine) if cfg.qk_norm else None
+        # Huginn's qk_bias: [query bias; key bias] per head, a bias of W_Q and W_K alone (W_V has none).
+        self.qk_bias = nn.Parameter(torch.zeros(2, cfg.n_heads, 1, hd)) if cfg.qk_bias else None
         # Called with (q, k) when set: on diagnostics steps only (`Sublayer.observed`), since
         # scaled_dot_product_attention does not expose the logits q·k/√d_h that the probe measures.
         self.qk_hook = None
@@ -110,6 +112,8 @@ class Attention(nn.Module):
             q = F.linear(q_src, w[:C], None if b is None else b[:C])
             k, v = F.linear(x, w[C:], None if b is None else b[C:]).split(C, dim=2)
         q, k, v = split(q), split(k), split(v)
+        if self.qk_bias is not None:
+            q, k = q + self.qk_bias[0], k + self.qk_bias[1]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:
@@ -125,13 +129,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """fc2(GELU(fc1 x)), or with `LoopConfig.mlp` "swiglu" fc2(SiLU(gate)·up), [gate; up] = fc1 x."""
+
     def __init__(self, cfg: LoopConfig):
         super().__init__()
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.kind = cfg.mlp
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff * (2 if cfg.mlp == "swiglu" else 1), bias=cfg.bias)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, q_src=None, rotary=None, kv=None) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        if self.kind == "swiglu":
+            gate, up = self.fc1(x).chunk(2, dim=-1)
+            return self.fc2(F.silu(gate) * up)
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh" if self.kind == "gelu_tanh" else "none"))
 
 
 class Sublayer(nn.Module):
