@@ -1,0 +1,1 @@
+"""Model formats loopnet reads and writes."""

@@ -1,0 +1,144 @@
+"""Huginn import: loopnet's forward of the fixture equals the reference code's logits (tests/fixtures/huginn,
+written by scripts/fixtures/huginn.py from the reference itself), and a folder that does not match its
+config is refused in one line."""
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from loopnet.formats import folder as out_folder
+from loopnet.formats.huginn import read_huginn
+from loopnet.formats.source import ImportFormatError, read_weights, resolve
+from loopnet.model.transformer import LoopedTransformer
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "huginn"
+GOLDEN = load_file(FIXTURE / "golden.safetensors")
+STEPS = (1, 2, 4, 8)
+SEED = 1234
+
+
+def tolerance(cfg, rounds: int, reference: torch.Tensor) -> float:
+    """Tolerance on |loopnet − reference| for two fp32 computations of one function in different orders.
+    Each of the 2·N sublayer visits (N = P + K·R + C) and the head sums dot products of length at most
+    n = max(d, d_ff), whose worst-case rounding is n·2⁻²⁴ relative (unit roundoff); the Norm after every
+    sublayer (Post-LN) rescales the stream, so the visits' errors add rather than compound; both sides
+    round: 2·(2N + 1)·n·2⁻²⁴·max|logit|. Measured differences are ~1e-6, some 500× below it; a wrong
+    weight, pairing or norm placement moves the logits by O(1)."""
+    visits = 2 * cfg.depth(rounds) + 1
+    return 2 * visits * max(cfg.d_model, cfg.d_ff) * 2.0 ** -24 * reference.abs().max().item()
+
+
+def model_of(cfg, state, **changes):
+    model = LoopedTransformer(dataclasses.replace(cfg, **changes)).eval()
+    model.load_state_dict(state)
+    return model
+
+
+@pytest.fixture(scope="module")
+def imported():
+    return read_huginn(FIXTURE)
+
+
+def test_config_reads_huginns_architecture(imported):
+    cfg, _, meta = imported
+    hf = json.loads((FIXTURE / "config.json").read_text())
+    assert (cfg.n_prelude, cfg.n_blocks, cfg.n_coda) == (2, 2, 1)
+    assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.vocab_size) == (hf["n_embd"], hf["n_heads"], 48, 272)
+    assert (cfg.residual, cfg.sandwich, cfg.mlp, cfg.injection, cfg.state_init) == ("postln", True, "swiglu",
+                                                                                     "linear", "random")
+    assert cfg.rope_base == 50_000 and cfg.qk_bias and cfg.embed_scale and cfg.loop_norm
+    assert meta["tokenizer"] == "tokenizer.json" and meta["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("steps", STEPS)
+def test_logits_equal_the_reference_at_each_step_count(imported, steps):
+    cfg, state, _ = imported
+    model = model_of(cfg, state, state_init="zero")  # the fixture's input_states are zeros
+    with torch.no_grad():
+        logits, _ = model(GOLDEN["input_ids"], rounds=steps)
+    reference = GOLDEN[f"logits_steps_{steps}"]
+    error = (logits - reference).abs().max().item()
+    assert error <= tolerance(cfg, steps, reference), f"R={steps}: max |Δlogit| {error:.3g}"
+
+
+def test_random_initial_state_is_huginns_draw(imported):
+    """Under the same seed loopnet draws Huginn's initial state and so its logits."""
+    cfg, state, _ = imported
+    model = model_of(cfg, state)
+    ids = GOLDEN["input_ids"]
+    with torch.no_grad():
+        x0 = model.embed(ids)
+        torch.manual_seed(SEED)
+        drawn = model._initial_state(x0)
+        torch.manual_seed(SEED)
+        logits, _ = model(ids, rounds=4)
+    assert torch.equal(drawn, GOLDEN[f"state_seed{SEED}"])
+    reference = GOLDEN[f"logits_random_seed{SEED}"]
+    assert (logits - reference).abs().max().item() <= tolerance(cfg, 4, reference)
+
+
+def test_single_file_and_bf16_layouts_read_alike(imported, tmp_path):
+    """The hub's other layout (one model.safetensors, no index) and its dtype (bf16) read to the same weights."""
+    cfg, state, _ = imported
+    shutil.copy(FIXTURE / "config.json", tmp_path / "config.json")
+    tensors = read_weights(FIXTURE)
+    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, tmp_path / "model.safetensors")
+    cfg16, state16, meta = read_huginn(tmp_path)
+    assert cfg16 == cfg and meta["dtype"] == "bfloat16"
+    assert set(state16) == set(state)
+    assert all(torch.equal(state16[k], state[k].to(torch.bfloat16)) for k in state)
+
+
+def write_variant(tmp_path: Path, change) -> Path:
+    shutil.copy(FIXTURE / "config.json", tmp_path / "config.json")
+    tensors = dict(read_weights(FIXTURE))
+    change(tensors)
+    save_file(tensors, tmp_path / "model.safetensors")
+    return tmp_path
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda t: t.pop("transformer.core_block.1.norm_3.weight"), "missing tensors for blocks.1.ffn.inner_norm.weight"),
+    (lambda t: t.update({"transformer.extra.weight": torch.zeros(2)}), "unexpected tensors transformer.extra.weight"),
+    (lambda t: t.update({"lm_head.weight": torch.zeros(272, 32)}), "lm_head.weight differs"),
+    (lambda t: t.update({"freqs_cis": t["freqs_cis"].flip(3)}), "freqs_cis is not the rotary table"),
+    (lambda t: t.update({"transformer.adapter.weight": torch.zeros(32, 32)}), "tensor shapes differ"),
+])
+def test_a_folder_that_does_not_match_is_refused(tmp_path, change, named):
+    with pytest.raises(ImportFormatError, match=named):
+        read_huginn(write_variant(tmp_path, change))
+
+
+def test_hf_source_offline_fails_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache: nothing to serve offline
+    with pytest.raises(ImportFormatError, match="HF_HUB_OFFLINE is set; fix: ") as err:
+        resolve("hf://tomg-group-umd/huginn-0125@main")
+    assert "\n" not in str(err.value)
+
+
+def run_loopnet(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "loopnet", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_import_command_writes_a_loopnet_folder_that_computes_the_reference(tmp_path):
+    out = tmp_path / "huginn"
+    proc = run_loopnet("import", str(FIXTURE), str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "tokenizer.json").is_file() and (out / "model.safetensors").is_file()
+    cfg, state, source = out_folder.read_folder(out)
+    assert source["format"] == "huginn_raven"
+    model = model_of(cfg, state, state_init="zero")
+    with torch.no_grad():
+        logits, _ = model(GOLDEN["input_ids"], rounds=8)
+    assert (logits - GOLDEN["logits_steps_8"]).abs().max().item() <= tolerance(cfg, 8, GOLDEN["logits_steps_8"])
+    again = run_loopnet("import", str(FIXTURE), str(out))  # nothing written is replaced
+    assert again.returncode == 2 and "already exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
