@@ -52,7 +52,8 @@ def retrofit_main(argv: list[str]) -> None:
         "weights) a looped model by layer selection: the first P layers become the prelude, the last C the "
         "coda, the K layers before the coda the core (the retrofitting-recurrence recipe); the adapter starts as "
         "[0 | I], so that at R = 1 with no dropped layers the model computes what the original does. "
-        "Example: loopnet retrofit hf://openai-community/gpt2@<commit> models/gpt2-2-4-2 --prelude 2 --core 4 --coda 2"))
+        "Example: loopnet retrofit hf://openai-community/gpt2@<commit> models/gpt2-2-4-2 "
+        "--prelude 2 --core 4 --coda 2"))
     parser.add_argument("src", help="a local GPT-2 folder, or hf://org/name[@revision]")
     parser.add_argument("out", help="the folder to write (must not exist, or be empty)")
     parser.add_argument("--prelude", type=int, default=None, help="P, layers before the loop (default: a sixth)")

@@ -68,7 +68,8 @@ def huginn_config(hf: dict, source: str = "config.json") -> LoopConfig:
     d = hf["n_embd"]
     heads = hf.get("n_heads", hf.get("num_attention_heads"))
     if hf.get("num_key_value_heads", heads) != heads:
-        raise ImportFormatError(f"{source}: num_key_value_heads={hf['num_key_value_heads']} differs from n_heads={heads} "
+        raise ImportFormatError(f"{source}: num_key_value_heads={hf['num_key_value_heads']} differs from "
+                                f"n_heads={heads} "
                                 f"(grouped-query attention), which loopnet does not have; fix: give a checkpoint "
                                 f"without GQA")
     if not math.isclose(hf.get("norm_eps", 1e-6), 1e-6):

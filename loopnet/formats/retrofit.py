@@ -21,13 +21,20 @@ from pathlib import Path
 
 import torch
 
-from loopnet.formats.source import (ImportFormatError, check_keys, check_shapes, expected_keys, read_json,
-                                    read_weights)
+from loopnet.formats.source import (
+    ImportFormatError,
+    check_keys,
+    check_shapes,
+    expected_keys,
+    read_json,
+    read_weights,
+)
 from loopnet.model.config import LoopConfig
 
 # GPT-2 layer tensor -> (loopnet name in a block, transposed): Conv1D weights are [in, out].
 LAYER_NAMES = {"ln_1.weight": ("attn.norm.weight", False), "ln_1.bias": ("attn.norm.bias", False),
-               "attn.c_attn.weight": ("attn.f.qkv_proj.weight", True), "attn.c_attn.bias": ("attn.f.qkv_proj.bias", False),
+               "attn.c_attn.weight": ("attn.f.qkv_proj.weight", True),
+               "attn.c_attn.bias": ("attn.f.qkv_proj.bias", False),
                "attn.c_proj.weight": ("attn.f.o_proj.weight", True), "attn.c_proj.bias": ("attn.f.o_proj.bias", False),
                "ln_2.weight": ("ffn.norm.weight", False), "ln_2.bias": ("ffn.norm.bias", False),
                "mlp.c_fc.weight": ("ffn.f.fc1.weight", True), "mlp.c_fc.bias": ("ffn.f.fc1.bias", False),
@@ -112,9 +119,10 @@ def retrofit(folder: str | Path, prelude: int | None = None, core: int | None = 
             raise ValueError(f"--rounds {rounds} must be >= 1; fix: give the mean rounds to train with, e.g. 4")
         split = select_layers(L, prelude, core, coda)
         # The recipe's noise initial state: the [0 | I] adapter ignores it at first; training may learn to read it.
-        config = LoopConfig(**{**base.architecture(), "n_prelude": len(split["prelude"]), "n_blocks": len(split["core"]),
-                               "n_coda": len(split["coda"]), "n_rounds": rounds, "wiring": "inject",
-                               "injection": "linear", "inject_into": "first", "state_init": "random"})
+        config = LoopConfig(**{**base.architecture(), "n_prelude": len(split["prelude"]),
+                               "n_blocks": len(split["core"]), "n_coda": len(split["coda"]), "n_rounds": rounds,
+                               "wiring": "inject", "injection": "linear", "inject_into": "first",
+                               "state_init": "random"})
     top, layers = gpt2_layers(read_weights(folder), str(folder))
     missing_layers = [i for i in range(L) if i not in layers]
     if missing_layers or max(layers, default=-1) >= L:

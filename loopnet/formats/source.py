@@ -127,5 +127,6 @@ def expected_keys(config) -> dict[str, torch.Size]:
 def check_shapes(source: str, state: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> None:
     wrong = [f"{k} {tuple(v.shape)} vs {tuple(shapes[k])}" for k, v in state.items() if v.shape != shapes[k]]
     if wrong:
-        raise ImportFormatError(f"{source}: tensor shapes differ from what config.json implies ({'; '.join(wrong[:4])}); "
+        raise ImportFormatError(f"{source}: tensor shapes differ from what config.json implies "
+                                f"({'; '.join(wrong[:4])}); "
                                 f"fix: give the config.json that belongs to these weights")
