@@ -80,3 +80,18 @@ def load_model(folder: str | Path, dtype: torch.dtype | None = None):
     model = LoopedTransformer(config)
     model.load_state_dict(state)
     return model.to(dtype).eval() if dtype is not None else model.eval()
+
+
+def load_weights(model, folder: str | Path) -> None:
+    """Copy the folder's weights into `model` (a `LoopedTransformer`), whose architecture must equal the
+    folder's (else one line naming the fields that differ); run settings (rounds drawn, backprop depth...)
+    may differ."""
+    config, state, _ = read_folder(folder)
+    theirs = config.architecture()
+    diff = [f"{k}: folder {theirs[k]!r} vs config {v!r}" for k, v in model.config.architecture().items()
+            if theirs[k] != v]
+    if diff:
+        raise ValueError(f"model.init_weights {folder} holds another architecture ({'; '.join(diff)}); fix: set "
+                         f"model.config to the \"config\" fields of {Path(folder) / 'config.json'}")
+    with torch.no_grad():
+        model.load_state_dict(state)

@@ -110,6 +110,8 @@ class LoopedLM(L.LightningModule):
             (`loopnet.diagnostics.fixed_point`). None: off.
         frontier: The exit criterion and thresholds whose loss and mean rounds per token `loopnet test`
             reports (`loopnet.diagnostics.frontier`).
+        init_weights: A model folder (`loopnet import`, `loopnet retrofit`) whose weights a fit starts from; its
+            architecture must equal `config`'s. A checkpoint given with --ckpt_path replaces them.
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class LoopedLM(L.LightningModule):
         generate: GenerateConfig = GenerateConfig(),
         extrapolate_rounds: Optional[int] = None,
         frontier: FrontierConfig = FrontierConfig(),
+        init_weights: Optional[str] = None,
     ):
         super().__init__()
         self.config, self.optim, self.gen = _as(LoopConfig, config), _as(OptimConfig, optim), _as(GenerateConfig, generate)
@@ -138,6 +141,10 @@ class LoopedLM(L.LightningModule):
              "frontier": asdict(self.frontier)}
         )
         self.model = LoopedTransformer(self.config)
+        if init_weights is not None:
+            from loopnet.formats.folder import load_weights
+
+            load_weights(self.model, init_weights)
         self.model.z_loss = self.optim.z_loss
         if compile:
             self.model.compile()
