@@ -46,7 +46,8 @@ def source(tmp_path_factory):
     return path, gpt2(path)
 
 
-@pytest.mark.parametrize("split", [dict(plain=True), dict(prelude=2, core=2, coda=2), dict(prelude=1, core=4, coda=1)])
+@pytest.mark.parametrize("split", [{"plain": True}, {"prelude": 2, "core": 2, "coda": 2},
+                                   {"prelude": 1, "core": 4, "coda": 1}])
 def test_every_layer_kept_at_one_round_computes_gpt2(source, split):
     """The whole stack looped once, or split into prelude / core / coda with no layer dropped and the [0 | I]
     adapter: the logits of transformers' own GPT-2."""
