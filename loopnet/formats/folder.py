@@ -4,6 +4,8 @@ with the source's tokenizer beside it.
     config.json         {"format": "loopnet", "config": LoopConfig's fields, "source": where it came from}
     model.safetensors   the state dict (a tied head is stored once, as wte.weight)
     tokenizer.json ...  the source's tokenizer files, when it has them
+    model.yaml          the `model:` section that makes `loopnet fit` start from this folder
+                        (`--config OUT/model.yaml`): init_weights and every LoopConfig field
 
 `write_folder` and `read_folder` are the one place that knows this layout, so that it can follow
 loopnet's own export layout (`loopnet.formats.hf`) when that exists."""
@@ -45,6 +47,7 @@ def write_folder(out: str | Path, config: LoopConfig, state: dict[str, torch.Ten
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         meta = {"format": "loopnet", "config": dataclasses.asdict(config), "source": source}
         (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        (tmp / "model.yaml").write_text(model_yaml(out, config))
         for name in TOKENIZER_FILES:
             if tokenizer_dir is not None and (tokenizer_dir / name).is_file():
                 shutil.copyfile(tokenizer_dir / name, tmp / name)
@@ -55,6 +58,16 @@ def write_folder(out: str | Path, config: LoopConfig, state: dict[str, torch.Ten
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def model_yaml(out: Path, config: LoopConfig) -> str:
+    """The `model:` section of a fit that starts from the folder `out`: its weights and its architecture (and the
+    source's own run settings: rounds drawn, backprop depth), as YAML."""
+    import yaml
+
+    section = {"model": {"init_weights": str(out.resolve()), "config": dataclasses.asdict(config)}}
+    return "# loopnet fit --config configs/base.yaml --config <this file> [--data.vocab tokenizer --data.tokenizer " \
+           "<this folder>]\n" + yaml.safe_dump(section, sort_keys=False)
 
 
 def read_folder(folder: str | Path) -> tuple[LoopConfig, dict[str, torch.Tensor], dict]:

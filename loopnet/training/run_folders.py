@@ -29,7 +29,9 @@ from loopnet.model.scales import scheme_label
 # not listed read `<field>-<value>`. Run settings (model.config.RUN_SETTINGS) never name a run.
 RUN_NAME_FIELDS = {"n_heads": "h{}", "seq_len": "ctx{}", "vocab_size": "v{}", "mlp_ratio": "mlp{}",
                    "positions": "{}", "norm": "{}", "bias": "bias", "tie_embeddings": "untied",
-                   "input_norm": "input_norm", "sandwich": "sandwich"}
+                   "input_norm": "input_norm", "sandwich": "sandwich", "mlp": "{}", "ffn_width": "ff{}",
+                   "rope_base": "rope{}", "qk_bias": "qk_bias", "embed_scale": "embed_scale", "loop_norm": "loop_norm",
+                   "state_init": "state-{}"}
 
 
 def run_name(config) -> str:

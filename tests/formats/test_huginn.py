@@ -145,3 +145,23 @@ def test_import_command_writes_a_loopnet_folder_that_computes_the_reference(tmp_
     assert (logits - reference).abs().max().item() <= tolerance(model.config, 4, reference)
     again = run_loopnet("import", str(FIXTURE), str(out))  # nothing written is replaced
     assert again.returncode == 2 and "already exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+
+def test_fit_fine_tunes_an_imported_huginn_on_its_own_tokenizer(tmp_path):
+    """`loopnet import`, then `loopnet fit` with the folder's model.yaml and its tokenizer.json as the data's ids."""
+    out = tmp_path / "huginn"
+    assert run_loopnet("import", str(FIXTURE), str(out)).returncode == 0
+    root = Path(__file__).resolve().parents[2] / "configs"
+    fit = run_loopnet("fit", "--config", str(root / "base.yaml"), "--config", str(root / "cpu.yaml"), "--config",
+                      str(out / "model.yaml"), "--data.vocab", "tokenizer", "--data.tokenizer", str(out),
+                      "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches",
+                      "1", "--data.batch_size", "2", "--model.eval_rounds", "null", "--model.config.max_rounds", "8",
+                      "--model.optim.lr", "1e-3", "--model.optim.warmup_steps", "1", cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (ckpt,) = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["datamodule_hyper_parameters"]["tokenizer"] == str(out)
+    _, start, _ = out_folder.read_folder(out)
+    # Two AdamW steps at lr <= 1e-3 move a weight by at most ~2·lr (|m̂/√v̂| <= 1 in the first steps) plus the decay.
+    moved = max((saved["state_dict"][f"model.{k}"] - v).abs().max().item() for k, v in start.items())
+    assert 0 < moved <= 2 * 1e-3 * 1.5
