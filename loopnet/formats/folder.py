@@ -61,13 +61,15 @@ def write_folder(out: str | Path, config: LoopConfig, state: dict[str, torch.Ten
 
 
 def model_yaml(out: Path, config: LoopConfig) -> str:
-    """The `model:` section of a fit that starts from the folder `out`: its weights and its architecture (and the
-    source's own run settings: rounds drawn, backprop depth), as YAML."""
+    """The model settings of a fit that starts from the folder `out`: its weights and its architecture (and the
+    source's own run settings: rounds drawn, backprop depth), as YAML with dotted keys, which set each value
+    and leave the rest of `model` (optim, eval_rounds...) to the configs given before it."""
     import yaml
 
-    section = {"model": {"init_weights": str(out.resolve()), "config": dataclasses.asdict(config)}}
+    values = {"model.init_weights": str(out.resolve()),
+              **{f"model.config.{k}": v for k, v in dataclasses.asdict(config).items()}}
     return "# loopnet fit --config configs/base.yaml --config <this file> [--data.vocab tokenizer --data.tokenizer " \
-           "<this folder>]\n" + yaml.safe_dump(section, sort_keys=False)
+           "<this folder>]\n" + yaml.safe_dump(values, sort_keys=False)
 
 
 def read_folder(folder: str | Path) -> tuple[LoopConfig, dict[str, torch.Tensor], dict]:
