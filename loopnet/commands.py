@@ -69,7 +69,7 @@ TOOLS = {
     "eval": (_eval, "downstream tasks through lm-evaluation-harness at several R'"),
     "bench": (_bench, "training throughput, MFU and memory benchmarks"),
     "import": (_import, "a released looped LM (Huginn) as a loopnet model folder"),
-    "retrofit": (_retrofit, "a pretrained GPT-2 as a looped model by layer selection"),
+    "retrofit": (_retrofit, "a pretrained GPT-2 or Llama as a looped model by layer selection"),
 }
 
 

@@ -48,13 +48,14 @@ def import_main(argv: list[str]) -> None:
 
 def retrofit_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="loopnet retrofit", description=(
-        "Make a pretrained GPT-2 (a transformers folder: config.json with model_type gpt2, safetensors "
-        "weights) a looped model by layer selection: the first P layers become the prelude, the last C the "
-        "coda, the K layers before the coda the core (the retrofitting-recurrence recipe); the adapter starts as "
+        "Make a pretrained GPT-2 or Llama-family model (a transformers folder: config.json with model_type gpt2 "
+        "or llama, safetensors weights) a looped model by layer selection: the first P layers become the prelude, "
+        "the last C the coda, the K layers before the coda the core (the retrofitting-recurrence recipe); the "
+        "adapter starts as "
         "[0 | I], so that at R = 1 with no dropped layers the model computes what the original does. "
         "Example: loopnet retrofit hf://openai-community/gpt2@<commit> models/gpt2-2-4-2 "
         "--prelude 2 --core 4 --coda 2"))
-    parser.add_argument("src", help="a local GPT-2 folder, or hf://org/name[@revision]")
+    parser.add_argument("src", help="a local GPT-2 or Llama folder, or hf://org/name[@revision]")
     parser.add_argument("out", help="the folder to write (must not exist, or be empty)")
     parser.add_argument("--prelude", type=int, default=None, help="P, layers before the loop (default: a sixth)")
     parser.add_argument("--core", type=int, default=None, help="K, layers in the loop (default: a third)")
@@ -71,7 +72,8 @@ def retrofit_main(argv: list[str]) -> None:
         src = source.resolve(args.src)
         config, state, split = retrofit.retrofit(src, prelude=args.prelude, core=args.core, coda=args.coda,
                                                  rounds=args.rounds, plain=args.plain)
-        written = out_folder.write_folder(args.out, config, state, {**_source(src, args.src), "format": "gpt2",
+        family = source.read_json(src, "config.json").get("model_type")
+        written = out_folder.write_folder(args.out, config, state, {**_source(src, args.src), "format": family,
                                                                     "layers": split}, tokenizer_dir=src)
     print(f"wrote {written}: prelude layers {split['prelude']}, core {split['core']} (R={config.n_rounds}), "
           f"coda {split['coda']}")

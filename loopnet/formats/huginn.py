@@ -72,9 +72,6 @@ def huginn_config(hf: dict, source: str = "config.json") -> LoopConfig:
                                 f"n_heads={heads} "
                                 f"(grouped-query attention), which loopnet does not have; fix: give a checkpoint "
                                 f"without GQA")
-    if not math.isclose(hf.get("norm_eps", 1e-6), 1e-6):
-        raise ImportFormatError(f"{source}: norm_eps={hf['norm_eps']}, but loopnet's RMSNorm uses 1e-6; fix: give a "
-                                f"checkpoint with norm_eps 1e-6")
     mean = hf.get("mean_recurrence", 32)
     return LoopConfig(
         vocab_size=hf.get("padded_vocab_size", hf["vocab_size"]), seq_len=hf["block_size"], d_model=d,
@@ -83,9 +80,16 @@ def huginn_config(hf: dict, source: str = "config.json") -> LoopConfig:
         ffn_width=hf["intermediate_size"], bias=False, tie_embeddings=hf.get("tie_embeddings", True),
         positions="rope", rope_base=float(hf.get("rope_base", 50_000)), qk_bias=hf.get("qk_bias", True),
         norm="rmsnorm", residual="postln", sandwich=True, wiring="inject", injection="linear", inject_into="first",
-        embed_scale=True, loop_norm=True, state_init="zero" if hf.get("state_init") == "zero" else "random",
+        norm_eps=eps(hf.get("norm_eps", 1e-6), 1e-6), embed_scale=True, loop_norm=True,
+        state_init="random",  # the reference draws it whatever config.json's state_init says
         init="normal", init_std=math.sqrt(2 / (5 * d)),  # Huginn's "std": its init and its random state's
         round_sampling="poisson_lognormal", backprop_rounds=min(hf.get("mean_backprop_depth", 8), mean))
+
+
+def eps(value: float, default: float) -> float | None:
+    """`LoopConfig.norm_eps` of a source's ε: None (loopnet's default, kept out of run names) when it is the
+    default."""
+    return None if math.isclose(value, default) else float(value)
 
 
 def interleaved_to_half(head_dim: int) -> torch.Tensor:

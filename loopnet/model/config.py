@@ -75,6 +75,8 @@ class Architecture:
         embed_scale: Multiply the token embedding by √d_model before the prelude (Huginn).
         loop_norm: Apply the final Norm (the same weights) also to the loop's output, before the coda:
             Huginn's ln_f, used twice.
+        norm_eps: The ε of the Norms in the blocks and the final Norm (Llama's rms_norm_eps); None: 1e-6 for
+            RMSNorm, 1e-5 for LayerNorm.
         state_init: With a learned injection, the state x that round 1 injects into: "zero" (loopnet's
             default, deterministic) or "random" (Huginn's "like-init": a fresh draw per forward pass,
             truncated normal N(0, init_std²) cut at ±3·init_std, times √d_model with embed_scale).
@@ -136,6 +138,7 @@ class Architecture:
     embed_scale: bool = False
     loop_norm: bool = False
     state_init: StateInit = "zero"
+    norm_eps: Optional[float] = None
     tie_embeddings: bool = True
     input_norm: bool = False
     positions: Positions = "learned"
@@ -297,6 +300,8 @@ class LoopConfig(RunSettings, Architecture):
         if self.ffn_width is not None and self.ffn_width < 1:
             raise ValueError(f"LoopConfig.ffn_width={self.ffn_width} must be >= 1; fix: give the FFN's hidden width, "
                              f"or null for mlp_ratio·d_model")
+        if self.norm_eps is not None and not self.norm_eps > 0:
+            raise ValueError(f"LoopConfig.norm_eps={self.norm_eps} must be > 0; fix: give e.g. 1e-5, or null")
         if self.state_init != "zero" and self.injection not in ("linear", "diagonal"):
             raise ValueError(f"LoopConfig.state_init={self.state_init!r} is the state a learned injection starts from; "
                              f"fix: set model.config.injection: linear (or diagonal), or state_init: zero")

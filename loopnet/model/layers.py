@@ -23,8 +23,8 @@ class RMSNorm(nn.RMSNorm):
 
 def make_norm(cfg: LoopConfig) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, eps=1e-6, elementwise_affine=cfg.norm_affine)
-    return nn.LayerNorm(cfg.d_model, bias=cfg.bias, elementwise_affine=cfg.norm_affine)
+        return RMSNorm(cfg.d_model, eps=cfg.norm_eps or 1e-6, elementwise_affine=cfg.norm_affine)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps or 1e-5, bias=cfg.bias, elementwise_affine=cfg.norm_affine)
 
 
 def unit_rms(x: torch.Tensor) -> torch.Tensor:

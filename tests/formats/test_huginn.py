@@ -162,6 +162,7 @@ def test_fit_fine_tunes_an_imported_huginn_on_its_own_tokenizer(tmp_path):
     saved = torch.load(ckpt, weights_only=True)
     assert saved["datamodule_hyper_parameters"]["tokenizer"] == str(out)
     _, start, _ = out_folder.read_folder(out)
-    # Two AdamW steps at lr <= 1e-3 move a weight by at most ~2·lr (|m̂/√v̂| <= 1 in the first steps) plus the decay.
+    # Two AdamW steps at lr <= 1e-3 move a weight by at most ~2·lr (|m̂/√v̂| <= 1 in the first steps), plus the
+    # decay.
     moved = max((saved["state_dict"][f"model.{k}"] - v).abs().max().item() for k, v in start.items())
     assert 0 < moved <= 2 * 1e-3 * 1.5

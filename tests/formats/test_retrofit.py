@@ -1,5 +1,5 @@
-"""GPT-2 retrofit: with every layer kept at R = 1 loopnet's model computes transformers' GPT2LMHeadModel,
-and `loopnet fit` continues training a retrofitted model."""
+"""GPT-2 and Llama retrofit: with every layer kept at R = 1 loopnet's model computes transformers'
+GPT2LMHeadModel and LlamaForCausalLM, and `loopnet fit` continues training a retrofitted model."""
 
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from loopnet.formats import folder as out_folder
 from loopnet.formats.retrofit import retrofit
@@ -33,6 +33,22 @@ def gpt2(path: Path, vocab: int = 97, d: int = 32, positions: int = 32) -> GPT2L
     return model
 
 
+def llama(path: Path) -> LlamaForCausalLM:
+    """A tiny random Llama (untied head, rms_norm_eps 1e-5, rope_theta 500000: not loopnet's defaults) saved at
+    `path`."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=80, num_hidden_layers=LAYERS,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32,
+                                         rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=0, eos_token_id=0,
+                                         pad_token_id=0)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return model
+
+
 def tolerance(cfg, reference: torch.Tensor) -> float:
     """|loopnet − transformers| for one fp32 function summed in two orders: the 2L sublayers and the head each
     sum dot products of length at most n = d_ff (unit roundoff 2⁻²⁴ per term, both sides round), and with
@@ -40,17 +56,17 @@ def tolerance(cfg, reference: torch.Tensor) -> float:
     return 2 * (2 * LAYERS + 1) * cfg.d_ff * 2.0 ** -24 * reference.abs().max().item()
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gpt2")
-    return path, gpt2(path)
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def source(tmp_path_factory, request):
+    path = tmp_path_factory.mktemp(request.param)
+    return path, (gpt2 if request.param == "gpt2" else llama)(path)
 
 
 @pytest.mark.parametrize("split", [{"plain": True}, {"prelude": 2, "core": 2, "coda": 2},
                                    {"prelude": 1, "core": 4, "coda": 1}])
 def test_every_layer_kept_at_one_round_computes_gpt2(source, split):
     """The whole stack looped once, or split into prelude / core / coda with no layer dropped and the [0 | I]
-    adapter: the logits of transformers' own GPT-2."""
+    adapter: the logits of transformers' own model."""
     path, hf = source
     cfg, state, layers = retrofit(path, rounds=1, **split)
     assert sorted(layers["prelude"] + layers["core"] + layers["coda"]) == list(range(LAYERS))
