@@ -77,9 +77,6 @@ class Architecture:
             Huginn's ln_f, used twice.
         norm_eps: The ε of the Norms in the blocks and the final Norm (Llama's rms_norm_eps); None: 1e-6 for
             RMSNorm, 1e-5 for LayerNorm.
-        state_init: With a learned injection, the state x that round 1 injects into: "zero" (loopnet's
-            default, deterministic) or "random" (Huginn's "like-init": a fresh draw per forward pass,
-            truncated normal N(0, init_std²) cut at ±3·init_std, times √d_model with embed_scale).
         tie_embeddings: Share the token embedding with the LM head (GPT-2, nanoGPT; the FLT code unties).
         input_norm: Feed Norm(e) (parameter-free RMSNorm of the embedding) into round 1 instead of e
             itself. The FLT code does (its configs set it); GPT-2, nanoGPT and DeepNet do not. With a
@@ -137,7 +134,6 @@ class Architecture:
     qk_bias: bool = False
     embed_scale: bool = False
     loop_norm: bool = False
-    state_init: StateInit = "zero"
     norm_eps: Optional[float] = None
     tie_embeddings: bool = True
     input_norm: bool = False
@@ -226,6 +222,10 @@ class RunSettings:
             layout has a category per round up to it.
         round_curriculum_steps: Ramp the mean rounds run without gradient linearly from 0 up to
             n_rounds − backprop_rounds over this many steps (Parcae's linear "forward" curriculum); 0: none.
+        state_init: With a learned injection, the state x that round 1 injects into: "zero" (loopnet's
+            default, deterministic) or "random" (Huginn's "like-init": a fresh draw per forward pass,
+            truncated normal N(0, init_std²) cut at ±3·init_std, times √d_model with embed_scale). A run
+            setting: a model trained from one may be evaluated from the other.
         scales_depth: The N of α and β with sampled rounds: "mean" (α, β of N at n_rounds: Parcae
             initialises from the expected depth) or "sampled" (α of each step's drawn N; β stays its
             initialisation at the mean N).
@@ -240,6 +240,7 @@ class RunSettings:
     max_rounds: Optional[int] = None
     round_curriculum_steps: int = 0
     scales_depth: ScalesDepth = "mean"
+    state_init: StateInit = "zero"
 
 
 RUN_SETTINGS = frozenset(f.name for f in fields(RunSettings))  # the LoopConfig fields a checkpoint need not match

@@ -4,6 +4,7 @@ config is refused in one line."""
 
 import dataclasses
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -147,16 +148,24 @@ def test_import_command_writes_a_loopnet_folder_that_computes_the_reference(tmp_
     assert again.returncode == 2 and "already exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
 
 
-def test_fit_fine_tunes_an_imported_huginn_on_its_own_tokenizer(tmp_path):
-    """`loopnet import`, then `loopnet fit` with the folder's model.yaml and its tokenizer.json as the data's ids."""
+def metrics(stdout: str) -> dict[str, float]:
+    """The `name │ value` rows of Lightning's test table."""
+    rows = (line.replace("│", " ").split() for line in stdout.splitlines() if "│" in line)
+    return {row[0]: float(row[1]) for row in rows if len(row) == 2 and row[0].startswith("test")}
+
+
+def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer(tmp_path):
+    """`loopnet import`, then `loopnet fit` from the folder's model.yaml with its tokenizer.json as the data's ids,
+    then `loopnet test` at other R' with the fixed-point profile and the exit frontier, and `loopnet predict`."""
     out = tmp_path / "huginn"
     assert run_loopnet("import", str(FIXTURE), str(out)).returncode == 0
     root = Path(__file__).resolve().parents[2] / "configs"
-    fit = run_loopnet("fit", "--config", str(root / "base.yaml"), "--config", str(root / "cpu.yaml"), "--config",
-                      str(out / "model.yaml"), "--data.vocab", "tokenizer", "--data.tokenizer", str(out),
-                      "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches",
-                      "1", "--data.batch_size", "2", "--model.eval_rounds", "null", "--model.config.max_rounds", "8",
-                      "--model.optim.lr", "1e-3", "--model.optim.warmup_steps", "1", cwd=tmp_path)
+    common = ["--config", str(root / "base.yaml"), "--config", str(root / "cpu.yaml"), "--config",
+              str(out / "model.yaml"), "--data.vocab", "tokenizer", "--data.tokenizer", str(out), "--data.batch_size",
+              "2", "--model.eval_rounds", "null", "--model.config.max_rounds", "8"]
+    fit = run_loopnet("fit", *common, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+                      "--trainer.limit_val_batches", "1", "--model.optim.lr", "1e-3", "--model.optim.warmup_steps", "1",
+                      cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     (ckpt,) = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
     saved = torch.load(ckpt, weights_only=True)
@@ -166,3 +175,24 @@ def test_fit_fine_tunes_an_imported_huginn_on_its_own_tokenizer(tmp_path):
     # decay.
     moved = max((saved["state_dict"][f"model.{k}"] - v).abs().max().item() for k, v in start.items())
     assert 0 < moved <= 2 * 1e-3 * 1.5
+
+    # From the zero state (a run setting) every pass is deterministic, so the profile's loss at R = 4 is the test loss.
+    test = run_loopnet("test", *common, "--ckpt_path", str(ckpt), "--model.config.state_init", "zero",
+                       "--model.eval_rounds", "[1, 8]", "--model.extrapolate_rounds", "8",
+                       "--model.frontier.exit", "kl", "--model.frontier.thresholds", "[0.0, 1e9]",
+                       "--trainer.limit_test_batches", "1", cwd=tmp_path)
+    assert test.returncode == 0, test.stderr[-3000:]
+    m = metrics(test.stdout)
+    assert m["test_fixed_point/loss/r04"] == pytest.approx(m["test/loss"], rel=1e-5)
+    assert m["test_fixed_point/loss/r08"] == pytest.approx(m["test/loss_r8"], rel=1e-5)
+    assert all(math.isfinite(m[f"test_fixed_point/sigma_max/r0{r}"]) for r in range(2, 9))
+    # The exit frontier: threshold 0 never exits (R = 4 for every token), a huge one exits after round 1.
+    assert m["test/frontier/mean_rounds/t0"] == 4.0 and m["test/frontier/mean_rounds/t1"] == 1.0
+    assert m["test/frontier/loss/t0"] == pytest.approx(m["test/loss"], rel=1e-5)
+    assert m["test/frontier/loss/t1"] == pytest.approx(m["test/loss_r1"], rel=1e-5)
+
+    predict = run_loopnet("predict", *common, "--ckpt_path", str(ckpt), "--model.generate.prompt", "ROMEO:",
+                          "--model.generate.max_new_tokens", "4", cwd=tmp_path)
+    assert predict.returncode == 0, predict.stderr[-3000:]
+    (text,) = tmp_path.glob("runs/**/predictions.txt")
+    assert text.read_text().startswith("ROMEO:")  # the prompt through Huginn's tokenizer and back
