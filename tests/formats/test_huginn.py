@@ -155,8 +155,9 @@ def metrics(stdout: str) -> dict[str, float]:
 
 
 def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer(tmp_path):
-    """`loopnet import`, then `loopnet fit` from the folder's model.yaml with its tokenizer.json as the data's ids,
-    then `loopnet test` at other R' with the fixed-point profile and the exit frontier, and `loopnet predict`."""
+    """`loopnet import`; `loopnet test` of the folder itself at other R' with the fixed-point profile and the exit
+    frontier; `loopnet fit` from the folder's model.yaml with its tokenizer.json as the data's ids; `loopnet
+    predict` from the fit's checkpoint."""
     out = tmp_path / "huginn"
     assert run_loopnet("import", str(FIXTURE), str(out)).returncode == 0
     root = Path(__file__).resolve().parents[2] / "configs"
@@ -176,8 +177,9 @@ def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer
     moved = max((saved["state_dict"][f"model.{k}"] - v).abs().max().item() for k, v in start.items())
     assert 0 < moved <= 2 * 1e-3 * 1.5
 
-    # From the zero state (a run setting) every pass is deterministic, so the profile's loss at R = 4 is the test loss.
-    test = run_loopnet("test", *common, "--ckpt_path", str(ckpt), "--model.config.state_init", "zero",
+    # The imported weights themselves (model.init_weights, no checkpoint). From the zero state (a run setting)
+    # every pass is deterministic, so the profile's loss at R = 4 is the test loss.
+    test = run_loopnet("test", *common, "--model.config.state_init", "zero",
                        "--model.eval_rounds", "[1, 8]", "--model.extrapolate_rounds", "8",
                        "--model.frontier.exit", "kl", "--model.frontier.thresholds", "[0.0, 1e9]",
                        "--trainer.limit_test_batches", "1", cwd=tmp_path)
