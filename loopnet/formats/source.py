@@ -51,6 +51,9 @@ def resolve(src: str) -> Path:
 
     try:
         return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
+    except HfHubHTTPError as err:  # the hub answered: no such repository or revision, or a gated one
+        raise ImportFormatError(f"{src}: the hub refused it ({str(err).splitlines()[0]}); fix: check the repository "
+                                f"name and revision, and log in (`huggingface-cli login`) for a gated model") from None
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, OSError) as err:
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
         why = "HF_HUB_OFFLINE is set" if offline else f"the hub is unreachable ({type(err).__name__})"
@@ -58,9 +61,6 @@ def resolve(src: str) -> Path:
             f"{src}: not in the Hugging Face cache and {why}; fix: run with network and HF_HUB_OFFLINE unset, or "
             f"download it elsewhere (`huggingface-cli download {repo}"
             f"{' --revision ' + revision if revision else ''} --local-dir DIR`) and give DIR") from None
-    except HfHubHTTPError as err:
-        raise ImportFormatError(f"{src}: the hub refused it ({str(err).splitlines()[0]}); fix: check the repository "
-                                f"name and revision, and log in (`huggingface-cli login`) for a gated model") from None
 
 
 def read_json(folder: Path, name: str) -> dict:
