@@ -14,8 +14,8 @@ layernorm`, `bias`), the tanh GELU MLP (`mlp: gelu_tanh`), learned absolute posi
 the final LayerNorm. Its Conv1D weights are stored [in, out]: loopnet's Linear takes their transpose.
 Llama's (`LlamaForCausalLM`, TinyLlama): Pre-LN with RMSNorm of its rms_norm_eps, a SwiGLU MLP (gate_proj
 and up_proj stacked as fc1), RoPE of its rope_theta (pairs (i, i + d_h/2), as loopnet's), no biases,
-usually an untied head; q_proj, k_proj, v_proj stacked as the fused projection. Grouped-query attention
-and rope_scaling are refused (loopnet has neither).
+usually an untied head, grouped-query attention (`n_kv_heads`); q_proj, k_proj, v_proj stacked as the fused
+projection. rope_scaling is refused (loopnet has none).
 """
 
 from __future__ import annotations
@@ -92,8 +92,6 @@ def llama_config(hf: dict, source: str = "config.json") -> LoopConfig:
     """The `LoopConfig` of a Llama config.json with all L layers in the loop at R = 1 (the original model)."""
     d, heads = hf["hidden_size"], hf["num_attention_heads"]
     refused = []
-    if hf.get("num_key_value_heads", heads) != heads:
-        refused.append(f"num_key_value_heads={hf['num_key_value_heads']} (grouped-query attention)")
     rope = hf.get("rope_parameters") or {}  # transformers 5 writes rope_parameters, 4.x rope_theta and rope_scaling
     if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
         refused.append("rope_scaling")
@@ -105,8 +103,10 @@ def llama_config(hf: dict, source: str = "config.json") -> LoopConfig:
         refused.append(f"hidden_act={hf['hidden_act']}")
     if refused:
         raise ImportFormatError(f"{source}: {', '.join(refused)}: not in loopnet's blocks; fix: give a Llama without "
-                                f"them (multi-head attention, no rope_scaling, no biases, SiLU)")
+                                f"them (no rope_scaling, no biases, SiLU)")
+    kv = hf.get("num_key_value_heads", heads)
     return LoopConfig(vocab_size=hf["vocab_size"], seq_len=hf["max_position_embeddings"], d_model=d, n_heads=heads,
+                      n_kv_heads=None if kv == heads else kv,
                       n_blocks=hf["num_hidden_layers"], n_rounds=1, mlp="swiglu", ffn_width=hf["intermediate_size"],
                       bias=False, tie_embeddings=hf.get("tie_word_embeddings", False), positions="rope",
                       rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), norm="rmsnorm",

@@ -70,6 +70,8 @@ class Architecture:
             mlp_ratio·d_model.
         rope_base: Base θ of the rotary frequencies θ^(−2i/d_h) (Huginn: 50000, Llama: 10000 or its
             rope_theta); positions="rope" only.
+        n_kv_heads: Key/value heads (grouped-query attention, Llama 3, TinyLlama: each serves n_heads/n_kv_heads
+            query heads); None: n_heads.
         qk_bias: A learned bias on every head's queries and keys (not on the values), added before the
             rotary embedding: Huginn's qk_bias. Zero at init.
         embed_scale: Multiply the token embedding by √d_model before the prelude (Huginn).
@@ -131,6 +133,7 @@ class Architecture:
     mlp: Mlp = "gelu"
     ffn_width: Optional[int] = None
     rope_base: float = 10000.0
+    n_kv_heads: Optional[int] = None
     qk_bias: bool = False
     embed_scale: bool = False
     loop_norm: bool = False
@@ -170,6 +173,11 @@ class Architecture:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: `n_kv_heads`, or n_heads without grouped-query attention."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
     def d_ff(self) -> int:
@@ -301,6 +309,12 @@ class LoopConfig(RunSettings, Architecture):
         if self.ffn_width is not None and self.ffn_width < 1:
             raise ValueError(f"LoopConfig.ffn_width={self.ffn_width} must be >= 1; fix: give the FFN's hidden width, "
                              f"or null for mlp_ratio·d_model")
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            raise ValueError(f"LoopConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; fix: give a "
+                             f"divisor of n_heads, or null (no grouped-query attention)")
+        if self.qk_bias and self.kv_heads != self.n_heads:
+            raise ValueError("LoopConfig.qk_bias has a key bias per query head; it needs n_kv_heads null; fix: drop "
+                             "one of them")
         if self.norm_eps is not None and not self.norm_eps > 0:
             raise ValueError(f"LoopConfig.norm_eps={self.norm_eps} must be > 0; fix: give e.g. 1e-5, or null")
         if self.state_init != "zero" and self.injection not in ("linear", "diagonal"):

@@ -60,12 +60,13 @@ class QKVLinear(nn.Linear):
 
     PARTS = ("q_proj", "k_proj", "v_proj")  # the names the separate projections had (BETA_SCALED's)
 
-    def __init__(self, d: int, bias: bool):
-        super().__init__(d, 3 * d, bias=bias)
+    def __init__(self, d: int, bias: bool, kv: int | None = None):
+        self.sizes = (d, kv or d, kv or d)  # rows of W_Q, W_K, W_V: fewer for K and V with grouped-query attention
+        super().__init__(d, sum(self.sizes), bias=bias)
 
     def parts(self) -> dict[str, torch.Tensor]:
         """Views of W_Q, W_K, W_V by their old names."""
-        return dict(zip(self.PARTS, self.weight.chunk(3)))
+        return dict(zip(self.PARTS, self.weight.split(self.sizes)))
 
     @staticmethod
     def fuse_state(state_dict: dict, prefix: str) -> None:
@@ -86,8 +87,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: LoopConfig):
         super().__init__()
         d, b = cfg.d_model, cfg.bias
-        self.n_heads = cfg.n_heads
-        self.qkv_proj = QKVLinear(d, b)
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
+        self.qkv_proj = QKVLinear(d, b, self.n_kv_heads * cfg.head_dim)
         self.o_proj = nn.Linear(d, d, bias=b)
         self.dropout = cfg.dropout
         # qk-norm: each head's queries and keys RMS-normalised over d_h (own gains), so |q·k|/√d_h <= √d_h·|g_q|·|g_k|.
@@ -104,13 +105,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, q_src: torch.Tensor | None = None, rotary: Rotary | None = None, kv=None):
         B, T, C = x.shape
-        split = lambda t: t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # noqa: E731
+        split = lambda t: t.view(B, T, -1, C // self.n_heads).transpose(1, 2)  # noqa: E731
+        sizes = self.qkv_proj.sizes
         if q_src is None:
-            q, k, v = self.qkv_proj(x).split(C, dim=2)
+            q, k, v = self.qkv_proj(x).split(sizes, dim=2)
         else:  # injection: Q from q_src through W_Q's rows, K and V from x through the other rows
             w, b = self.qkv_proj.weight, self.qkv_proj.bias
             q = F.linear(q_src, w[:C], None if b is None else b[:C])
-            k, v = F.linear(x, w[C:], None if b is None else b[C:]).split(C, dim=2)
+            k, v = F.linear(x, w[C:], None if b is None else b[C:]).split(sizes[1:], dim=2)
         q, k, v = split(q), split(k), split(v)
         if self.qk_bias is not None:
             q, k = q + self.qk_bias[0], k + self.qk_bias[1]
@@ -119,6 +121,9 @@ class Attention(nn.Module):
         if rotary is not None:
             positions = None if kv is None else kv.positions
             q, k = rotary(q, positions), rotary(k, positions)
+        if self.n_kv_heads != self.n_heads:  # grouped-query attention: query head h reads K/V head h // group
+            group = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         if self.qk_hook is not None:
             self.qk_hook(q, k)
         if kv is not None:

@@ -31,7 +31,7 @@ RUN_NAME_FIELDS = {"n_heads": "h{}", "seq_len": "ctx{}", "vocab_size": "v{}", "m
                    "positions": "{}", "norm": "{}", "bias": "bias", "tie_embeddings": "untied",
                    "input_norm": "input_norm", "sandwich": "sandwich", "mlp": "{}", "ffn_width": "ff{}",
                    "rope_base": "rope{}", "qk_bias": "qk_bias", "embed_scale": "embed_scale", "loop_norm": "loop_norm",
-                   "norm_eps": "eps{}"}
+                   "norm_eps": "eps{}", "n_kv_heads": "kv{}"}
 
 
 def run_name(config) -> str:

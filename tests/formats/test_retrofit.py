@@ -34,11 +34,11 @@ def gpt2(path: Path, vocab: int = 97, d: int = 32, positions: int = 32) -> GPT2L
 
 
 def llama(path: Path) -> LlamaForCausalLM:
-    """A tiny random Llama (untied head, rms_norm_eps 1e-5, rope_theta 500000: not loopnet's defaults) saved at
-    `path`."""
+    """A tiny random Llama (untied head, grouped-query attention with 2 K/V heads for 4 query heads, rms_norm_eps
+    1e-5, rope_theta 500000: none of them loopnet's defaults) saved at `path`."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=80, num_hidden_layers=LAYERS,
-                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                                          rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=0, eos_token_id=0,
                                          pad_token_id=0)).eval()
     with torch.no_grad():
@@ -77,6 +77,16 @@ def test_every_layer_kept_at_one_round_computes_gpt2(source, split):
         reference = hf(ids).logits
         logits, _ = model(ids, rounds=1)
     assert (logits - reference).abs().max().item() <= tolerance(cfg, reference)
+
+
+def test_a_retrofitted_model_generates_alike_with_and_without_the_cache(source):
+    """The KV cache per (round, block) holds a looped GQA model's keys and values as the recompute has them."""
+    path, _ = source
+    cfg, state, _ = retrofit(path, rounds=2, prelude=1, core=2, coda=1)
+    model = LoopedTransformer(cfg).eval()
+    model.load_state_dict(state)
+    prompts = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(2)).tolist()
+    assert model.generate(prompts, 6, cache=True).tokens == model.generate(prompts, 6, cache=False).tokens
 
 
 def test_the_recipes_split_drops_the_middle(source):

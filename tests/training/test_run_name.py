@@ -37,7 +37,8 @@ def test_the_cpu_overlays_name_different_folders(tmp_path, monkeypatch):
 OTHER = {"d_model": 780, "n_heads": 4, "init": "normal", "wiring": "lt", "injection": "attention",
          "inject_into": "every", "positions": "rope", "norm": "layernorm", "loss_rounds": "all",
          "branch_scale": "wang", "round_sampling": "poisson_truncated", "backprop_rounds": 2, "max_rounds": 20,
-         "scales_depth": "sampled", "mlp": "swiglu", "ffn_width": 100, "state_init": "random", "norm_eps": 1e-5}
+         "scales_depth": "sampled", "mlp": "swiglu", "ffn_width": 100, "state_init": "random", "norm_eps": 1e-5,
+         "n_kv_heads": 2}
 SAMPLED = {"round_sampling": "poisson_truncated"}  # the fields that act on sampled rounds need them
 BASE = {"branch_scale": {"residual": "preln"}, "branch_lambda": {"residual": "preln", "branch_scale": "wang"},  # Pre-LN's ε
         "max_rounds": SAMPLED, "round_curriculum_steps": SAMPLED, "scales_depth": SAMPLED,
