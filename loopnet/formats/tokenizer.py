@@ -72,8 +72,9 @@ class HFTokenizer:
         finally:
             self._tok.encode_special_tokens = False
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text`, special tokens written in it recognised as such (no template tokens added)."""
+    def encode(self, text: str, allowed_special: object = "all") -> list[int]:
+        """Ids of `text`, special tokens written in it recognised as such (no template tokens added);
+        `allowed_special` is tiktoken's argument, accepted for its callers (every special is allowed)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
