@@ -198,3 +198,27 @@ def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer
     assert predict.returncode == 0, predict.stderr[-3000:]
     (text,) = tmp_path.glob("runs/**/predictions.txt")
     assert text.read_text().startswith("ROMEO:")  # the prompt through Huginn's tokenizer and back
+
+
+def test_hf_source_downloads_the_weights_config_and_tokenizer_at_the_revision(monkeypatch, tmp_path):
+    """`hf://org/name@rev` asks huggingface_hub for that revision and only the data files (no remote code); the
+    written folder records the commit the cache's snapshot is named by."""
+    import huggingface_hub
+
+    snapshot = tmp_path / "cache" / "snapshots" / "0123abcd"
+    shutil.copytree(FIXTURE, snapshot)
+    asked = {}
+
+    def fake_download(repo_id, revision=None, allow_patterns=None, **kwargs):
+        asked.update(repo_id=repo_id, revision=revision, allow_patterns=allow_patterns)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    assert resolve("hf://tomg-group-umd/huginn-0125@0123abcd") == snapshot
+    assert asked["repo_id"] == "tomg-group-umd/huginn-0125" and asked["revision"] == "0123abcd"
+    assert not any(p.endswith(".py") or p == "*" for p in asked["allow_patterns"])
+    from loopnet.formats.cli import import_main
+
+    import_main(["hf://tomg-group-umd/huginn-0125@0123abcd", str(tmp_path / "out")])
+    _, _, source = out_folder.read_folder(tmp_path / "out")
+    assert source["commit"] == "0123abcd" and source["src"] == "hf://tomg-group-umd/huginn-0125@0123abcd"
