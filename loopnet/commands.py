@@ -59,6 +59,18 @@ def _bench(argv: list[str]) -> None:
     main(argv)
 
 
+def _import(argv: list[str]) -> None:
+    from loopnet.formats.cli import import_main
+
+    import_main(argv)
+
+
+def _retrofit(argv: list[str]) -> None:
+    from loopnet.formats.cli import retrofit_main
+
+    retrofit_main(argv)
+
+
 # Subcommands that are not Trainer entry points, each with its own parser: name -> (entry point, what it does).
 # Each is imported only when called, so that `loopnet fit` does not pay for the harness or matplotlib.
 TOOLS = {
@@ -70,6 +82,8 @@ TOOLS = {
     "eval": (_eval, "downstream tasks through lm-evaluation-harness at several R'"),
     "export": (_export, "a checkpoint's model in the Hugging Face layout (safetensors, config.json, code)"),
     "bench": (_bench, "training throughput, MFU and memory benchmarks"),
+    "import": (_import, "a released looped LM (Huginn) as a loopnet model folder"),
+    "retrofit": (_retrofit, "a pretrained GPT-2 or Llama as a looped model by layer selection"),
 }
 
 

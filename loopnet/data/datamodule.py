@@ -41,7 +41,7 @@ from loopnet.data.valcache import cache_root, cached_windows
 from loopnet.data.tokenizer import gpt2_encoding
 from loopnet.data.token_ids import DEFAULT as DEFAULT_VOCAB
 from loopnet.data.token_ids import VocabName
-from loopnet.data.vocabulary import VOCABULARIES, CompactVocab, Vocabulary
+from loopnet.data.vocabulary import VOCABULARIES, CompactVocab, TokenizerVocab, Vocabulary
 
 
 def _arguments(frame) -> dict[str, Any]:
@@ -105,7 +105,9 @@ class TokenStreamDataModule(L.LightningDataModule):
             tiny model's 50k-way head, most of its compute on CPU, becomes 2.6x smaller. Local
             corpora only (`shakespeare`, `files`); the model's vocab_size must be at least
             `vocab_size` (`loopnet fit` checks before training). `bytes`: UTF-8 bytes, 257 ids
-            (`loopnet.data.bytelevel`; losses in nats per byte), any source.
+            (`loopnet.data.bytelevel`; losses in nats per byte), any source. `tokenizer`: the ids of
+            the tokenizer.json at `tokenizer` (an imported model's own; `loopnet.formats.tokenizer`).
+        tokenizer: with `vocab: tokenizer`, a tokenizer.json or a model folder holding one (`loopnet import`'s).
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         shuffle_buffer: int = 1024,
         vocab: VocabName = DEFAULT_VOCAB,
         cache_dir: str | None = None,
+        tokenizer: str | None = None,
     ):
         super().__init__()
         # Same as save_hyperparameters(), with this frame handed over inline and the arguments read off
@@ -151,6 +154,9 @@ class TokenStreamDataModule(L.LightningDataModule):
         check_revision(source, path, revision)
         if vocab not in VOCABULARIES:
             raise DataConfigError(f"data.vocab={vocab!r} is not known; choose {', '.join(VOCABULARIES)}")
+        if (vocab == "tokenizer") != (tokenizer is not None):
+            raise DataConfigError("data.vocab: tokenizer and data.tokenizer go together; fix: give both (data.tokenizer: "
+                                  "an imported model's folder or its tokenizer.json), or neither")
         if VOCABULARIES[vocab].reads_corpus and source == "hub":
             raise DataConfigError(f"data.vocab: {vocab} reads the whole corpus to find its tokens, so it needs a "
                                   f"local corpus; fix: use source shakespeare or files, or vocab: {DEFAULT_VOCAB}")
@@ -168,7 +174,9 @@ class TokenStreamDataModule(L.LightningDataModule):
         self._val_for: tuple[int, int] | None = None  # the (rank, world size) _val_windows were cut for
         self.vocab = vocab
         # Built here, or from the corpus in setup() (compact).
-        self._vocabulary: Vocabulary | None = None if VOCABULARIES[vocab].reads_corpus else VOCABULARIES[vocab]()
+        self._vocabulary: Vocabulary | None = (
+            TokenizerVocab(tokenizer) if tokenizer is not None
+            else None if VOCABULARIES[vocab].reads_corpus else VOCABULARIES[vocab]())
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -263,6 +271,8 @@ class TokenStreamDataModule(L.LightningDataModule):
             config["revision"] = self.revision
         if self.vocab != DEFAULT_VOCAB:  # likewise
             config["vocab"] = self.vocab
+        if self.hparams.get("tokenizer") is not None:  # likewise: the ids of this file
+            config["tokenizer"] = self.vocabulary.cache_key
         if isinstance(self.docs, ParquetCorpus):  # the split rule (the hash rule, absent, as before it existed)
             config["val_rule"] = f"last {self.n_held_out} of {self.docs.n_docs} documents"
         return config

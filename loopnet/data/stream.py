@@ -48,7 +48,7 @@ def split_strategy(docs: datasets.IterableDataset, parts: int) -> str:
 def encode(text: str, table: np.ndarray | None = None) -> np.ndarray:
     """GPT-2 tokens of one document followed by end-of-text; with `table` (GPT-2 id -> compact id,
     see `TokenStreamDataModule`'s `vocab: compact`) the compact ids."""
-    if isinstance(table, ByteVocab):  # `vocab: bytes`: the document's bytes, no BPE
+    if isinstance(table, ByteVocab) or hasattr(table, "document"):  # bytes, or an imported model's tokenizer
         return table.document(text)
     ids = gpt2_encoding().encode_ordinary(text)
     ids.append(EOT_ID)

@@ -11,7 +11,7 @@ N_VOCAB = 50257  # GPT-2 BPE's token ids; LoopConfig.vocab_size pads it to a mul
 EOT_ID = 50256  # <|endoftext|>, appended after every document
 EOT_TEXT = "<|endoftext|>"
 
-VocabName = Literal["gpt2", "compact", "bytes"]  # `data.vocab`: the data module's signature takes this type
+VocabName = Literal["gpt2", "compact", "bytes", "tokenizer"]  # `data.vocab`: the data module's signature takes this type
 DEFAULT: VocabName = "gpt2"
 
 

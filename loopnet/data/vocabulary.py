@@ -5,6 +5,7 @@ early checks (NumPy, the tokenizer and the byte table load when a vocabulary is 
     gpt2     GPT-2's 50257 BPE ids
     compact  the GPT-2 ids that occur in the corpus, renumbered 0..V-1 in GPT-2 order (V known once read)
     bytes    UTF-8 bytes and end-of-text, 257 ids (`loopnet.data.bytelevel`)
+    tokenizer   an imported model's own tokenizer.json (`data.tokenizer`; `loopnet.formats.tokenizer`)
 """
 
 from __future__ import annotations
@@ -155,7 +156,34 @@ class BytesVocab(Vocabulary):
         return self.table.decode(ids)
 
 
-VOCABULARIES: dict[str, type[Vocabulary]] = {cls.name: cls for cls in (GPT2Vocab, CompactVocab, BytesVocab)}
+class TokenizerVocab(Vocabulary):
+    """The ids of a tokenizer.json (an imported model's, `data.tokenizer`); its size is known once it is read."""
+
+    name = "tokenizer"
+
+    def __init__(self, path: str):
+        from loopnet.formats.tokenizer import HFTokenizer
+
+        self.table = HFTokenizer(path)  # the stream encodes each document through it (`document`)
+        self.digest = hashlib.sha256(open(self.table.path, "rb").read()).hexdigest()[:16]
+
+    @property
+    def size(self) -> int:
+        return self.table.n_vocab
+
+    @property
+    def cache_key(self) -> str:
+        return f"tokenizer-{self.digest}"
+
+    def encode(self, text: str) -> list[int]:
+        return self.table.encode_ordinary(text)
+
+    def decode(self, ids) -> str:
+        return self.table.decode(ids)
+
+
+VOCABULARIES: dict[str, type[Vocabulary]] = {cls.name: cls for cls in (GPT2Vocab, CompactVocab, BytesVocab,
+                                                                        TokenizerVocab)}
 assert tuple(VOCABULARIES) == get_args(VocabName)
 
 

@@ -33,7 +33,8 @@ TOKEN_WEIGHTED = QUANTITIES[:3]  # averaged over the batches' target tokens; sig
 def round_map(model, idx: torch.Tensor, r: int):
     """The function x_{r−1} ↦ x_r of round r ≥ 2 on token ids `idx` (embedding fixed)."""
     cfg = model.config
-    e = model.embed(idx)
+    with torch.no_grad():  # the embedding and the prelude are constants of the map: nothing of them is saved
+        e = model.embed(idx)
     x0 = unit_rms(e) if cfg.input_norm else e
     reads_h = cfg.wiring != "carry" and model.injection is None  # as `iter_rounds` has it
 

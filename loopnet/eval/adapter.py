@@ -114,6 +114,7 @@ class LoopnetLM(TemplateLM):
         model: LoopedTransformer | None = None,
         exit: str = "none",
         exit_threshold: float | None = None,
+        tokenizer: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -134,10 +135,13 @@ class LoopnetLM(TemplateLM):
         self.ckpt_path = None if ckpt_path is None else str(ckpt_path)
         self.model = load_checkpoint(ckpt_path, self._device) if model is None else model.to(self._device).eval()
         config: LoopConfig = self.model.config
-        if config.vocab_size < N_VOCAB:
+        # GPT-2's BPE, or an imported model's own tokenizer (`loopnet.formats.tokenizer.HFTokenizer`).
+        self.encoding = gpt2_encoding() if tokenizer is None else tokenizer
+        self.vocab_size = N_VOCAB if tokenizer is None else tokenizer.n_vocab
+        if config.vocab_size < self.vocab_size:
             raise ValueError(
-                f"the model's vocab_size={config.vocab_size} is smaller than GPT-2's {N_VOCAB} ids; "
-                f"the adapter tokenises with GPT-2's BPE"
+                f"the model's vocab_size={config.vocab_size} is smaller than its tokenizer's {self.vocab_size} ids "
+                f"({'GPT-2' if tokenizer is None else tokenizer.name})"
             )
         self.rounds = config.n_rounds if rounds is None else int(rounds)
         if self.rounds < 1:
@@ -152,8 +156,6 @@ class LoopnetLM(TemplateLM):
         self.exit, self.exit_threshold = exit, None if exit_threshold is None else float(exit_threshold)
         self._rounds_used: dict[str, list[float]] = {}  # task: [sum of rounds over scored tokens, tokens]
         self._request_rounds: list[tuple[float, int]] = []  # per request of the last batch call: (sum, count)
-        self.encoding = gpt2_encoding()
-        self.vocab_size = N_VOCAB
 
     # ----------------------------------------------------------------------------- harness API
     @property
@@ -175,7 +177,7 @@ class LoopnetLM(TemplateLM):
 
     @property
     def tokenizer_name(self) -> str:
-        return "gpt2"
+        return getattr(self.encoding, "name", "gpt2")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         # A literal "<|endoftext|>" in the text becomes the EOT id, as with Hugging Face's GPT-2 tokenizer.

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="loopnet eval", allow_abbrev=False,
         description="Evaluate a loopnet checkpoint with lm-evaluation-harness at one or more round counts R'.",
     )
-    parser.add_argument("--ckpt_path", required=True, help="LoopedLM checkpoint (.ckpt) to evaluate")
+    parser.add_argument("--ckpt_path", required=True, help="LoopedLM checkpoint (.ckpt) to evaluate, or a model "
+                        "folder of `loopnet import` / `loopnet retrofit` (its own tokenizer.json, when present)")
     parser.add_argument(
         "--tasks", required=True,
         help=f"comma-separated lm-eval task, group or tag names, or presets ({presets})",
@@ -95,7 +96,9 @@ def run_eval(
                                 f"(e.g. runs/<run>/version_N/checkpoints/last.ckpt)")
     from loopnet.checkpoints import check_checkpoint_file
 
-    check_checkpoint_file(str(ckpt))  # a folder or an empty file: what to pass instead
+    imported = ckpt.is_dir() and (ckpt / "config.json").is_file()  # a folder of `loopnet import` or `retrofit`
+    if not imported:
+        check_checkpoint_file(str(ckpt))  # a folder or an empty file: what to pass instead
     from loopnet.model.exit import check_exit
 
     check_exit(exit, exit_threshold, where="--exit/--exit_threshold:")
@@ -107,8 +110,17 @@ def run_eval(
 
     # Readable, plain data (no pickled code), loopnet's, GPT-2 ids: one line, not a traceback, and before
     # the harness's task set-up; the tensors stay on disk until the model is built.
-    config, weights = model_weights(load_checkpoint_meta(str(ckpt)), ckpt)
-    folder = Path(output_dir).expanduser() if output_dir is not None else ckpt.parent
+    tokenizer = None
+    if imported:  # its own weights and, when it has one, its own tokenizer
+        from loopnet.formats.folder import read_folder
+        from loopnet.formats.tokenizer import HFTokenizer
+
+        loop_config, weights, _ = read_folder(ckpt)
+        config = asdict(loop_config)
+        tokenizer = HFTokenizer(ckpt) if (ckpt / "tokenizer.json").is_file() else None
+    else:
+        config, weights = model_weights(load_checkpoint_meta(str(ckpt)), ckpt)
+    folder = Path(output_dir).expanduser() if output_dir is not None else (ckpt if imported else ckpt.parent)
     check_writable(str(folder), "--output_dir")  # before the evaluation, not after it
     try:
         import lm_eval
@@ -132,7 +144,7 @@ def run_eval(
     for r in rounds:
         print(f"loopnet eval: R'={r} on {', '.join(names)}", file=sys.stderr)
         lm = LoopnetLM(ckpt_path=str(ckpt), model=model, rounds=r, batch_size=batch_size, device=device,
-                       exit=exit, exit_threshold=exit_threshold)
+                       exit=exit, exit_threshold=exit_threshold, tokenizer=tokenizer)
         outputs[r] = lm_eval.simple_evaluate(
             model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
             batch_size=batch_size, device=device, log_samples=False,

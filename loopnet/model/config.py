@@ -25,6 +25,8 @@ LossRounds = Literal["last", "all", "last_third"]
 RoundSampling = Literal["fixed", "poisson_lognormal", "poisson_truncated"]
 ScalesDepth = Literal["mean", "sampled"]
 Parametrization = Literal["standard", "mup", "completep"]
+Mlp = Literal["gelu", "gelu_tanh", "swiglu"]
+StateInit = Literal["zero", "random"]
 
 assert get_args(Residual) == SCHEMES
 assert get_args(BranchScale) == BRANCH_SCALES
@@ -41,6 +43,8 @@ _CHOICES = {
     "round_sampling": RoundSampling,
     "scales_depth": ScalesDepth,
     "parametrization": Parametrization,
+    "mlp": Mlp,
+    "state_init": StateInit,
     "init": (None, *get_args(Init)),
 }
 
@@ -63,6 +67,22 @@ class Architecture:
         n_coda: C, untied blocks applied once after the loop, before the final Norm and the LM head.
         mlp_ratio: FFN hidden width as a multiple of d_model.
         bias: Biases in linear layers.
+        mlp: The FFN: "gelu" (fc2(GELU(fc1 x)), erf GELU), "gelu_tanh" (GPT-2's tanh approximation of
+            GELU) or "swiglu" (a gated MLP: fc1 maps d to 2·d_ff, [gate; up], and fc2(SiLU(gate)·up):
+            Huginn's GatedMLP, Llama's MLP with gate_proj and up_proj stacked).
+        ffn_width: The FFN's hidden width d_ff exactly (an imported model's intermediate_size); None:
+            mlp_ratio·d_model.
+        rope_base: Base θ of the rotary frequencies θ^(−2i/d_h) (Huginn: 50000, Llama: 10000 or its
+            rope_theta); positions="rope" only.
+        n_kv_heads: Key/value heads (grouped-query attention, Llama 3, TinyLlama: each serves n_heads/n_kv_heads
+            query heads); None: n_heads.
+        qk_bias: A learned bias on every head's queries and keys (not on the values), added before the
+            rotary embedding: Huginn's qk_bias. Zero at init.
+        embed_scale: Multiply the token embedding by √d_model before the prelude (Huginn).
+        loop_norm: Apply the final Norm (the same weights) also to the loop's output, before the coda:
+            Huginn's ln_f, used twice.
+        norm_eps: The ε of the Norms in the blocks and the final Norm (Llama's rms_norm_eps); None: 1e-6 for
+            RMSNorm, 1e-5 for LayerNorm.
         tie_embeddings: Share the token embedding with the LM head (GPT-2, nanoGPT; the FLT code unties).
         input_norm: Feed Norm(e) (parameter-free RMSNorm of the embedding) into round 1 instead of e
             itself. The FLT code does (its configs set it); GPT-2, nanoGPT and DeepNet do not. With a
@@ -123,6 +143,14 @@ class Architecture:
     n_coda: int = 0
     mlp_ratio: float = 4.0
     bias: bool = False
+    mlp: Mlp = "gelu"
+    ffn_width: Optional[int] = None
+    rope_base: float = 10000.0
+    n_kv_heads: Optional[int] = None
+    qk_bias: bool = False
+    embed_scale: bool = False
+    loop_norm: bool = False
+    norm_eps: Optional[float] = None
     tie_embeddings: bool = True
     input_norm: bool = False
     positions: Positions = "learned"
@@ -164,8 +192,13 @@ class Architecture:
         return self.d_model // self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: `n_kv_heads`, or n_heads without grouped-query attention."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
     def d_ff(self) -> int:
-        return int(self.mlp_ratio * self.d_model)
+        return self.ffn_width if self.ffn_width is not None else int(self.mlp_ratio * self.d_model)
 
     @property
     def scales(self) -> tuple[float, float]:
@@ -217,6 +250,10 @@ class RunSettings:
             layout has a category per round up to it.
         round_curriculum_steps: Ramp the mean rounds run without gradient linearly from 0 up to
             n_rounds − backprop_rounds over this many steps (Parcae's linear "forward" curriculum); 0: none.
+        state_init: With a learned injection, the state x that round 1 injects into: "zero" (loopnet's
+            default, deterministic) or "random" (Huginn's "like-init": a fresh draw per forward pass,
+            truncated normal N(0, init_std²) cut at ±3·init_std, times √d_model with embed_scale). A run
+            setting: a model trained from one may be evaluated from the other.
         scales_depth: The N of α and β with sampled rounds: "mean" (α, β of N at n_rounds: Parcae
             initialises from the expected depth) or "sampled" (α of each step's drawn N; β stays its
             initialisation at the mean N).
@@ -231,6 +268,7 @@ class RunSettings:
     max_rounds: Optional[int] = None
     round_curriculum_steps: int = 0
     scales_depth: ScalesDepth = "mean"
+    state_init: StateInit = "zero"
 
 
 RUN_SETTINGS = frozenset(f.name for f in fields(RunSettings))  # the LoopConfig fields a checkpoint need not match
@@ -288,6 +326,20 @@ class LoopConfig(RunSettings, Architecture):
             raise ValueError(f"LoopConfig.injection={self.injection!r} starts each round from inj(x, e); it needs "
                              f"wiring='inject' and inject_into='first'; fix: set model.config.wiring: inject and "
                              f"model.config.inject_into: first")
+        if self.ffn_width is not None and self.ffn_width < 1:
+            raise ValueError(f"LoopConfig.ffn_width={self.ffn_width} must be >= 1; fix: give the FFN's hidden width, "
+                             f"or null for mlp_ratio·d_model")
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            raise ValueError(f"LoopConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; fix: give a "
+                             f"divisor of n_heads, or null (no grouped-query attention)")
+        if self.qk_bias and self.kv_heads != self.n_heads:
+            raise ValueError("LoopConfig.qk_bias has a key bias per query head; it needs n_kv_heads null; fix: drop "
+                             "one of them")
+        if self.norm_eps is not None and not self.norm_eps > 0:
+            raise ValueError(f"LoopConfig.norm_eps={self.norm_eps} must be > 0; fix: give e.g. 1e-5, or null")
+        if self.state_init != "zero" and self.injection not in ("linear", "diagonal"):
+            raise ValueError(f"LoopConfig.state_init={self.state_init!r} is the state a learned injection starts from; "
+                             f"fix: set model.config.injection: linear (or diagonal), or state_init: zero")
         if self.backprop_rounds is not None and self.backprop_rounds < 1:
             raise ValueError(f"LoopConfig.backprop_rounds={self.backprop_rounds} must be >= 1 (or null: every round); "
                              f"fix: give the number of final rounds that get gradients, e.g. 2")

@@ -40,9 +40,9 @@ def make_norm(cfg: LoopConfig, out_scale: float = 1.0) -> nn.Module:
     """The config's Norm over d; `out_scale` multiplies its output (the final Norm's: μP's logit multiplier, so
     that every path reading the head, logits = W·final_norm(x), carries it)."""
     if cfg.norm == "rmsnorm":
-        norm = RMSNorm(cfg.d_model, eps=1e-6, elementwise_affine=cfg.norm_affine)
+        norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps or 1e-6, elementwise_affine=cfg.norm_affine)
     else:
-        norm = LayerNorm(cfg.d_model, bias=cfg.bias, elementwise_affine=cfg.norm_affine)
+        norm = LayerNorm(cfg.d_model, eps=cfg.norm_eps or 1e-5, bias=cfg.bias, elementwise_affine=cfg.norm_affine)
     if out_scale != 1.0:
         norm.out_scale = out_scale
     return norm
@@ -81,12 +81,13 @@ class QKVLinear(nn.Linear):
 
     PARTS = ("q_proj", "k_proj", "v_proj")  # the names the separate projections had (BETA_SCALED's)
 
-    def __init__(self, d: int, bias: bool):
-        super().__init__(d, 3 * d, bias=bias)
+    def __init__(self, d: int, bias: bool, kv: int | None = None):
+        self.sizes = (d, kv or d, kv or d)  # rows of W_Q, W_K, W_V: fewer for K and V with grouped-query attention
+        super().__init__(d, sum(self.sizes), bias=bias)
 
     def parts(self) -> dict[str, torch.Tensor]:
         """Views of W_Q, W_K, W_V by their old names."""
-        return dict(zip(self.PARTS, self.weight.chunk(3)))
+        return dict(zip(self.PARTS, self.weight.split(self.sizes)))
 
     @staticmethod
     def fuse_state(state_dict: dict, prefix: str) -> None:
@@ -107,8 +108,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: LoopConfig):
         super().__init__()
         d, b = cfg.d_model, cfg.bias
-        self.n_heads = cfg.n_heads
-        self.qkv_proj = QKVLinear(d, b)
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.kv_heads
+        self.qkv_proj = QKVLinear(d, b, self.n_kv_heads * cfg.head_dim)
         self.o_proj = nn.Linear(d, d, bias=b)
         self.dropout = cfg.dropout
         # qk-norm: each head's queries and keys RMS-normalised over d_h (own gains), so |q·k|/√d_h <= √d_h·|g_q|·|g_k|.
@@ -118,6 +119,8 @@ class Attention(nn.Module):
         # μP's attention logits q·k·√d_h₀/d_h: the queries times √(d₀/d), so that SDPA's 1/√d_h, the cache and
         # the probes' q·k/√d_h all see the scaled logits (1 under the standard parametrization).
         self.q_scale = query_scale(cfg)
+        # Huginn's qk_bias: [query bias; key bias] per head, a bias of W_Q and W_K alone (W_V has none).
+        self.qk_bias = nn.Parameter(torch.zeros(2, cfg.n_heads, 1, hd)) if cfg.qk_bias else None
         # Called with (q, k) when set: on diagnostics steps only (`Sublayer.observed`), since
         # scaled_dot_product_attention does not expose the logits q·k/√d_h that the probe measures.
         self.qk_hook = None
@@ -126,14 +129,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, q_src: torch.Tensor | None = None, rotary: Rotary | None = None, kv=None):
         B, T, C = x.shape
-        split = lambda t: t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # noqa: E731
+        split = lambda t: t.view(B, T, -1, C // self.n_heads).transpose(1, 2)  # noqa: E731
+        sizes = self.qkv_proj.sizes
         if q_src is None:
-            q, k, v = self.qkv_proj(x).split(C, dim=2)
+            q, k, v = self.qkv_proj(x).split(sizes, dim=2)
         else:  # injection: Q from q_src through W_Q's rows, K and V from x through the other rows
             w, b = self.qkv_proj.weight, self.qkv_proj.bias
             q = F.linear(q_src, w[:C], None if b is None else b[:C])
-            k, v = F.linear(x, w[C:], None if b is None else b[C:]).split(C, dim=2)
+            k, v = F.linear(x, w[C:], None if b is None else b[C:]).split(sizes[1:], dim=2)
         q, k, v = split(q), split(k), split(v)
+        if self.qk_bias is not None:
+            q, k = q + self.qk_bias[0], k + self.qk_bias[1]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rotary is not None:
@@ -141,6 +147,9 @@ class Attention(nn.Module):
             q, k = rotary(q, positions), rotary(k, positions)
         if self.q_scale != 1.0:
             q = q * self.q_scale
+        if self.n_kv_heads != self.n_heads:  # grouped-query attention: query head h reads K/V head h // group
+            group = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         if self.qk_hook is not None:
             self.qk_hook(q, k)
         if kv is not None:
@@ -151,13 +160,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """fc2(GELU(fc1 x)), or with `LoopConfig.mlp` "swiglu" fc2(SiLU(gate)·up), [gate; up] = fc1 x."""
+
     def __init__(self, cfg: LoopConfig):
         super().__init__()
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.kind = cfg.mlp
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff * (2 if cfg.mlp == "swiglu" else 1), bias=cfg.bias)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor, q_src=None, rotary=None, kv=None) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        if self.kind == "swiglu":
+            gate, up = self.fc1(x).chunk(2, dim=-1)
+            return self.fc2(F.silu(gate) * up)
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh" if self.kind == "gelu_tanh" else "none"))
 
 
 class Sublayer(nn.Module):

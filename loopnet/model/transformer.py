@@ -60,7 +60,7 @@ class LoopedTransformer(nn.Module):
         self.alpha, self.beta = cfg.scales
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.positions == "learned" else None
-        self.rotary = Rotary(cfg.head_dim, cfg.seq_len) if cfg.positions == "rope" else None
+        self.rotary = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_base) if cfg.positions == "rope" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_blocks))
         # Untied blocks before and after the loop; none by default (the state dict then has no such keys).
@@ -230,6 +230,8 @@ class LoopedTransformer(nn.Module):
             raise ValueError(f"sequence length {T} exceeds the position table (LoopConfig.seq_len={self.config.seq_len}); "
                              f"shorten the input or train with a larger seq_len")
         e = self.wte(idx)
+        if self.config.embed_scale:
+            e = e * math.sqrt(self.config.d_model)
         if self.wpe is not None:
             e = e + self.wpe(torch.arange(T, device=idx.device) if positions is None else positions)
         e = self.drop(e)
@@ -262,7 +264,7 @@ class LoopedTransformer(nn.Module):
         h = Norm(x_end) (lt), Norm(e + h) (LT_i, as the FLT code has it), or x0."""
         cfg = self.config
         if self.injection is not None:
-            return self.injection(torch.zeros_like(x0) if r == 1 else x, x0)
+            return self.injection(self._initial_state(x0) if r == 1 else x, x0)
         if r == 1 or cfg.wiring == "flt":
             return x0
         if cfg.wiring == "carry":
@@ -272,6 +274,16 @@ class LoopedTransformer(nn.Module):
         if cfg.injection == "add" and cfg.inject_into == "first":
             return unit_rms(e + h)
         return x0
+
+    def _initial_state(self, x0: torch.Tensor) -> torch.Tensor:
+        """The state round 1's learned injection reads (`LoopConfig.state_init`): zeros, or Huginn's draw (the
+        same calls in the same order, so that a seeded run draws Huginn's numbers)."""
+        cfg = self.config
+        if cfg.state_init == "zero":
+            return torch.zeros_like(x0)
+        std = cfg.init_std
+        state = nn.init.trunc_normal_(torch.randn_like(x0), 0.0, std, -3 * std, 3 * std)
+        return state * math.sqrt(cfg.d_model) if cfg.embed_scale else state
 
     def loss_round_indices(self, rounds: int) -> range:
         """Rounds (1-based) whose logits enter the loss."""
@@ -324,8 +336,11 @@ class LoopedTransformer(nn.Module):
         return logits, loss
 
     def finish(self, x: torch.Tensor, alpha: float | None = None, kv: KVCache | None = None) -> torch.Tensor:
-        """The coda blocks on a loop state x (x itself without a coda); `kv`: a cached generation's."""
+        """The coda blocks on a loop state x (x itself without a coda), after the final Norm with `loop_norm`;
+        `kv`: a cached generation's."""
         alpha = self.alpha if alpha is None else alpha
+        if self.config.loop_norm:
+            x = self.final_norm(x)
         for c, block in enumerate(self.coda_blocks, start=1):
             x = self._block(0, c, block, x, None, alpha, "coda", kv)
         return x

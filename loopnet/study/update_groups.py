@@ -44,6 +44,8 @@ OPTIMIZER_TEXT = {"adamw": "AdamW", "sgd": "SGD", "muon": "Muon (+ AdamW on the 
 def group_masks(model) -> dict[str, dict[str, torch.Tensor]]:
     """Group -> {parameter name: 0/1 mask of its elements in the group} (names of `named_parameters`,
     so a tied head is the embedding). Masks of one parameter over the groups sum to one."""
+    import itertools
+
     import torch
     from torch import nn
 
@@ -63,14 +65,16 @@ def group_masks(model) -> dict[str, dict[str, torch.Tensor]]:
         elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
             masks["norm"][name] = ones
         elif isinstance(module, QKVLinear):  # rows [W_Q; W_K; W_V]: V is β-scaled, Q and K are not
-            d = p.shape[0] // 3
+            starts = [0, *itertools.accumulate(module.sizes)]
             for i, part in enumerate(QKVLinear.PARTS):
                 m = torch.zeros_like(p)
-                m[i * d:(i + 1) * d] = 1
+                m[starts[i]:starts[i + 1]] = 1
                 group = "VOfc" if part in BETA_SCALED else "QK"
                 masks[group][name] = masks[group].get(name, torch.zeros_like(p)) + m
         elif leaf in BETA_SCALED:
             masks["VOfc"][name] = ones
+        elif pname == "qk_bias":  # a bias of W_Q and W_K
+            masks["QK"][name] = ones
         else:
             raise ValueError(f"parameter {name} belongs to no update group; add it to update_groups.group_masks")
     return masks

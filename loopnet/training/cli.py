@@ -216,12 +216,14 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
         # The prompt comes from LoopedLM.predict_dataloader (model.generate), not from the corpus. A model
         # trained on a compact vocabulary (the corpus's own ids) maps text to ids and back through it.
         dm, self.datamodule = self.datamodule, None
-        trained = (checkpoints.load_checkpoint_meta(self.config.predict.ckpt_path).get("datamodule_hyper_parameters")
-                   or {})
-        if trained.get("vocab", DEFAULT_VOCAB) != DEFAULT_VOCAB or (dm is not None and dm.vocab != DEFAULT_VOCAB):
+        ckpt_path = self.config.predict.ckpt_path  # None: the weights of model.init_weights, no data recorded
+        trained = ((checkpoints.load_checkpoint_meta(ckpt_path).get("datamodule_hyper_parameters") or {})
+                   if ckpt_path else None)
+        if (trained or {}).get("vocab", DEFAULT_VOCAB) != DEFAULT_VOCAB or (dm is not None
+                                                                            and dm.vocab != DEFAULT_VOCAB):
             keys = ("vocab", "source", "path", "name", "split", "text_column")
-            saved, given = ({k: hp.get(k) for k in keys} for hp in (trained, dict(dm.hparams) if dm else {}))
-            if saved != given:
+            saved, given = ({k: hp.get(k) for k in keys} for hp in (trained or {}, dict(dm.hparams) if dm else {}))
+            if trained is not None and saved != given:
                 diff = "; ".join(f"{k}: checkpoint {saved[k]!r} vs config {given[k]!r}" for k in keys if saved[k] != given[k])
                 raise ValueError(f"{self.config.predict.ckpt_path} was trained on a compact vocabulary (the token ids "
                                  f"of its corpus), which this command's data settings do not rebuild ({diff}); fix: "

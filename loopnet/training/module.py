@@ -114,6 +114,8 @@ class LoopedLM(L.LightningModule):
             batch; seconds to minutes each, docs/diagnostics.md).
         frontier: The exit criterion and thresholds whose loss and mean rounds per token `loopnet test`
             reports (`loopnet.diagnostics.frontier`).
+        init_weights: A model folder (`loopnet import`, `loopnet retrofit`) whose weights a fit starts from; its
+            architecture must equal `config`'s. A checkpoint given with --ckpt_path replaces them.
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class LoopedLM(L.LightningModule):
         extrapolate_rounds: Optional[int] = None,
         frontier: FrontierConfig = FrontierConfig(),
         jacobian_at_validation: bool = False,
+        init_weights: Optional[str] = None,
     ):
         super().__init__()
         self.config, self.optim, self.gen = _as(LoopConfig, config), _as(OptimConfig, optim), _as(GenerateConfig, generate)
@@ -144,6 +147,10 @@ class LoopedLM(L.LightningModule):
              "frontier": asdict(self.frontier), "jacobian_at_validation": jacobian_at_validation}
         )
         self.model = LoopedTransformer(self.config)
+        if init_weights is not None:
+            from loopnet.formats.folder import load_weights
+
+            load_weights(self.model, init_weights)
         self.model.z_loss = self.optim.z_loss
         if compile:
             self.model.compile()

@@ -142,13 +142,15 @@ def max_steps_problem(subcommand: str | None, max_steps: Any) -> str | None:
     return None
 
 
-def ckpt_path_problem(subcommand: str, path: Any) -> str | None:
+def ckpt_path_problem(subcommand: str, path: Any, init_weights: Any = None) -> str | None:
     """Why `--ckpt_path` cannot work for `subcommand` whatever the files hold, or None: an evaluation
-    needs one, and one that names a checkpoint in this process (`best`, `hpc`) only a fit has."""
-    if subcommand in EVALUATION and not path:
+    needs one (or a model folder's weights, `model.init_weights`), and one that names a checkpoint in this
+    process (`best`, `hpc`) only a fit has."""
+    if subcommand in EVALUATION and not path and not init_weights:
         return (f"`loopnet {subcommand}` needs --ckpt_path: without one it would run the model with its random "
                 f"initial weights; fix: --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt (or a best-*.ckpt), "
-                f"or 'last' for the newest last.ckpt of this config's run")
+                f"or 'last' for the newest last.ckpt of this config's run, or --model.init_weights <a folder of "
+                f"loopnet import or retrofit>")
     if subcommand in EVALUATION and path in checkpoints.IN_PROCESS:
         return (f"--ckpt_path {path} names a checkpoint of a fit in this process, which `loopnet {subcommand}` "
                 f"does not have; fix: give the .ckpt file (runs/<run>/version_N/checkpoints/best-*.ckpt) or 'last'")
@@ -292,7 +294,7 @@ def precheck(argv: list[str]) -> Namespace | None:
     warning = validation_warning(subcommand, cfg)
     if warning:  # here, not in check_settings: said once per command
         print(f"loopnet: warning: {warning}", file=sys.stderr)
-    problem = ckpt_path_problem(subcommand, cfg.ckpt_path)
+    problem = ckpt_path_problem(subcommand, cfg.ckpt_path, cfg.model.get("init_weights"))
     if problem:
         raise ValueError(problem)
     if cfg.ckpt_path and cfg.ckpt_path not in checkpoints.SENTINELS:

@@ -25,7 +25,7 @@ def check_ckpt_path(subcommand: str, cfg: Namespace) -> None:
     """`--ckpt_path` as given: an evaluation needs one, and one that names a file in this process
     (`best`, `hpc`) only a fit has; a file is checked (`check_for_command`)."""
     path = cfg.get("ckpt_path")
-    problem = ckpt_path_problem(subcommand, path)
+    problem = ckpt_path_problem(subcommand, path, cfg.model.get("init_weights") if cfg.get("model") else None)
     if problem:
         raise ValueError(problem)
     if not path or path in checkpoints.SENTINELS:

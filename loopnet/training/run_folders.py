@@ -33,7 +33,10 @@ from loopnet.model.scales import scheme_label
 RUN_NAME_FIELDS = {"n_heads": "h{}", "seq_len": "ctx{}", "vocab_size": "v{}", "mlp_ratio": "mlp{}",
                    "positions": "{}", "norm": "{}", "bias": "bias", "tie_embeddings": "untied",
                    "input_norm": "input_norm", "sandwich": "sandwich", "parametrization": "{}",
-                   "mup_base_width": "d0-{}", "completep_base_depth": "n0-{}", "completep_alpha": "a{}"}
+                   "mup_base_width": "d0-{}", "completep_base_depth": "n0-{}", "completep_alpha": "a{}",
+                   "mlp": "{}", "ffn_width": "ff{}",
+                   "rope_base": "rope{}", "qk_bias": "qk_bias", "embed_scale": "embed_scale", "loop_norm": "loop_norm",
+                   "norm_eps": "eps{}", "n_kv_heads": "kv{}"}
 
 
 def run_name(config) -> str:

@@ -39,10 +39,12 @@ def test_the_cpu_overlays_name_different_folders(tmp_path, monkeypatch):
 OTHER = {"d_model": 780, "n_heads": 4, "init": "normal", "wiring": "lt", "injection": "attention",
          "inject_into": "every", "positions": "rope", "norm": "layernorm", "loss_rounds": "all",
          "branch_scale": "wang", "round_sampling": "poisson_truncated", "backprop_rounds": 2, "max_rounds": 20,
-         "scales_depth": "sampled", "mup_base_width": 96, "completep_alpha": 0.5}
+         "scales_depth": "sampled", "mup_base_width": 96, "completep_alpha": 0.5, "mlp": "swiglu", "ffn_width": 100,
+         "state_init": "random", "norm_eps": 1e-5, "n_kv_heads": 2}
 SAMPLED = {"round_sampling": "poisson_truncated"}  # the fields that act on sampled rounds need them
 BASE = {"branch_scale": {"residual": "preln"}, "branch_lambda": {"residual": "preln", "branch_scale": "wang"},  # Pre-LN's ε
-        "max_rounds": SAMPLED, "round_curriculum_steps": SAMPLED, "scales_depth": SAMPLED}
+        "max_rounds": SAMPLED, "round_curriculum_steps": SAMPLED, "scales_depth": SAMPLED,
+        "state_init": {"wiring": "inject", "injection": "linear"}}  # the state a learned injection starts from
 MUP = {"parametrization": "mup", "mup_base_width": 48}
 COMPLETEP = {"parametrization": "completep", "mup_base_width": 48, "completep_base_depth": 4, "residual": "preln"}
 BASE |= {"mup_base_width": MUP, "completep_base_depth": COMPLETEP, "completep_alpha": COMPLETEP}
