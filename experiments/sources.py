@@ -1,9 +1,9 @@
 """The cells a reading reads, from either form a sweep leaves: its run folder (the manifest and each cell's
 summary.json, read by `runs.load_runs` as `loopnet report` reads them) or a report folder's committed
-`cells.csv` and `plateau.json` (read by `map_cells.read_cells`). Each cell is `map_cells.read_cells`'s
+`cells.csv` and `plateau.json` (read by `map_readings.read_cells`). Each cell is `map_readings.read_cells`'s
 dict plus `arm`, Pre-LN's branch multiplier rule (`model.config.branch_scale`; "one" where not set), and
 `scheme` is the *group* a reading compares: the arm's name for a Pre-LN cell (one, sqrt_depth, wang),
-else the scheme, so that `map_cells.merge` and `map_cells.by_rate` key by it."""
+else the scheme, so that `map_readings.merge` and `map_readings.by_rate` key by it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from loopnet.model.scales import BRANCH_SCALES
 
-from ..measures import slug
-from ..sweep import MANIFEST
-from . import map_cells
+from loopnet.study.measures import slug
+from loopnet.study.sweep import MANIFEST
+from experiments.map import readings as map_readings
 
 ARM_KEY = "model.config.branch_scale"
 
@@ -37,7 +37,7 @@ def group_of(scheme: str, arm: str) -> str:
 
 
 def _from_runs(folder: Path) -> list[dict]:
-    from .runs import load_runs
+    from loopnet.study.report.runs import load_runs
 
     out = []
     for run in load_runs(folder)[0]:
@@ -53,7 +53,7 @@ def read(folder: Path | str) -> list[dict]:
     """Every cell of a report folder (its cells.csv) or a sweep's run folder (its manifest)."""
     folder = Path(folder)
     if (folder / "cells.csv").is_file():
-        cells = [dict(c, arm=arm_of(c["cell"])) for c in map_cells.read_cells(folder)]
+        cells = [dict(c, arm=arm_of(c["cell"])) for c in map_readings.read_cells(folder)]
     elif (folder / MANIFEST).is_file():
         cells = _from_runs(folder)
     else:
@@ -77,7 +77,7 @@ def plateau(folders, given: str = "auto") -> float:
                 return float(json.loads(path.read_text())["plateau"])
     for f in folders:
         if (f / MANIFEST).is_file():
-            from .runs import load_runs, sweep_plateau
+            from loopnet.study.report.runs import load_runs, sweep_plateau
 
             return sweep_plateau(load_runs(f)[0], f, f / "report")[0]
     raise ValueError(f"no plateau.json in {', '.join(map(str, folders))}; fix: pass --plateau VALUE")

@@ -1,7 +1,7 @@
 """The map's readings recomputed from its committed per-run values (each report folder's `cells.csv` and
 `plateau.json`), without the run folders that `loopnet report` reads:
 
-    python -m loopnet.study.report.map_cells docs/results/map --out docs/results/map/readings.md
+    python -m experiments.map.readings docs/results/map --out docs/results/map/readings.md
 
 Written: reading 1 by the rule stated before running, on the cells that rule named (the grid and the
 boundary at R = 12) and with the boundary at R = 2 added after the grid was seen; the 50%-trains rate
@@ -22,9 +22,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from .. import boundary
-from ..measures import (TRAIN_MARGIN, best_rate_shift, paired_interval, reading1_verdict, trainable_band, trains,
-                        welch_interval)
+from loopnet.study import boundary
+from loopnet.study.measures import (TRAIN_MARGIN, best_rate_shift, paired_interval, reading1_verdict,
+                                    trainable_band, trains, welch_interval)
 
 PAIR = ("deepnorm", "deeploop")
 
@@ -326,7 +326,7 @@ def controls_and_failures(grid, bnd, expo, plateau, controls=()) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m loopnet.study.report.map_cells", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.map.readings", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("map_dir", help="the map's results folder (grid/, boundary/, confirm/, exponent/)")
     p.add_argument("--out", required=True, help="the markdown file to write")
@@ -334,11 +334,11 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(args.map_dir)
     for sub in ("grid", "boundary", "confirm", "exponent"):
         if not (root / sub / "cells.csv").is_file():
-            sys.exit(f"loopnet map_cells: {root / sub / 'cells.csv'} is missing; fix: pass the map's results folder")
+            sys.exit(f"loopnet map readings: {root / sub / 'cells.csv'} is missing; fix: pass the map's results folder")
     plateau = json.loads((root / "grid" / "plateau.json").read_text())["plateau"]
     grid, bnd, conf, expo = (read_cells(root / s) for s in ("grid", "boundary", "confirm", "exponent"))
     md = ["# The map's readings, recomputed from the committed cells", "",
-          f"Written by `python -m loopnet.study.report.map_cells {' '.join(argv)}` from `grid/`, `boundary/`, "
+          f"Written by `python -m experiments.map.readings {' '.join(argv)}` from `grid/`, `boundary/`, "
           f"`confirm/`, `exponent/` (and, where present, `controls_grid/` and `controls/`) `cells.csv` (the run "
           f"folders are not committed). A seed trains when it "
           f"completed with its final validation loss below the plateau {plateau:.4f} − {TRAIN_MARGIN} nat.", ""]
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     controls = [read_cells(root / sub) for sub in ("controls_grid", "controls") if (root / sub / "cells.csv").is_file()]
     md += vertex(grid, plateau) + drift(grid, conf) + controls_and_failures(grid, bnd, expo, plateau, controls)
     Path(args.out).write_text("\n".join(md))
-    print(f"loopnet map_cells: wrote {args.out}")
+    print(f"loopnet map readings: wrote {args.out}")
 
 
 if __name__ == "__main__":
