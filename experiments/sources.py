@@ -1,23 +1,76 @@
-"""The cells a reading reads, from either form a sweep leaves: its run folder (the manifest and each cell's
-summary.json, read by `runs.load_runs` as `loopnet report` reads them) or a report folder's committed
-`cells.csv` and `plateau.json` (read by `map_readings.read_cells`). Each cell is `map_readings.read_cells`'s
-dict plus `arm`, Pre-LN's branch multiplier rule (`model.config.branch_scale`; "one" where not set), and
-`scheme` is the *group* a reading compares: the arm's name for a Pre-LN cell (one, sqrt_depth, wang),
-else the scheme, so that `map_readings.merge` and `map_readings.by_rate` key by it."""
+"""The cells a reading reads, and what every study's readings do with them.
+
+A sweep leaves them in either of two forms: its run folder (the manifest and each cell's summary.json, read
+by `runs.load_runs` as `loopnet report` reads them) or a report folder's committed `cells.csv` and
+`plateau.json` (`read_cells`). Each cell of `read` is `read_cells`'s dict plus `arm`, Pre-LN's branch
+multiplier rule (`model.config.branch_scale`; "one" where not set), and `scheme` is the *group* a reading
+compares: the arm's name for a Pre-LN cell (one, sqrt_depth, wang), else the scheme, so that `merge` and
+`by_rate` key by it."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
 
 from loopnet.model.scales import BRANCH_SCALES
-
-from loopnet.study.measures import slug
+from loopnet.study.measures import slug, trainable_band, trains
 from loopnet.study.sweep import MANIFEST
-from experiments.map import readings as map_readings
 
 ARM_KEY = "model.config.branch_scale"
+
+
+def read_cells(folder: Path) -> list[dict]:
+    """The cells of one report folder: scheme, p, R, lr (from the cell id), seed, status, final loss."""
+    out = []
+    for row in csv.DictReader((folder / "cells.csv").open()):
+        lr = re.search(r"-lr([0-9.e-]+)-s\d+$", row["cell"])
+        out.append({"sweep": folder.name, "cell": row["cell"], "scheme": row["scheme"], "p": row["p"],
+                    "R": int(row["R"]), "lr": float(lr.group(1)) if lr else None, "seed": int(row["seed"]),
+                    "status": row["status"],
+                    "loss": float(row["final_val_loss"]) if row["final_val_loss"] else None})
+    return out
+
+
+def merge(*sweeps: list[dict]) -> dict[tuple, dict]:
+    """(scheme, R, lr, seed) -> the first finished cell of the sweeps given (a cell rerun by a later sweep,
+    same seed and rate, is the same run: the boundary reran 16 grid cells and matched them)."""
+    out: dict[tuple, dict] = {}
+    for cells in sweeps:
+        for c in cells:
+            if c["status"] in ("completed", "diverged"):
+                out.setdefault((c["scheme"], c["R"], c["lr"], c["seed"]), c)
+    return out
+
+
+def trains_cell(c: dict, plateau: float) -> bool:
+    return trains(c["status"], c["loss"], plateau)
+
+
+def by_rate(cells: dict, scheme: str, rounds: int) -> dict[float, list[dict]]:
+    out: dict[float, list[dict]] = {}
+    for (s, r, lr, _), c in sorted(cells.items()):
+        if s == scheme and r == rounds:
+            out.setdefault(lr, []).append(c)
+    return out
+
+
+def largest_trainable(cells: dict, scheme: str, rounds: int, plateau: float) -> dict:
+    """The ×√2 "every seed trains" rule (`measures.trainable_band`) on the rates these cells ran."""
+    rates = by_rate(cells, scheme, rounds)
+    return trainable_band({lr: all(trains_cell(c, plateau) for c in cs) for lr, cs in rates.items()})
+
+
+def fmt_lr(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def fmt_ci(lo, hi, scale=lambda v: v, spec="{:.3g}") -> str:
+    def end(v):
+        return "open" if v is None else spec.format(scale(v))
+
+    return f"[{end(lo)}, {end(hi)}]"
 
 
 def arm_of(cell_id: str) -> str:
@@ -53,7 +106,7 @@ def read(folder: Path | str) -> list[dict]:
     """Every cell of a report folder (its cells.csv) or a sweep's run folder (its manifest)."""
     folder = Path(folder)
     if (folder / "cells.csv").is_file():
-        cells = [dict(c, arm=arm_of(c["cell"])) for c in map_readings.read_cells(folder)]
+        cells = [dict(c, arm=arm_of(c["cell"])) for c in read_cells(folder)]
     elif (folder / MANIFEST).is_file():
         cells = _from_runs(folder)
     else:

@@ -30,7 +30,6 @@ from loopnet.env import one_line_errors
 from loopnet.study import boundary
 from loopnet.study.measures import paired_interval, quadratic_vertex, t_quantile
 from experiments import sources
-from experiments.map import readings as map_readings
 
 ARMS = ("sqrt_depth", "threequarter", "wang", "deeploop")
 ARM_NAMES = {"sqrt_depth": "1/√depth (γ = ½)", "threequarter": "γ = ¾", "wang": "Wang (γ = 1)",
@@ -45,7 +44,7 @@ LONG_STEPS = 1000
 
 # ---------------------------------------------------------------------------------------- cells
 def read(folders) -> dict:
-    """(arm, R, lr, seed) -> cell over the folders given (the first finished cell wins, `map_readings.merge`); the
+    """(arm, R, lr, seed) -> cell over the folders given (the first finished cell wins, `sources.merge`); the
     γ = ¾ arm is Wang's rule with `branch_lambda` R^¼ in the cell id, checked against R."""
     cells = []
     for folder in folders:
@@ -58,7 +57,7 @@ def read(folders) -> dict:
                                      "run configs/sweeps/gamma/*.yaml unchanged")
                 c = dict(c, scheme="threequarter")
             cells.append(c)
-    return map_readings.merge(cells)
+    return sources.merge(cells)
 
 
 def seed_curves(cells: dict, arm: str, plateau: float) -> dict[tuple[int, int], dict[float, float]]:
@@ -67,7 +66,7 @@ def seed_curves(cells: dict, arm: str, plateau: float) -> dict[tuple[int, int], 
     for (a, r, lr, s), c in cells.items():
         if a == arm:
             out.setdefault((r, s), {})
-            if map_readings.trains_cell(c, plateau):
+            if sources.trains_cell(c, plateau):
                 out[(r, s)][lr] = c["loss"]
     return out
 
@@ -236,9 +235,9 @@ def seed_mean_shift(cells: dict, arm: str, plateau: float, r_lo: int = R_LO, r_h
     every seed trains)."""
     xs = []
     for r in (r_lo, r_hi):
-        rates = map_readings.by_rate(cells, arm, r)
+        rates = sources.by_rate(cells, arm, r)
         ok = {lr: statistics.fmean(c["loss"] for c in cs) for lr, cs in rates.items()
-              if cs and all(map_readings.trains_cell(c, plateau) for c in cs)}
+              if cs and all(sources.trains_cell(c, plateau) for c in cs)}
         v = quadratic_vertex(ok) if len(ok) >= 3 else None
         if v is None:
             return None
@@ -250,7 +249,7 @@ def seed_mean_shift(cells: dict, arm: str, plateau: float, r_lo: int = R_LO, r_h
 def logistic(cells: dict, plateau: float) -> dict:
     """One Firth common-slope fit over every run, one intercept per (arm, R); Δ50 per arm and D50_W, D50_L with
     their profile intervals. {"error": ...} when every run trains (or none)."""
-    rows = [((a, r), lr, map_readings.trains_cell(c, plateau)) for (a, r, lr, _), c in sorted(cells.items())
+    rows = [((a, r), lr, sources.trains_cell(c, plateau)) for (a, r, lr, _), c in sorted(cells.items())
             if a in ARMS and r in (R_LO, R_MID, R_HI)]
     try:
         fit = boundary.fit(boundary.Data.from_rows(rows))
@@ -284,9 +283,9 @@ def long_rates(cells: dict, plateau: float) -> dict[tuple[str, int], list[float]
     out = {}
     for arm in ARMS:
         for r in (R_LO, R_MID):
-            rates = map_readings.by_rate(cells, arm, r)
+            rates = sources.by_rate(cells, arm, r)
             ok = {lr: statistics.fmean(c["loss"] for c in cs) for lr, cs in rates.items()
-                  if all(map_readings.trains_cell(c, plateau) for c in cs)}
+                  if all(sources.trains_cell(c, plateau) for c in cs)}
             v = quadratic_vertex(ok) if len(ok) >= 3 else None
             if v is None:
                 continue
@@ -386,7 +385,7 @@ def markdown(res: dict, cells: dict, plateau: float, argv: list[str], logit: dic
         for name, (v, lo, hi) in ((k, v) for k, v in logit.items() if k != "fit"):
             word = ("open interval: not resolved" if lo is None or hi is None else
                     estimand_word(lo, hi) if name.startswith("D50") else arm_word(lo, hi))
-            md.append(f"| {name} | {v:+.2f} | {map_readings.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
+            md.append(f"| {name} | {v:+.2f} | {sources.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
     if longc is not None:
         md += ["", "## The 1,000-step check: Δ₁₂ at 1,000 steps − Δ₁₂ at 200 steps", "",
                "| arm | seeds | mean (decades) | 95% t interval | word |", "|---|---|---:|---|---|"]
@@ -428,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
         longc = long_check(cells, read(args.long), plateau) if args.long else None
         repro = None
         if args.rival:
-            rival = map_readings.merge(sources.read(args.rival))
+            rival = sources.merge(sources.read(args.rival))
             repro = reproducibility(cells, rival)
         md = markdown(res, cells, plateau, argv, logistic(cells, plateau), repro, res12, longc)
     out.write_text("\n".join(md))

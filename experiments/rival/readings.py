@@ -36,7 +36,6 @@ from loopnet.env import one_line_errors
 from loopnet.study import boundary
 from loopnet.study.measures import best_rate_shift, paired_interval, quadratic_vertex, trains
 from experiments import sources
-from experiments.map import readings as map_readings
 
 ARMS = ("one", "sqrt_depth", "wang")
 ARM_NAMES = {"one": "ε = 1", "sqrt_depth": "ε = 1/√(K·R)", "wang": "ε = 1/(R·√K) (Wang)"}
@@ -115,7 +114,7 @@ def verdict(words: dict[str, str]) -> str:
 def curve(cells: dict, group: str, rounds: int) -> dict[float, dict]:
     """rate -> {seed: final validation loss, None where the run did not complete} (`best_rate_shift`'s input)."""
     return {lr: {c["seed"]: c["loss"] if c["status"] == "completed" else None for c in cs}
-            for lr, cs in map_readings.by_rate(cells, group, rounds).items()}
+            for lr, cs in sources.by_rate(cells, group, rounds).items()}
 
 
 def vertex_shift(cells: dict, group: str, plateau: float, boots: int = 2000) -> dict | None:
@@ -138,14 +137,14 @@ def logistic_shifts(cells: dict, plateau: float, groups=ARMS) -> dict:
     """One Firth common-slope fit over the groups' runs at every R, one intercept per (group, R): per group,
     Δ50 with its profile interval and its range given censoring (an η50 at or beyond the group's rates run
     is clipped to that edge and counts as a bound, as the vertex does)."""
-    keys = [(g, r) for g in groups for r in ROUNDS if map_readings.by_rate(cells, g, r)]
-    rows = [((g, r), lr, map_readings.trains_cell(c, plateau))
+    keys = [(g, r) for g in groups for r in ROUNDS if sources.by_rate(cells, g, r)]
+    rows = [((g, r), lr, sources.trains_cell(c, plateau))
             for (g, r, lr, _), c in sorted(cells.items()) if (g, r) in keys]
     fit = boundary.fit(boundary.Data.from_rows(rows))
     out = {"fit": fit}
     ends = {}
     for key in keys:
-        rates = [math.log10(lr) for lr in map_readings.by_rate(cells, *key)]
+        rates = [math.log10(lr) for lr in sources.by_rate(cells, *key)]
         x = fit.x50(key)
         c = -1 if x <= min(rates) else (1 if x >= max(rates) else 0)
         ends[key] = (min(max(x, min(rates)), max(rates)), c, x)
@@ -184,7 +183,7 @@ def secondary(confirm: dict, plateau: float) -> list[dict]:
     """At R = 12 on the fresh seeds: (Wang's arm − each rival) final loss at each one's confirmed rate,
     paired by seed, with the 95% t interval and its word."""
     def at(group):
-        rates = map_readings.by_rate(confirm, group, R_HI)
+        rates = sources.by_rate(confirm, group, R_HI)
         if not rates:
             return None
         if len(rates) > 1:
@@ -253,7 +252,7 @@ def best_loss_check(cells: dict, confirm_rates: dict[str, float], plateau: float
     (an argmin decided by less than the seeds' spread makes (a) a choice, not a measurement)."""
     def by_rate(group):
         return {lr: {c["seed"]: c["loss"] for c in cs if c["status"] == "completed"}
-                for lr, cs in map_readings.by_rate(cells, group, R_HI).items()}
+                for lr, cs in sources.by_rate(cells, group, R_HI).items()}
     rows, curves = [], {g: by_rate(g) for g in ("wang", "sqrt_depth")}
     means = {g: {lr: statistics.fmean(v.values()) for lr, v in c.items() if v} for g, c in curves.items()}
     ranked = sorted(means["sqrt_depth"].items(), key=lambda kv: kv[1])
@@ -302,7 +301,7 @@ def added_section(grid: dict, shifts: dict, maps: dict, map_grid: dict, confirm:
         md.append(f"| {ARM_NAMES[a]} − {ARM_NAMES[b]} | " + ", ".join(f"{d:+.3f}" for d in row["diffs"])
                   + f" | {row['positive']} of {len(row['diffs'])} | "
                   + (f"{t['mean']:+.3f} | [{t['lo']:+.3f}, {t['hi']:+.3f}]" if t else "— | —") + " |")
-    conf = {g: next(iter(map_readings.by_rate(confirm, g, R_HI)), None) for g in ("wang", "sqrt_depth")}
+    conf = {g: next(iter(sources.by_rate(confirm, g, R_HI)), None) for g in ("wang", "sqrt_depth")}
     md += ["", "The best loss at R = 12 on the grid's seeds, Wang's arm − the 1/√depth arm, by how each arm's rate "
            "is chosen:", "",
            "| each arm's rate | rates (Wang, 1/√depth) | per seed (nat/byte) | seeds negative | mean | "
@@ -334,7 +333,7 @@ def edge(x: float, c: int) -> str:
 
 
 def ci_text(lo, hi) -> str:
-    return map_readings.fmt_ci(lo, hi, spec="{:+.2f}")
+    return sources.fmt_ci(lo, hi, spec="{:+.2f}")
 
 
 def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: float, argv: list[str],
@@ -381,16 +380,16 @@ def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: 
            "exact trend test P (falls) |", "|---|---:|---|---:|---:|---:|"]
     for g in ARMS:
         for r in ROUNDS:
-            rates = map_readings.by_rate(grid, g, r)
+            rates = sources.by_rate(grid, g, r)
             if not rates:
                 continue
-            counts = {lr: (sum(map_readings.trains_cell(c, plateau) for c in cs), len(cs)) for lr, cs in rates.items()}
+            counts = {lr: (sum(sources.trains_cell(c, plateau) for c in cs), len(cs)) for lr, cs in rates.items()}
             ladder = sorted(counts)
             test = boundary.exact_trend_test([[(round(2 * math.log2(lr / ladder[0])), k, n) for lr, (k, n) in counts.items()]])
-            band = map_readings.largest_trainable(grid, g, r, plateau)
+            band = sources.largest_trainable(grid, g, r, plateau)
             x50 = logit.get("ends", {}).get((g, r))
             md.append(f"| {ARM_NAMES[g]} | {r} | " + ", ".join(f"{lr:.3g}: {k}/{n}" for lr, (k, n) in counts.items()) +
-                      f" | {map_readings.fmt_lr(band['largest'])} | "
+                      f" | {sources.fmt_lr(band['largest'])} | "
                       f"{'—' if x50 is None else f'{10 ** x50[2]:.3g}'} | "
                       f"{test['p_falls']:.2g} |")
     md += ["", "A group where seeds fail at low rates as well as high ones (slow training, not instability) makes "
@@ -435,7 +434,7 @@ def plot_loss_vs_lr(grid: dict, result: dict, plateau: float, path: Path) -> Non
     col = colors(ROUNDS)
     for ax, g in zip(axes, ARMS):
         for r in ROUNDS:
-            rates = map_readings.by_rate(grid, g, r)
+            rates = sources.by_rate(grid, g, r)
             if not rates:
                 continue
             losses = {lr: [c["loss"] for c in cs if c["status"] == "completed" and c["loss"] is not None
@@ -481,11 +480,11 @@ def main(argv: list[str] | None = None) -> None:
         if abs(map_plateau - plateau) > 1e-9:
             raise ValueError(f"the rival grid's plateau {plateau:.6f} differs from the map's {map_plateau:.6f}: not the "
                              "same data; fix: run the rival grid on configs/study_map.yaml, or pass --plateau")
-        grid = map_readings.merge(*(sources.read(f) for f in args.grid))
+        grid = sources.merge(*(sources.read(f) for f in args.grid))
         if not any(c["scheme"] in ARMS for c in grid.values()):
             raise ValueError(f"no finished Pre-LN run in {', '.join(args.grid)}; fix: run configs/sweeps/rival/grid.yaml")
-        confirm = map_readings.merge(*(sources.read(f) for f in args.confirm), sources.read(root / "confirm"))
-        map_grid = map_readings.merge(sources.read(root / "grid"))
+        confirm = sources.merge(*(sources.read(f) for f in args.confirm), sources.read(root / "confirm"))
+        map_grid = sources.merge(sources.read(root / "grid"))
         result = reading(grid, plateau, args.boots)
         maps = {s: vertex_shift(map_grid, s, plateau, args.boots) for s in MAP_SCHEMES}
         second = secondary(confirm, plateau)

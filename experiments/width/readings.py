@@ -34,7 +34,6 @@ from loopnet.env import one_line_errors
 
 from loopnet.study import boundary
 from experiments import sources
-from experiments.map import readings as map_readings
 
 SCHEMES = ("deepnorm", "deeploop")
 ROUNDS = (2, 12)
@@ -56,7 +55,7 @@ def rows(cells: dict, plateau: float, draw: list | None = None) -> list[tuple]:
     by_seed: dict = {}
     for (s, r, lr, seed), c in sorted(cells.items(), key=lambda kv: str(kv[0])):
         if (s, r) in GROUPS:
-            by_seed.setdefault(seed, []).append(((s, r), lr, map_readings.trains_cell(c, plateau)))
+            by_seed.setdefault(seed, []).append(((s, r), lr, sources.trains_cell(c, plateau)))
     return [row for seed in (sorted(by_seed, key=str) if draw is None else draw) for row in by_seed.get(seed, [])]
 
 
@@ -70,7 +69,7 @@ def seeds_of(cells: dict) -> list:
 
 def per_width(cells: dict, plateau: float) -> dict:
     """One width's fit: each group's η50 and each quantity with its profile interval."""
-    missing = [g for g in GROUPS if not map_readings.by_rate(cells, *g)]
+    missing = [g for g in GROUPS if not sources.by_rate(cells, *g)]
     if missing:
         raise ValueError(f"no finished run of {', '.join(f'{s} at R = {r}' for s, r in missing)}; fix: run that "
                          "width's pilot and boundary sweeps")
@@ -184,7 +183,7 @@ def trend_word(change: float, lo: float | None, hi: float | None) -> str:
 
 # ---------------------------------------------------------------------------------------- the report
 def ci(lo, hi, spec="{:+.2f}") -> str:
-    return map_readings.fmt_ci(lo, hi, spec=spec)
+    return sources.fmt_ci(lo, hi, spec=spec)
 
 
 def markdown(widths: dict, fits: dict, trends: dict, plateau: float, argv: list[str], plot: str, boots: int) -> list[str]:
@@ -231,13 +230,13 @@ def markdown(widths: dict, fits: dict, trends: dict, plateau: float, argv: list[
            "95% profile interval |", "|---:|---|---:|---|---:|---:|---|"]
     for d in sorted(widths):
         for g in GROUPS:
-            rates = map_readings.by_rate(widths[d], *g)
-            counts = ", ".join(f"{lr:.3g}: {sum(map_readings.trains_cell(c, plateau) for c in cs)}/{len(cs)}"
+            rates = sources.by_rate(widths[d], *g)
+            counts = ", ".join(f"{lr:.3g}: {sum(sources.trains_cell(c, plateau) for c in cs)}/{len(cs)}"
                                for lr, cs in rates.items())
             x, lo, hi = fits[d][g]
-            band = map_readings.largest_trainable(widths[d], *g, plateau)
-            md.append(f"| {d} | {g[0]} | {g[1]} | {counts} | {map_readings.fmt_lr(band['largest'])} | {10 ** x:.3g} | "
-                      f"{map_readings.fmt_ci(lo, hi, lambda v: 10 ** v)} |")
+            band = sources.largest_trainable(widths[d], *g, plateau)
+            md.append(f"| {d} | {g[0]} | {g[1]} | {counts} | {sources.fmt_lr(band['largest'])} | {10 ** x:.3g} | "
+                      f"{sources.fmt_ci(lo, hi, lambda v: 10 ** v)} |")
     md += ["", f"![η50 against d]({plot})", ""]
     return md
 
@@ -288,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         if len(given) < 2:
             raise ValueError("one width given; fix: pass at least two (e.g. 64=... 128=... 256=...)")
         plateau = sources.plateau([f for fs in given.values() for f in fs], args.plateau)
-        widths = {d: map_readings.merge(*(sources.read(f) for f in fs)) for d, fs in given.items()}
+        widths = {d: sources.merge(*(sources.read(f) for f in fs)) for d, fs in given.items()}
         fits = {}
         for d, cells in widths.items():
             try:

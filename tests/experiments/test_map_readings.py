@@ -3,13 +3,14 @@ on the cells that rule named, and the figures the corrected record quotes (check
 
 from pathlib import Path
 
+from experiments import sources
 from experiments.map import readings as map_readings
 
 MAP = Path(__file__).resolve().parents[2] / "docs" / "results" / "map"
 
 
 def test_reading1_from_the_committed_cells(tmp_path):
-    grid, bnd = map_readings.read_cells(MAP / "grid"), map_readings.read_cells(MAP / "boundary")
+    grid, bnd = sources.read_cells(MAP / "grid"), sources.read_cells(MAP / "boundary")
     plateau = 3.275707171288669
     md = "\n".join(map_readings.reading1(grid, bnd, plateau))
     # stated before running (grid + R = 12 boundary): DeepNorm 8e-3 -> 8e-3, DeepLoop 1.6e-2 -> 1.6e-2
@@ -21,7 +22,7 @@ def test_reading1_from_the_committed_cells(tmp_path):
 
 
 def test_controls_and_failures_from_the_committed_cells():
-    grid, bnd, expo = (map_readings.read_cells(MAP / s) for s in ("grid", "boundary", "exponent"))
+    grid, bnd, expo = (sources.read_cells(MAP / s) for s in ("grid", "boundary", "exponent"))
     md = "\n".join(map_readings.controls_and_failures(grid, bnd, expo, 3.275707171288669))
     for figure in ("4.779", "3.818", "3.518", "2.882✓", "3.250"):
         assert figure in md
