@@ -61,7 +61,7 @@ study: $(STAMP)
 
 # The stability map (docs/results/map/README.md): the grid (DeepNorm, DeepLoop x R x lr x 2 seeds),
 # the boundary refinement, the exponent sweep and the confirmation on fresh seeds (their cells chosen from the
-# grid by loopnet.study.followup), the per-group update probe (at init over R, and at steps 0/100/200 of four
+# grid by experiments.followup), the per-group update probe (at init over R, and at steps 0/100/200 of four
 # runs), and the reports.
 # ~2 h on an idle 2-core machine (docs/studies.md). Rerunning skips the finished cells.
 MAP := docs/results/map
@@ -69,11 +69,11 @@ MAP_CONFIG := --config configs/deeploop_r6.yaml --config configs/cpu.yaml --conf
 LN := $(VENV)/bin/loopnet
 map: $(STAMP)
 	$(LN) sweep configs/sweeps/map/grid.yaml --jobs 2 --only 'deep*'
-	$(PY) -m loopnet.study.followup boundary runs/sweeps/map_grid --out configs/sweeps/map/boundary.yaml
+	$(PY) -m experiments.followup boundary runs/sweeps/map_grid --out configs/sweeps/map/boundary.yaml
 	$(LN) sweep configs/sweeps/map/boundary.yaml --jobs 2
-	$(PY) -m loopnet.study.followup exponent runs/sweeps/map_grid runs/sweeps/map_boundary --out configs/sweeps/map/exponent.yaml
+	$(PY) -m experiments.followup exponent runs/sweeps/map_grid runs/sweeps/map_boundary --out configs/sweeps/map/exponent.yaml
 	$(LN) sweep configs/sweeps/map/exponent.yaml --jobs 2
-	$(PY) -m loopnet.study.followup confirm runs/sweeps/map_grid --out configs/sweeps/map/confirm.yaml
+	$(PY) -m experiments.followup confirm runs/sweeps/map_grid --out configs/sweeps/map/confirm.yaml
 	$(LN) sweep configs/sweeps/map/confirm.yaml --jobs 2
 	$(LN) sweep configs/sweeps/map/probe_runs.yaml --jobs 2
 	OMP_NUM_THREADS=2 $(LN) probe $(MAP_CONFIG) --groups --rounds 2 6 12 --schemes deepnorm deeploop --seeds 1 2 3 --out $(MAP)/probe_init
@@ -97,23 +97,23 @@ map-controls: $(STAMP)
 map-smoke: $(STAMP)
 	$(LN) sweep configs/sweeps/map/smoke.yaml --jobs 2
 	$(LN) report runs/sweeps/map_smoke --title "Map smoke (20 steps: not results)"
-	$(PY) -m loopnet.study.followup boundary runs/sweeps/map_smoke --out runs/sweeps/map_smoke/boundary.yaml
-	$(PY) -m loopnet.study.followup exponent runs/sweeps/map_smoke --out runs/sweeps/map_smoke/exponent.yaml
+	$(PY) -m experiments.followup boundary runs/sweeps/map_smoke --out runs/sweeps/map_smoke/boundary.yaml
+	$(PY) -m experiments.followup exponent runs/sweeps/map_smoke --out runs/sweeps/map_smoke/exponent.yaml
 
 # The rival rule and the width study (docs/results/rival/README.md), each resumable (finished cells are skipped).
 # rival: Pre-LN x branch_scale (one, sqrt_depth, wang) x R x lr x 3 seeds (243 fits), then each arm's best rate on
-# fresh seeds (27 fits + 1 DeepLoop, chosen by loopnet.study.followup), and the reports: ~1.5 h (docs/studies.md).
+# fresh seeds (27 fits + 1 DeepLoop, chosen by experiments.followup), and the reports: ~1.5 h (docs/studies.md).
 # width: at d = 64 and 256, a one-seed pilot (28 fits), the boundary runs chosen from it (~60 fits, into a folder
 # of their own), a report of each, then the readings: ~1 h measured (docs/studies.md), most of it d = 256. A stage
 # whose report (or boundary sweep file) is committed is skipped, so the study can be run a stage at a time.
 RIVAL := docs/results/rival
 rival: $(STAMP)
 	$(LN) sweep configs/sweeps/rival/grid.yaml --jobs 2
-	$(PY) -m loopnet.study.followup rival-confirm runs/sweeps/rival_grid --out configs/sweeps/rival/confirm.yaml
+	$(PY) -m experiments.followup rival-confirm runs/sweeps/rival_grid --out configs/sweeps/rival/confirm.yaml
 	$(LN) sweep configs/sweeps/rival/confirm.yaml --jobs 2
 	$(LN) report runs/sweeps/rival_grid --out $(RIVAL)/grid --title "Rival rule 1/2: Pre-LN's branch multiplier x R x lr"
 	$(LN) report runs/sweeps/rival_confirm --out $(RIVAL)/confirm --title "Rival rule 2/2: each arm's best rate on fresh seeds"
-	$(PY) -m loopnet.study.report.rival --grid $(RIVAL)/grid --confirm $(RIVAL)/confirm --map $(MAP) --out $(RIVAL)/readings.md
+	$(PY) -m experiments.rival.readings --grid $(RIVAL)/grid --confirm $(RIVAL)/confirm --map $(MAP) --out $(RIVAL)/readings.md
 
 width: $(STAMP)
 	for d in 64 256; do \
@@ -121,12 +121,12 @@ width: $(STAMP)
 	    { $(LN) sweep configs/sweeps/width/d$${d}_pilot.yaml --jobs 2 && \
 	      $(LN) report runs/sweeps/width_d$$d --out $(RIVAL)/width_d$$d/pilot --title "Width d = $$d, the pilot: DeepNorm and DeepLoop at R = 2 and 12, one seed"; }; } && \
 	  { test -f configs/sweeps/width/d$${d}_boundary.yaml || \
-	    $(PY) -m loopnet.study.followup width runs/sweeps/width_d$$d --out configs/sweeps/width/d$${d}_boundary.yaml; } && \
+	    $(PY) -m experiments.followup width runs/sweeps/width_d$$d --out configs/sweeps/width/d$${d}_boundary.yaml; } && \
 	  { test -f $(RIVAL)/width_d$$d/boundary/cells.csv || \
 	    { $(LN) sweep configs/sweeps/width/d$${d}_boundary.yaml --jobs 2 && \
 	      $(LN) report runs/sweeps/width_d$${d}_boundary --out $(RIVAL)/width_d$$d/boundary --title "Width d = $$d, the boundary: six rates at x sqrt(2) around the pilot's, 3 seeds"; }; } \
 	  || exit 1; done
-	$(PY) -m loopnet.study.report.width 64=$(RIVAL)/width_d64/pilot,$(RIVAL)/width_d64/boundary \
+	$(PY) -m experiments.width.readings 64=$(RIVAL)/width_d64/pilot,$(RIVAL)/width_d64/boundary \
 	  128=$(MAP)/grid,$(MAP)/boundary 256=$(RIVAL)/width_d256/pilot,$(RIVAL)/width_d256/boundary --out docs/results/width/readings.md
 
 # The depth exponent gamma (docs/results/gamma/PREREGISTRATION.md), resumable (finished cells are skipped).
@@ -134,7 +134,7 @@ width: $(STAMP)
 # report and the readings. gamma: the rest of the 8-seed ladder (768 fits), the high-rate tail (360), the
 # 1,000-step check (120 fits, its sweep file written from the ladder by the pre-registered rule) and the readings.
 GAMMA := docs/results/gamma
-GAMMA_READ = $(PY) -m loopnet.study.report.gamma readings --rival $(RIVAL)/grid --out $(GAMMA)/readings.md
+GAMMA_READ = $(PY) -m experiments.gamma.readings readings --rival $(RIVAL)/grid --out $(GAMMA)/readings.md
 gamma-core: $(STAMP)
 	$(LN) sweep configs/sweeps/gamma/core.yaml --jobs 2 --threads 1
 	$(LN) report runs/sweeps/gamma_core --out $(GAMMA)/core --title "Depth exponent: the decisive core"
@@ -145,7 +145,7 @@ gamma: gamma-core
 	$(LN) sweep configs/sweeps/gamma/tail.yaml --jobs 2 --threads 1
 	$(LN) report runs/sweeps/gamma_ladder --out $(GAMMA)/ladder --title "Depth exponent: the 8-seed ladder"
 	$(LN) report runs/sweeps/gamma_tail --out $(GAMMA)/tail --title "Depth exponent: the high-rate tail"
-	test -f configs/sweeps/gamma/long.yaml || $(PY) -m loopnet.study.report.gamma long-sweep \
+	test -f configs/sweeps/gamma/long.yaml || $(PY) -m experiments.gamma.readings long-sweep \
 	  --cells $(GAMMA)/core $(GAMMA)/ladder --out configs/sweeps/gamma/long.yaml
 	$(LN) sweep configs/sweeps/gamma/long.yaml --jobs 2 --threads 1
 	$(LN) report runs/sweeps/gamma_long --out $(GAMMA)/long --title "Depth exponent: the 1,000-step check"
@@ -156,7 +156,7 @@ gamma: gamma-core
 rival-smoke: $(STAMP)
 	$(LN) sweep configs/sweeps/rival/smoke.yaml --jobs 2
 	$(LN) report runs/sweeps/rival_smoke --title "Rival smoke (20 steps: not results)"
-	$(PY) -m loopnet.study.followup rival-confirm runs/sweeps/rival_smoke --out runs/sweeps/rival_smoke/confirm.yaml
+	$(PY) -m experiments.followup rival-confirm runs/sweeps/rival_smoke --out runs/sweeps/rival_smoke/confirm.yaml
 
 # Mutation testing (docs/testing.md; not part of CI): mutmut changes the code one small bug at a time where a
 # silent bug corrupts the science, and runs on each mutant the quick tests that reach the changed function.

@@ -1,4 +1,5 @@
-"""No import circles in loopnet: the graph of which loopnet module imports which has no cycle.
+"""No import circles in loopnet: the graph of which loopnet module imports which has no cycle; and loopnet never
+imports `experiments` (the studies' readers, which build on it one way).
 
 The graph is read from the source with `ast`, every module the package holds (whatever files exist),
 and counts every import statement wherever it stands:
@@ -162,3 +163,44 @@ def test_a_new_circle_is_caught(tmp_path):
     graph = import_graph(tmp_path, "pkg")
     assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
     assert describe(["pkg.a", "pkg.sub.b"], graph) == "pkg.a -> pkg.sub.b -> pkg.a"
+
+
+def outside_imports(root: Path = ROOT, package: str = PACKAGE, outside: str = "experiments") -> list[str]:
+    """`file:line` of every import of `outside` (absolute, wherever it stands) in `package`'s modules."""
+    found = []
+    for name, path in modules(root, package).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n == outside or n.startswith(outside + ".") for n in names):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_the_package_never_imports_experiments():
+    """experiments/ (the studies' readers) builds on loopnet one way: the installed package runs without it."""
+    assert (ROOT / "experiments" / "__init__.py").is_file()
+    found = outside_imports()
+    assert not found, "loopnet imports experiments/ (the dependency runs one way, experiments -> loopnet):\n  " + (
+        "\n  ".join(found))
+
+
+def test_experiments_have_no_import_circles():
+    graph = import_graph(ROOT, "experiments")
+    assert "experiments.sources" in graph["experiments.rival.readings"] & graph["experiments.map.readings"]
+    assert not cycles(graph), [describe(c, graph) for c in cycles(graph)]
+
+
+def test_an_import_of_experiments_is_caught(tmp_path):
+    """The check itself: a module-level and a lazy import of experiments are both found; a relative one is not."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import experiments.map\n")
+    (pkg / "b.py").write_text("def f():\n    from experiments.rival import readings\n    return readings\n")
+    (pkg / "c.py").write_text("from . import a\nimport experimental\n")
+    assert outside_imports(tmp_path, "pkg") == ["pkg/a.py:1", "pkg/b.py:2"]

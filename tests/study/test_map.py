@@ -181,7 +181,7 @@ def test_logistic_fit_solves_the_score_equations_and_refuses_separated_data():
 
 
 def test_followup_sweeps_follow_their_rules(map_report, tmp_path):
-    from loopnet.study import followup
+    from experiments import followup
     from loopnet.study.grid import expand, load_sweep
 
     sweep = map_report.parent / "sw"
@@ -206,7 +206,7 @@ def test_followup_sweeps_follow_their_rules(map_report, tmp_path):
 
 
 def test_confirm_sweep_reruns_each_best_rate_on_fresh_seeds(map_report, tmp_path):
-    from loopnet.study import followup
+    from experiments import followup
     from loopnet.study.grid import expand, load_sweep
 
     followup.main(["confirm", str(map_report.parent / "sw"), "--plateau", str(PLATEAU), "--out", str(tmp_path / "c.yaml")])

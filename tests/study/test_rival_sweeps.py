@@ -124,7 +124,7 @@ def rival_runs(tmp_path):
 
 
 def test_rival_confirm_takes_each_arms_vertex_rounded_to_the_grid_on_fresh_seeds(rival_runs, monkeypatch):
-    from loopnet.study import followup
+    from experiments import followup
 
     monkeypatch.setattr(followup, "MAP_CONFIRM", rival_runs / "map_confirm.yaml")
     out = rival_runs / "confirm.yaml"
@@ -143,7 +143,7 @@ def test_rival_confirm_takes_each_arms_vertex_rounded_to_the_grid_on_fresh_seeds
 
 
 def test_rival_confirm_needs_the_maps_deeploop_cell(rival_runs, monkeypatch):
-    from loopnet.study import followup
+    from experiments import followup
 
     monkeypatch.setattr(followup, "MAP_CONFIRM", rival_runs / "missing.yaml")
     with pytest.raises(SystemExit):
@@ -156,7 +156,7 @@ PILOT_EDGE = {("deepnorm", 2): 8e-3, ("deeploop", 2): 1.6e-2, ("deepnorm", 12): 
 
 
 def test_width_boundary_is_six_rates_around_the_pilots_edge_beside_the_pilot(tmp_path):
-    from loopnet.study import followup
+    from experiments import followup
 
     spec = yaml.safe_load(Path("configs/sweeps/width/d64_pilot.yaml").read_text())
     spec["out"] = str(tmp_path / "width_d64")

@@ -1,7 +1,7 @@
 """The map's readings recomputed from its committed per-run values (each report folder's `cells.csv` and
 `plateau.json`), without the run folders that `loopnet report` reads:
 
-    python -m loopnet.study.report.map_cells docs/results/map --out docs/results/map/readings.md
+    python -m experiments.map.readings docs/results/map --out docs/results/map/readings.md
 
 Written: reading 1 by the rule stated before running, on the cells that rule named (the grid and the
 boundary at R = 12) and with the boundary at R = 2 added after the grid was seen; the 50%-trains rate
@@ -14,72 +14,24 @@ well above the plateau, the best-loss drift from R = 2 to R = 12 per seed)."""
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
 
-from .. import boundary
-from ..measures import (TRAIN_MARGIN, best_rate_shift, paired_interval, reading1_verdict, trainable_band, trains,
-                        welch_interval)
+from loopnet.study import boundary
+from loopnet.study.measures import (TRAIN_MARGIN, best_rate_shift, paired_interval, reading1_verdict,
+                                    welch_interval)
+
+from experiments.sources import by_rate, fmt_ci, fmt_lr, largest_trainable, merge, read_cells, trains_cell
 
 PAIR = ("deepnorm", "deeploop")
-
-
-def read_cells(folder: Path) -> list[dict]:
-    """The cells of one report folder: scheme, p, R, lr (from the cell id), seed, status, final loss."""
-    out = []
-    for row in csv.DictReader((folder / "cells.csv").open()):
-        lr = re.search(r"-lr([0-9.e-]+)-s\d+$", row["cell"])
-        out.append({"sweep": folder.name, "cell": row["cell"], "scheme": row["scheme"], "p": row["p"],
-                    "R": int(row["R"]), "lr": float(lr.group(1)) if lr else None, "seed": int(row["seed"]),
-                    "status": row["status"],
-                    "loss": float(row["final_val_loss"]) if row["final_val_loss"] else None})
-    return out
-
-
-def merge(*sweeps: list[dict]) -> dict[tuple, dict]:
-    """(scheme, R, lr, seed) -> the first finished cell of the sweeps given (a cell rerun by a later sweep,
-    same seed and rate, is the same run: the boundary reran 16 grid cells and matched them)."""
-    out: dict[tuple, dict] = {}
-    for cells in sweeps:
-        for c in cells:
-            if c["status"] in ("completed", "diverged"):
-                out.setdefault((c["scheme"], c["R"], c["lr"], c["seed"]), c)
-    return out
 
 
 def as_deepnorm(cells: list[dict]) -> list[dict]:
     """The exponent sweep's p = 0.25 cells are DeepNorm (α = (2N)^¼, β = (8N)^−¼; identical losses)."""
     return [dict(c, scheme="deepnorm") for c in cells if c["scheme"] == "scaled" and c["p"] and float(c["p"]) == 0.25]
-
-
-def trains_cell(c: dict, plateau: float) -> bool:
-    return trains(c["status"], c["loss"], plateau)
-
-
-def by_rate(cells: dict, scheme: str, rounds: int) -> dict[float, list[dict]]:
-    out: dict[float, list[dict]] = {}
-    for (s, r, lr, _), c in sorted(cells.items()):
-        if s == scheme and r == rounds:
-            out.setdefault(lr, []).append(c)
-    return out
-
-
-def largest_trainable(cells: dict, scheme: str, rounds: int, plateau: float) -> dict:
-    """The ×√2 "every seed trains" rule (`measures.trainable_band`) on the rates these cells ran."""
-    return trainable_band({lr: all(trains_cell(c, plateau) for c in cs) for lr, cs in by_rate(cells, scheme, rounds).items()})
-
-
-def fmt_lr(x: float | None) -> str:
-    return "—" if x is None else f"{x:.3g}"
-
-
-def fmt_ci(lo, hi, scale=lambda v: v, spec="{:.3g}") -> str:
-    return "[" + ("open" if lo is None else spec.format(scale(lo))) + ", " + ("open" if hi is None else spec.format(scale(hi))) + "]"
 
 
 # ---------------------------------------------------------------------------------------- sections
@@ -326,7 +278,7 @@ def controls_and_failures(grid, bnd, expo, plateau, controls=()) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m loopnet.study.report.map_cells", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.map.readings", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("map_dir", help="the map's results folder (grid/, boundary/, confirm/, exponent/)")
     p.add_argument("--out", required=True, help="the markdown file to write")
@@ -334,11 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(args.map_dir)
     for sub in ("grid", "boundary", "confirm", "exponent"):
         if not (root / sub / "cells.csv").is_file():
-            sys.exit(f"loopnet map_cells: {root / sub / 'cells.csv'} is missing; fix: pass the map's results folder")
+            sys.exit(f"loopnet map readings: {root / sub / 'cells.csv'} is missing; fix: pass the map's results folder")
     plateau = json.loads((root / "grid" / "plateau.json").read_text())["plateau"]
     grid, bnd, conf, expo = (read_cells(root / s) for s in ("grid", "boundary", "confirm", "exponent"))
     md = ["# The map's readings, recomputed from the committed cells", "",
-          f"Written by `python -m loopnet.study.report.map_cells {' '.join(argv)}` from `grid/`, `boundary/`, "
+          f"Written by `python -m experiments.map.readings {' '.join(argv)}` from `grid/`, `boundary/`, "
           f"`confirm/`, `exponent/` (and, where present, `controls_grid/` and `controls/`) `cells.csv` (the run "
           f"folders are not committed). A seed trains when it "
           f"completed with its final validation loss below the plateau {plateau:.4f} − {TRAIN_MARGIN} nat.", ""]
@@ -346,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     controls = [read_cells(root / sub) for sub in ("controls_grid", "controls") if (root / sub / "cells.csv").is_file()]
     md += vertex(grid, plateau) + drift(grid, conf) + controls_and_failures(grid, bnd, expo, plateau, controls)
     Path(args.out).write_text("\n".join(md))
-    print(f"loopnet map_cells: wrote {args.out}")
+    print(f"loopnet map readings: wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -3,15 +3,16 @@ on the cells that rule named, and the figures the corrected record quotes (check
 
 from pathlib import Path
 
-from loopnet.study.report import map_cells
+from experiments import sources
+from experiments.map import readings as map_readings
 
 MAP = Path(__file__).resolve().parents[2] / "docs" / "results" / "map"
 
 
 def test_reading1_from_the_committed_cells(tmp_path):
-    grid, bnd = map_cells.read_cells(MAP / "grid"), map_cells.read_cells(MAP / "boundary")
+    grid, bnd = sources.read_cells(MAP / "grid"), sources.read_cells(MAP / "boundary")
     plateau = 3.275707171288669
-    md = "\n".join(map_cells.reading1(grid, bnd, plateau))
+    md = "\n".join(map_readings.reading1(grid, bnd, plateau))
     # stated before running (grid + R = 12 boundary): DeepNorm 8e-3 -> 8e-3, DeepLoop 1.6e-2 -> 1.6e-2
     assert "| 0.008 → 0.008 | 0.00 | 0.016 → 0.016 | 0.00 | +0.00 | **contradicted** |" in md
     # with the R = 2 boundary added: DeepNorm 1.13e-2 -> 8e-3 (0.15 decades)
@@ -21,8 +22,8 @@ def test_reading1_from_the_committed_cells(tmp_path):
 
 
 def test_controls_and_failures_from_the_committed_cells():
-    grid, bnd, expo = (map_cells.read_cells(MAP / s) for s in ("grid", "boundary", "exponent"))
-    md = "\n".join(map_cells.controls_and_failures(grid, bnd, expo, 3.275707171288669))
+    grid, bnd, expo = (sources.read_cells(MAP / s) for s in ("grid", "boundary", "exponent"))
+    md = "\n".join(map_readings.controls_and_failures(grid, bnd, expo, 3.275707171288669))
     for figure in ("4.779", "3.818", "3.518", "2.882✓", "3.250"):
         assert figure in md
     assert md.count("3.518") == 1  # the exponent sweep's p = 0.25 copy of the DeepNorm run is the same run
@@ -45,7 +46,7 @@ def test_the_controls_best_rate_censoring_and_paired_difference():
                 _cell("preln", 2, 4e-3, 1, 2.80), _cell("preln", 2, 4e-3, 2, 2.90),
                 _cell("postln", 2, 1e-3, 1, 3.30), _cell("postln", 2, 1e-3, 2, 3.31),
                 _cell("postln", 2, 2e-3, 1, 3.31), _cell("postln", 2, 2e-3, 2, 3.32)]
-    md = "\n".join(map_cells.controls_and_failures(grid, [], [], plateau, [controls]))
+    md = "\n".join(map_readings.controls_and_failures(grid, [], [], plateau, [controls]))
     assert "- preln at R = 2: 0.001: 2.700✓, 2.600✓; 0.002: 2.660✓, 2.550✓; 0.004: 2.800✓, 2.900✓; η* = 0.002." in md
     assert "- postln at R = 2: 0.001: 3.300, 3.310; 0.002: 3.310, 3.320; η* = 0.001 (censored: the lowest rate run), " \
            "on the plateau." in md

@@ -1,6 +1,6 @@
 """The rival rule's readings (docs/results/rival/README.md, section 1), by the rule stated there before the run:
 
-    python -m loopnet.study.report.rival --grid docs/results/rival/grid --confirm docs/results/rival/confirm \\
+    python -m experiments.rival.readings --grid docs/results/rival/grid --confirm docs/results/rival/confirm \\
         --map docs/results/map --out docs/results/rival/readings.md
 
 --grid and --confirm take report folders (cells.csv) or sweep run folders (runs/sweeps/rival_grid); --map is
@@ -33,9 +33,9 @@ from pathlib import Path
 
 from loopnet.env import one_line_errors
 
-from .. import boundary
-from ..measures import best_rate_shift, paired_interval, quadratic_vertex, trains
-from . import map_cells, sources
+from loopnet.study import boundary
+from loopnet.study.measures import best_rate_shift, paired_interval, quadratic_vertex, trains
+from experiments import sources
 
 ARMS = ("one", "sqrt_depth", "wang")
 ARM_NAMES = {"one": "ε = 1", "sqrt_depth": "ε = 1/√(K·R)", "wang": "ε = 1/(R·√K) (Wang)"}
@@ -114,7 +114,7 @@ def verdict(words: dict[str, str]) -> str:
 def curve(cells: dict, group: str, rounds: int) -> dict[float, dict]:
     """rate -> {seed: final validation loss, None where the run did not complete} (`best_rate_shift`'s input)."""
     return {lr: {c["seed"]: c["loss"] if c["status"] == "completed" else None for c in cs}
-            for lr, cs in map_cells.by_rate(cells, group, rounds).items()}
+            for lr, cs in sources.by_rate(cells, group, rounds).items()}
 
 
 def vertex_shift(cells: dict, group: str, plateau: float, boots: int = 2000) -> dict | None:
@@ -137,13 +137,14 @@ def logistic_shifts(cells: dict, plateau: float, groups=ARMS) -> dict:
     """One Firth common-slope fit over the groups' runs at every R, one intercept per (group, R): per group,
     Δ50 with its profile interval and its range given censoring (an η50 at or beyond the group's rates run
     is clipped to that edge and counts as a bound, as the vertex does)."""
-    keys = [(g, r) for g in groups for r in ROUNDS if map_cells.by_rate(cells, g, r)]
-    rows = [((g, r), lr, map_cells.trains_cell(c, plateau)) for (g, r, lr, _), c in sorted(cells.items()) if (g, r) in keys]
+    keys = [(g, r) for g in groups for r in ROUNDS if sources.by_rate(cells, g, r)]
+    rows = [((g, r), lr, sources.trains_cell(c, plateau))
+            for (g, r, lr, _), c in sorted(cells.items()) if (g, r) in keys]
     fit = boundary.fit(boundary.Data.from_rows(rows))
     out = {"fit": fit}
     ends = {}
     for key in keys:
-        rates = [math.log10(lr) for lr in map_cells.by_rate(cells, *key)]
+        rates = [math.log10(lr) for lr in sources.by_rate(cells, *key)]
         x = fit.x50(key)
         c = -1 if x <= min(rates) else (1 if x >= max(rates) else 0)
         ends[key] = (min(max(x, min(rates)), max(rates)), c, x)
@@ -182,7 +183,7 @@ def secondary(confirm: dict, plateau: float) -> list[dict]:
     """At R = 12 on the fresh seeds: (Wang's arm − each rival) final loss at each one's confirmed rate,
     paired by seed, with the 95% t interval and its word."""
     def at(group):
-        rates = map_cells.by_rate(confirm, group, R_HI)
+        rates = sources.by_rate(confirm, group, R_HI)
         if not rates:
             return None
         if len(rates) > 1:
@@ -251,7 +252,7 @@ def best_loss_check(cells: dict, confirm_rates: dict[str, float], plateau: float
     (an argmin decided by less than the seeds' spread makes (a) a choice, not a measurement)."""
     def by_rate(group):
         return {lr: {c["seed"]: c["loss"] for c in cs if c["status"] == "completed"}
-                for lr, cs in map_cells.by_rate(cells, group, R_HI).items()}
+                for lr, cs in sources.by_rate(cells, group, R_HI).items()}
     rows, curves = [], {g: by_rate(g) for g in ("wang", "sqrt_depth")}
     means = {g: {lr: statistics.fmean(v.values()) for lr, v in c.items() if v} for g, c in curves.items()}
     ranked = sorted(means["sqrt_depth"].items(), key=lambda kv: kv[1])
@@ -300,7 +301,7 @@ def added_section(grid: dict, shifts: dict, maps: dict, map_grid: dict, confirm:
         md.append(f"| {ARM_NAMES[a]} − {ARM_NAMES[b]} | " + ", ".join(f"{d:+.3f}" for d in row["diffs"])
                   + f" | {row['positive']} of {len(row['diffs'])} | "
                   + (f"{t['mean']:+.3f} | [{t['lo']:+.3f}, {t['hi']:+.3f}]" if t else "— | —") + " |")
-    conf = {g: next(iter(map_cells.by_rate(confirm, g, R_HI)), None) for g in ("wang", "sqrt_depth")}
+    conf = {g: next(iter(sources.by_rate(confirm, g, R_HI)), None) for g in ("wang", "sqrt_depth")}
     md += ["", "The best loss at R = 12 on the grid's seeds, Wang's arm − the 1/√depth arm, by how each arm's rate "
            "is chosen:", "",
            "| each arm's rate | rates (Wang, 1/√depth) | per seed (nat/byte) | seeds negative | mean | "
@@ -332,7 +333,7 @@ def edge(x: float, c: int) -> str:
 
 
 def ci_text(lo, hi) -> str:
-    return map_cells.fmt_ci(lo, hi, spec="{:+.2f}")
+    return sources.fmt_ci(lo, hi, spec="{:+.2f}")
 
 
 def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: float, argv: list[str],
@@ -340,8 +341,8 @@ def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: 
     shifts, logit = result["shifts"], result["logit"]
     line = verdict_line(result)
     md = ["# The rival rule on the map: the readings stated before the run, computed", "",
-          f"Written by `python -m loopnet.study.report.rival {' '.join(argv)}`; the rule is in "
-          "`docs/results/rival/README.md` (section 1) and coded in `loopnet/study/report/rival.py`. A seed trains when "
+          f"Written by `python -m experiments.rival.readings {' '.join(argv)}`; the rule is in "
+          "`docs/results/rival/README.md` (section 1) and coded in `experiments/rival/readings.py`. A seed trains when "
           f"it completed with its final validation loss below the plateau {plateau:.4f} − 0.1 nat.", "",
           f"**{line}**", "",
           "## The decisive reading", "",
@@ -379,16 +380,17 @@ def markdown(result: dict, grid: dict, maps: dict, second: list[dict], plateau: 
            "exact trend test P (falls) |", "|---|---:|---|---:|---:|---:|"]
     for g in ARMS:
         for r in ROUNDS:
-            rates = map_cells.by_rate(grid, g, r)
+            rates = sources.by_rate(grid, g, r)
             if not rates:
                 continue
-            counts = {lr: (sum(map_cells.trains_cell(c, plateau) for c in cs), len(cs)) for lr, cs in rates.items()}
+            counts = {lr: (sum(sources.trains_cell(c, plateau) for c in cs), len(cs)) for lr, cs in rates.items()}
             ladder = sorted(counts)
             test = boundary.exact_trend_test([[(round(2 * math.log2(lr / ladder[0])), k, n) for lr, (k, n) in counts.items()]])
-            band = map_cells.largest_trainable(grid, g, r, plateau)
+            band = sources.largest_trainable(grid, g, r, plateau)
             x50 = logit.get("ends", {}).get((g, r))
             md.append(f"| {ARM_NAMES[g]} | {r} | " + ", ".join(f"{lr:.3g}: {k}/{n}" for lr, (k, n) in counts.items()) +
-                      f" | {map_cells.fmt_lr(band['largest'])} | {'—' if x50 is None else f'{10 ** x50[2]:.3g}'} | "
+                      f" | {sources.fmt_lr(band['largest'])} | "
+                      f"{'—' if x50 is None else f'{10 ** x50[2]:.3g}'} | "
                       f"{test['p_falls']:.2g} |")
     md += ["", "A group where seeds fail at low rates as well as high ones (slow training, not instability) makes "
            "the monotone logistic a poor description: its exact trend test P is then large.", "",
@@ -425,14 +427,14 @@ def verdict_line(result: dict) -> str:
 def plot_loss_vs_lr(grid: dict, result: dict, plateau: float, path: Path) -> None:
     """Final loss against the rate, one panel per arm, one line (the mean over the seeds that completed) per R,
     each seed a point, each diverged run an x on the plateau line; the vertex η* at R = 2 and 12 marked."""
-    from ..plotting import colors, legend, pyplot, save
+    from loopnet.study.plotting import colors, legend, pyplot, save
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(ARMS), figsize=(5 * len(ARMS), 4), sharey=True)
     col = colors(ROUNDS)
     for ax, g in zip(axes, ARMS):
         for r in ROUNDS:
-            rates = map_cells.by_rate(grid, g, r)
+            rates = sources.by_rate(grid, g, r)
             if not rates:
                 continue
             losses = {lr: [c["loss"] for c in cs if c["status"] == "completed" and c["loss"] is not None
@@ -459,7 +461,7 @@ def plot_loss_vs_lr(grid: dict, result: dict, plateau: float, path: Path) -> Non
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m loopnet.study.report.rival", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.rival.readings", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", nargs="+", required=True, help="the rival grid: report folder(s) or sweep run folder(s)")
     p.add_argument("--confirm", nargs="*", default=[], help="the rival confirmation (report or run folder)")
@@ -478,11 +480,11 @@ def main(argv: list[str] | None = None) -> None:
         if abs(map_plateau - plateau) > 1e-9:
             raise ValueError(f"the rival grid's plateau {plateau:.6f} differs from the map's {map_plateau:.6f}: not the "
                              "same data; fix: run the rival grid on configs/study_map.yaml, or pass --plateau")
-        grid = map_cells.merge(*(sources.read(f) for f in args.grid))
+        grid = sources.merge(*(sources.read(f) for f in args.grid))
         if not any(c["scheme"] in ARMS for c in grid.values()):
             raise ValueError(f"no finished Pre-LN run in {', '.join(args.grid)}; fix: run configs/sweeps/rival/grid.yaml")
-        confirm = map_cells.merge(*(sources.read(f) for f in args.confirm), sources.read(root / "confirm"))
-        map_grid = map_cells.merge(sources.read(root / "grid"))
+        confirm = sources.merge(*(sources.read(f) for f in args.confirm), sources.read(root / "confirm"))
+        map_grid = sources.merge(sources.read(root / "grid"))
         result = reading(grid, plateau, args.boots)
         maps = {s: vertex_shift(map_grid, s, plateau, args.boots) for s in MAP_SCHEMES}
         second = secondary(confirm, plateau)

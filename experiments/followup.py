@@ -1,7 +1,7 @@
 """The map's steps 2 and 3 are chosen from what step 1 found, by rules fixed before running:
 
-    python -m loopnet.study.followup boundary runs/sweeps/map_grid --out configs/sweeps/map/boundary.yaml
-    python -m loopnet.study.followup exponent runs/sweeps/map_grid runs/sweeps/map_boundary \\
+    python -m experiments.followup boundary runs/sweeps/map_grid --out configs/sweeps/map/boundary.yaml
+    python -m experiments.followup exponent runs/sweeps/map_grid runs/sweeps/map_boundary \\
         --out configs/sweeps/map/exponent.yaml
 
 boundary   at the grid's smallest and largest R, for DeepNorm and DeepLoop each: η_b = the largest rate at
@@ -20,8 +20,8 @@ confirm    at every R of the grid, for DeepNorm and DeepLoop each, the best rate
 
 The rival rule and the width study (docs/results/rival/README.md) use the same rules on their own sweeps:
 
-    python -m loopnet.study.followup rival-confirm runs/sweeps/rival_grid --out configs/sweeps/rival/confirm.yaml
-    python -m loopnet.study.followup width runs/sweeps/width_d256 --out configs/sweeps/width/d256_boundary.yaml
+    python -m experiments.followup rival-confirm runs/sweeps/rival_grid --out configs/sweeps/rival/confirm.yaml
+    python -m experiments.followup width runs/sweeps/width_d256 --out configs/sweeps/width/d256_boundary.yaml
 
 rival-confirm  per Pre-LN arm (`model.config.branch_scale`) and R, the best rate η*: the vertex of a quadratic
            in log10 η fitted to the seed-paired mean loss (`measures.best_rate_shift`'s vertex, over the rates
@@ -50,7 +50,7 @@ import yaml
 
 from loopnet.env import one_line_errors
 
-from .measures import LR_KEY, TRAIN_MARGIN, best_rate_shift, trains
+from loopnet.study.measures import LR_KEY, TRAIN_MARGIN, best_rate_shift, trains
 
 BASE = ["configs/deeploop_r6.yaml", "configs/cpu.yaml", "configs/study_map.yaml"]
 SCHEMES = ("deepnorm", "deeploop")
@@ -63,7 +63,7 @@ def _rate(x: float) -> float:
 
 def load(folders: list[Path], plateau: str):
     """Every finished run of the folders, and the plateau (the first folder's, or the number given)."""
-    from .report.runs import load_runs, sweep_plateau
+    from loopnet.study.report.runs import load_runs, sweep_plateau
 
     runs = []
     for folder in folders:
@@ -109,7 +109,8 @@ def boundary(runs, plateau: float) -> tuple[dict, list[str]]:
         include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds], LR_KEY: rates,
                         "seed_everything": [1, 2, 3]})
         notes.append(f"{scheme} at R = {rounds}: {note}")
-    spec = {"description": "The map's boundary refinement at the smallest and largest R (loopnet.study.followup boundary).",
+    spec = {"description": "The map's boundary refinement at the smallest and largest R "
+                           "(experiments.followup boundary).",
             "base": BASE, "include": include, "out": "runs/sweeps/map_boundary"}
     return spec, notes
 
@@ -121,7 +122,7 @@ def exponent(runs, plateau: float) -> tuple[dict, list[str]]:
         raise ValueError(f"no finished deepnorm run at R = {rounds}; fix: finish the grid and boundary sweeps first")
     half = min(frac, key=lambda lr: (abs(frac[lr][0] / frac[lr][1] - 0.5), -lr))
     rates = [_rate(half), _rate(2 * half)]
-    spec = {"description": "The map's exponent sweep (loopnet.study.followup exponent).", "base": BASE,
+    spec = {"description": "The map's exponent sweep (experiments.followup exponent).", "base": BASE,
             "grid": {"model.config.residual": ["scaled"], "model.config.p": EXPONENTS,
                      "model.config.n_rounds": [rounds], LR_KEY: rates, "seed_everything": [1, 2, 3, 4, 5]},
             "out": "runs/sweeps/map_exponent"}
@@ -134,7 +135,7 @@ CONFIRM_SEEDS = [3, 4, 5]
 
 
 def confirm(runs, plateau: float) -> tuple[dict, list[str]]:
-    from .report.map import curves
+    from loopnet.study.report.map import curves
 
     include, notes = [], []
     for c in curves([r for r in runs if r.scheme in SCHEMES]):
@@ -148,7 +149,7 @@ def confirm(runs, plateau: float) -> tuple[dict, list[str]]:
                      f"over seeds {sorted({r.seed for rs in c.by_lr.values() for r in rs})})")
     if not include:
         raise ValueError(f"no finished {' or '.join(SCHEMES)} run; fix: run the grid sweep first")
-    spec = {"description": "The map's confirmation of reading 2 on fresh seeds (loopnet.study.followup confirm).",
+    spec = {"description": "The map's confirmation of reading 2 on fresh seeds (experiments.followup confirm).",
             "base": BASE, "include": include, "out": "runs/sweeps/map_confirm"}
     return spec, notes
 
@@ -172,7 +173,7 @@ def vertex_rate(curve, plateau: float) -> tuple[float, str]:
 
 
 def rival_confirm(runs, plateau: float, map_confirm: Path | None = None) -> tuple[dict, list[str]]:
-    from .report.map import curves
+    from loopnet.study.report.map import curves
 
     map_confirm = map_confirm or MAP_CONFIRM
 
@@ -203,7 +204,7 @@ def rival_confirm(runs, plateau: float, map_confirm: Path | None = None) -> tupl
                         LR_KEY: done[LR_KEY], "seed_everything": seeds})
     notes.append(f"deeploop at R = {rounds}: the map's best rate {done[LR_KEY][0]:g} ({map_confirm}), which holds seeds "
                  f"{done['seed_everything']}: seeds {seeds} added")
-    spec = {"description": "The rival rule's confirmation on fresh seeds (loopnet.study.followup rival-confirm).",
+    spec = {"description": "The rival rule's confirmation on fresh seeds (experiments.followup rival-confirm).",
             "base": BASE, "include": include, "out": "runs/sweeps/rival_confirm"}
     return spec, notes
 
@@ -232,7 +233,7 @@ def width(runs, plateau: float, folder: Path) -> tuple[dict, list[str]]:
                 include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds],
                                 LR_KEY: todo, "seed_everything": [seed]})
         notes.append(f"{scheme} at R = {rounds}: {note}; rates {', '.join(f'{lr:g}' for lr in rates)}")
-    spec = {"description": f"The width study's boundary runs beside the pilot (loopnet.study.followup width): "
+    spec = {"description": f"The width study's boundary runs beside the pilot (experiments.followup width): "
                            f"{pilot.get('description', '')}".strip(),
             **{k: pilot[k] for k in ("base", "overrides") if k in pilot},
             "include": include, "out": f"{pilot['out'].rstrip('/')}_boundary"}
@@ -245,8 +246,8 @@ def _show(frac: dict) -> str:
 
 def write(spec: dict, notes: list[str], plateau: float, out: Path, argv: list[str]) -> None:
     """The sweep file, headed by how it was chosen: the command, the plateau, the numbers read."""
-    header = [f"# Written by `python -m loopnet.study.followup {' '.join(argv)}`: the rule is in",
-              "# loopnet/study/followup.py; a seed trains when its final validation loss is below the plateau",
+    header = [f"# Written by `python -m experiments.followup {' '.join(argv)}`: the rule is in",
+              "# experiments/followup.py; a seed trains when its final validation loss is below the plateau",
               f"# {plateau:.4f} nats by {TRAIN_MARGIN} nat. Read from the runs:"]
     header += [f"# - {n}" for n in notes]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -255,7 +256,7 @@ def write(spec: dict, notes: list[str], plateau: float, out: Path, argv: list[st
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m loopnet.study.followup", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.followup", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=["boundary", "exponent", "confirm", "rival-confirm", "width"])
     p.add_argument("sweep_dirs", nargs="+", help="the sweep folders to read (grid, then boundary for exponent)")
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
                  "width": lambda runs, plateau: width(runs, plateau, folders[0])}
         spec, notes = steps[args.step](runs, plateau)
     write(spec, notes, plateau, Path(args.out), argv)
-    from .grid import expand, sweep_from_dict
+    from loopnet.study.grid import expand, sweep_from_dict
 
     cells = len(expand(sweep_from_dict(spec)))
     print(f"loopnet followup: wrote {args.out} ({cells} cells)")

@@ -12,7 +12,7 @@ import statistics
 import pytest
 
 from loopnet.study import grid
-from loopnet.study.report import gamma
+from experiments.gamma import readings as gamma
 
 PLATEAU = 3.275707171288669  # the map's
 T7 = 2.364624251592785  # Student's t, 0.975 quantile, 7 degrees of freedom (tables)

@@ -1,8 +1,8 @@
 """The depth exponent's readings (docs/results/gamma/PREREGISTRATION.md), by the rules stated there before any fit:
 
-    python -m loopnet.study.report.gamma readings --cells docs/results/gamma/core [docs/results/gamma/ladder ...] \\
+    python -m experiments.gamma.readings readings --cells docs/results/gamma/core [docs/results/gamma/ladder ...] \\
         [--long docs/results/gamma/long] [--rival docs/results/rival/grid] --out docs/results/gamma/readings.md
-    python -m loopnet.study.report.gamma long-sweep --cells docs/results/gamma/core docs/results/gamma/ladder \\
+    python -m experiments.gamma.readings long-sweep --cells docs/results/gamma/core docs/results/gamma/ladder \\
         --out configs/sweeps/gamma/long.yaml
 
 --cells, --long and --rival take report folders (cells.csv) or sweep run folders (runs/sweeps/gamma_core).
@@ -27,9 +27,9 @@ from pathlib import Path
 
 from loopnet.env import one_line_errors
 
-from .. import boundary
-from ..measures import paired_interval, quadratic_vertex, t_quantile
-from . import map_cells, sources
+from loopnet.study import boundary
+from loopnet.study.measures import paired_interval, quadratic_vertex, t_quantile
+from experiments import sources
 
 ARMS = ("sqrt_depth", "threequarter", "wang", "deeploop")
 ARM_NAMES = {"sqrt_depth": "1/√depth (γ = ½)", "threequarter": "γ = ¾", "wang": "Wang (γ = 1)",
@@ -44,7 +44,7 @@ LONG_STEPS = 1000
 
 # ---------------------------------------------------------------------------------------- cells
 def read(folders) -> dict:
-    """(arm, R, lr, seed) -> cell over the folders given (the first finished cell wins, `map_cells.merge`); the
+    """(arm, R, lr, seed) -> cell over the folders given (the first finished cell wins, `sources.merge`); the
     γ = ¾ arm is Wang's rule with `branch_lambda` R^¼ in the cell id, checked against R."""
     cells = []
     for folder in folders:
@@ -57,7 +57,7 @@ def read(folders) -> dict:
                                      "run configs/sweeps/gamma/*.yaml unchanged")
                 c = dict(c, scheme="threequarter")
             cells.append(c)
-    return map_cells.merge(cells)
+    return sources.merge(cells)
 
 
 def seed_curves(cells: dict, arm: str, plateau: float) -> dict[tuple[int, int], dict[float, float]]:
@@ -66,7 +66,7 @@ def seed_curves(cells: dict, arm: str, plateau: float) -> dict[tuple[int, int], 
     for (a, r, lr, s), c in cells.items():
         if a == arm:
             out.setdefault((r, s), {})
-            if map_cells.trains_cell(c, plateau):
+            if sources.trains_cell(c, plateau):
                 out[(r, s)][lr] = c["loss"]
     return out
 
@@ -235,9 +235,9 @@ def seed_mean_shift(cells: dict, arm: str, plateau: float, r_lo: int = R_LO, r_h
     every seed trains)."""
     xs = []
     for r in (r_lo, r_hi):
-        rates = map_cells.by_rate(cells, arm, r)
+        rates = sources.by_rate(cells, arm, r)
         ok = {lr: statistics.fmean(c["loss"] for c in cs) for lr, cs in rates.items()
-              if cs and all(map_cells.trains_cell(c, plateau) for c in cs)}
+              if cs and all(sources.trains_cell(c, plateau) for c in cs)}
         v = quadratic_vertex(ok) if len(ok) >= 3 else None
         if v is None:
             return None
@@ -249,7 +249,7 @@ def seed_mean_shift(cells: dict, arm: str, plateau: float, r_lo: int = R_LO, r_h
 def logistic(cells: dict, plateau: float) -> dict:
     """One Firth common-slope fit over every run, one intercept per (arm, R); Δ50 per arm and D50_W, D50_L with
     their profile intervals. {"error": ...} when every run trains (or none)."""
-    rows = [((a, r), lr, map_cells.trains_cell(c, plateau)) for (a, r, lr, _), c in sorted(cells.items())
+    rows = [((a, r), lr, sources.trains_cell(c, plateau)) for (a, r, lr, _), c in sorted(cells.items())
             if a in ARMS and r in (R_LO, R_MID, R_HI)]
     try:
         fit = boundary.fit(boundary.Data.from_rows(rows))
@@ -283,9 +283,9 @@ def long_rates(cells: dict, plateau: float) -> dict[tuple[str, int], list[float]
     out = {}
     for arm in ARMS:
         for r in (R_LO, R_MID):
-            rates = map_cells.by_rate(cells, arm, r)
+            rates = sources.by_rate(cells, arm, r)
             ok = {lr: statistics.fmean(c["loss"] for c in cs) for lr, cs in rates.items()
-                  if all(map_cells.trains_cell(c, plateau) for c in cs)}
+                  if all(sources.trains_cell(c, plateau) for c in cs)}
             v = quadratic_vertex(ok) if len(ok) >= 3 else None
             if v is None:
                 continue
@@ -310,7 +310,7 @@ def long_sweep(rates: dict, plateau: float) -> str:
     spec = {"description": "The depth exponent, the 1,000-step check around each 200-step vertex.",
             "base": ["configs/deeploop_r6.yaml", "configs/cpu.yaml", "configs/study_map.yaml"],
             "overrides": {"trainer.max_steps": LONG_STEPS}, "include": include, "out": "runs/sweeps/gamma_long"}
-    lines = ["# Written by `python -m loopnet.study.report.gamma long-sweep` by the rule of",
+    lines = ["# Written by `python -m experiments.gamma.readings long-sweep` by the rule of",
              "# docs/results/gamma/PREREGISTRATION.md: per arm and R, the ladder rate nearest the 200-step seed-mean",
              f"# vertex and two ladder rates either side, seeds 1-3, {LONG_STEPS} steps (plateau {plateau:.4f})."]
     lines += [f"# - {ARM_NAMES[a]} at R = {r}: " + ", ".join(f"{x:.3g}" for x in lrs) for (a, r), lrs in rates.items()]
@@ -345,8 +345,8 @@ def fmt(est: dict | None, spec: str = "{:+.2f}") -> str:
 def markdown(res: dict, cells: dict, plateau: float, argv: list[str], logit: dict, repro: dict | None,
              res12: dict | None, longc: dict | None) -> list[str]:
     md = ["# The depth exponent γ: the readings stated before any fit, computed", "",
-          (f"Written by `python -m loopnet.study.report.gamma {' '.join(argv)}`; the rules are in "
-          "`docs/results/gamma/PREREGISTRATION.md` and coded in `loopnet/study/report/gamma.py`. A seed trains when it "
+          (f"Written by `python -m experiments.gamma.readings {' '.join(argv)}`; the rules are in "
+          "`docs/results/gamma/PREREGISTRATION.md` and coded in `experiments/gamma/readings.py`. A seed trains when it "
           f"completed with its final validation loss below the plateau {plateau:.4f} − 0.1 nat."), ""]
     if "verdict" in res:
         md += [f"**Verdict (R = {R_LO} → {R_HI}): {res['verdict']}**", ""]
@@ -385,7 +385,7 @@ def markdown(res: dict, cells: dict, plateau: float, argv: list[str], logit: dic
         for name, (v, lo, hi) in ((k, v) for k, v in logit.items() if k != "fit"):
             word = ("open interval: not resolved" if lo is None or hi is None else
                     estimand_word(lo, hi) if name.startswith("D50") else arm_word(lo, hi))
-            md.append(f"| {name} | {v:+.2f} | {map_cells.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
+            md.append(f"| {name} | {v:+.2f} | {sources.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
     if longc is not None:
         md += ["", "## The 1,000-step check: Δ₁₂ at 1,000 steps − Δ₁₂ at 200 steps", "",
                "| arm | seeds | mean (decades) | 95% t interval | word |", "|---|---|---:|---|---|"]
@@ -400,7 +400,7 @@ def markdown(res: dict, cells: dict, plateau: float, argv: list[str], logit: dic
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m loopnet.study.report.gamma", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.gamma.readings", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("readings", "long-sweep"))
     p.add_argument("--cells", nargs="+", required=True, help="the 200-step cells: report or sweep run folders")
@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
         longc = long_check(cells, read(args.long), plateau) if args.long else None
         repro = None
         if args.rival:
-            rival = map_cells.merge(sources.read(args.rival))
+            rival = sources.merge(sources.read(args.rival))
             repro = reproducibility(cells, rival)
         md = markdown(res, cells, plateau, argv, logistic(cells, plateau), repro, res12, longc)
     out.write_text("\n".join(md))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from loopnet.study.report import map_cells, sources, width
+from experiments import sources
+from experiments.width import readings as width
 
 MAP = Path(__file__).resolve().parents[2] / "docs" / "results" / "map"
 PLATEAU = 3.275707171288669
@@ -45,7 +46,7 @@ D256 = {("deepnorm", 2): 0, ("deepnorm", 12): -3, ("deeploop", 2): 2, ("deeploop
 
 
 def cells(folder):
-    return map_cells.merge(sources.read(folder))
+    return sources.merge(sources.read(folder))
 
 
 def test_per_width_quantities_are_the_translations(tmp_path):
@@ -95,7 +96,7 @@ def test_command_with_the_map_at_128(tmp_path, capsys):
     md = out.read_text()
     assert "| 128 | deepnorm | 12 |" in md and "| 128 | deeploop | 2 |" in md
     # d = 128's fit is over the map's grid and boundary at R = 2 and 12, each (scheme, R, rate, seed) once
-    m = map_cells.merge(sources.read(MAP / "grid"), sources.read(MAP / "boundary"))
+    m = sources.merge(sources.read(MAP / "grid"), sources.read(MAP / "boundary"))
     n = sum(1 for (s, r, _, _) in m if s in width.SCHEMES and r in width.ROUNDS)
     assert len(width.rows(m, PLATEAU)) == n
 
@@ -149,7 +150,7 @@ def test_the_committed_width_trend_is_not_distinguished_by_the_likelihood():
     w = {64: [f"{results}/rival/width_d64/pilot", f"{results}/rival/width_d64/boundary"],
          128: [MAP / "grid", MAP / "boundary"],
          256: [f"{results}/rival/width_d256/pilot", f"{results}/rival/width_d256/boundary"]}
-    c = {d: map_cells.merge(*(sources.read(f) for f in fs)) for d, fs in w.items()}
+    c = {d: sources.merge(*(sources.read(f) for f in fs)) for d, fs in w.items()}
     fits = {d: width.fit_width(c[d], PLATEAU) for d in c}
     q = width.QUANTITIES["ratio12"]
     change = fits[256].combination(q) - fits[64].combination(q)

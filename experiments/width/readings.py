@@ -1,6 +1,6 @@
 """The width study's reading (docs/results/rival/README.md, section 2), by the rule stated there before the run:
 
-    python -m loopnet.study.report.width 64=docs/results/rival/width_d64/pilot,docs/results/rival/width_d64/boundary \\
+    python -m experiments.width.readings 64=docs/results/rival/width_d64/pilot,docs/results/rival/width_d64/boundary \\
         128=docs/results/map/grid,docs/results/map/boundary \\
         256=docs/results/rival/width_d256/pilot,docs/results/rival/width_d256/boundary --out docs/results/width/readings.md
 
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from loopnet.env import one_line_errors
 
-from .. import boundary
-from . import map_cells, sources
+from loopnet.study import boundary
+from experiments import sources
 
 SCHEMES = ("deepnorm", "deeploop")
 ROUNDS = (2, 12)
@@ -55,7 +55,7 @@ def rows(cells: dict, plateau: float, draw: list | None = None) -> list[tuple]:
     by_seed: dict = {}
     for (s, r, lr, seed), c in sorted(cells.items(), key=lambda kv: str(kv[0])):
         if (s, r) in GROUPS:
-            by_seed.setdefault(seed, []).append(((s, r), lr, map_cells.trains_cell(c, plateau)))
+            by_seed.setdefault(seed, []).append(((s, r), lr, sources.trains_cell(c, plateau)))
     return [row for seed in (sorted(by_seed, key=str) if draw is None else draw) for row in by_seed.get(seed, [])]
 
 
@@ -69,7 +69,7 @@ def seeds_of(cells: dict) -> list:
 
 def per_width(cells: dict, plateau: float) -> dict:
     """One width's fit: each group's η50 and each quantity with its profile interval."""
-    missing = [g for g in GROUPS if not map_cells.by_rate(cells, *g)]
+    missing = [g for g in GROUPS if not sources.by_rate(cells, *g)]
     if missing:
         raise ValueError(f"no finished run of {', '.join(f'{s} at R = {r}' for s, r in missing)}; fix: run that "
                          "width's pilot and boundary sweeps")
@@ -183,14 +183,15 @@ def trend_word(change: float, lo: float | None, hi: float | None) -> str:
 
 # ---------------------------------------------------------------------------------------- the report
 def ci(lo, hi, spec="{:+.2f}") -> str:
-    return map_cells.fmt_ci(lo, hi, spec=spec)
+    return sources.fmt_ci(lo, hi, spec=spec)
 
 
 def markdown(widths: dict, fits: dict, trends: dict, plateau: float, argv: list[str], plot: str, boots: int) -> list[str]:
     d0, d1 = min(widths), max(widths)
     md = ["# Width: does the DeepLoop/DeepNorm gap grow with d? The reading stated before the run, computed", "",
-          f"Written by `python -m loopnet.study.report.width {' '.join(argv)}`; the rule is in "
-          "`docs/results/rival/README.md` (section 2) and coded in `loopnet/study/report/width.py`. A seed trains when it "
+          f"Written by `python -m experiments.width.readings {' '.join(argv)}`; the rule is in "
+          "`docs/results/rival/README.md` (section 2) and coded in `experiments/width/readings.py`. "
+          "A seed trains when it "
           f"completed with its final validation loss below the plateau {plateau:.4f} − 0.1 nat.", ""]
     for q, t in trends.items():
         lo, hi = t["profile"]
@@ -229,20 +230,20 @@ def markdown(widths: dict, fits: dict, trends: dict, plateau: float, argv: list[
            "95% profile interval |", "|---:|---|---:|---|---:|---:|---|"]
     for d in sorted(widths):
         for g in GROUPS:
-            rates = map_cells.by_rate(widths[d], *g)
-            counts = ", ".join(f"{lr:.3g}: {sum(map_cells.trains_cell(c, plateau) for c in cs)}/{len(cs)}"
+            rates = sources.by_rate(widths[d], *g)
+            counts = ", ".join(f"{lr:.3g}: {sum(sources.trains_cell(c, plateau) for c in cs)}/{len(cs)}"
                                for lr, cs in rates.items())
             x, lo, hi = fits[d][g]
-            band = map_cells.largest_trainable(widths[d], *g, plateau)
-            md.append(f"| {d} | {g[0]} | {g[1]} | {counts} | {map_cells.fmt_lr(band['largest'])} | {10 ** x:.3g} | "
-                      f"{map_cells.fmt_ci(lo, hi, lambda v: 10 ** v)} |")
+            band = sources.largest_trainable(widths[d], *g, plateau)
+            md.append(f"| {d} | {g[0]} | {g[1]} | {counts} | {sources.fmt_lr(band['largest'])} | {10 ** x:.3g} | "
+                      f"{sources.fmt_ci(lo, hi, lambda v: 10 ** v)} |")
     md += ["", f"![η50 against d]({plot})", ""]
     return md
 
 
 def plot_boundary(fits: dict, path: Path) -> None:
     """η50 with its profile interval against d, one line per (scheme, R); an open interval end is not drawn."""
-    from ..plotting import colors, legend, pyplot, save
+    from loopnet.study.plotting import colors, legend, pyplot, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -274,7 +275,7 @@ def parse_width(text: str) -> tuple[int, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m loopnet.study.report.width", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.width.readings", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("widths", nargs="+", help="D=FOLDER[,FOLDER...] per width: report folders or sweep run folders")
     p.add_argument("--out", required=True, help="the markdown file to write; the plot goes beside it")
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         if len(given) < 2:
             raise ValueError("one width given; fix: pass at least two (e.g. 64=... 128=... 256=...)")
         plateau = sources.plateau([f for fs in given.values() for f in fs], args.plateau)
-        widths = {d: map_cells.merge(*(sources.read(f) for f in fs)) for d, fs in given.items()}
+        widths = {d: sources.merge(*(sources.read(f) for f in fs)) for d, fs in given.items()}
         fits = {}
         for d, cells in widths.items():
             try:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from loopnet.study import measures
-from loopnet.study.report import map_cells, rival, sources
+from experiments import sources
+from experiments.rival import readings as rival
 
 MAP = Path(__file__).resolve().parents[2] / "docs" / "results" / "map"
 PLATEAU = 3.275707171288669  # the map's (docs/results/map/grid/plateau.json)
@@ -142,7 +143,7 @@ def run(tmp_path, wang, capsys):
 
 
 def shifts(tmp_path):
-    cells = map_cells.merge(sources.read(tmp_path / "grid"))
+    cells = sources.merge(sources.read(tmp_path / "grid"))
     return rival.reading(cells, PLATEAU, boots=50)
 
 
@@ -203,7 +204,7 @@ def test_map_deltas_equal_best_rate_shift_on_the_committed_cells():
     """DeepNorm's and DeepLoop's Δ through the reading's path equal `best_rate_shift` on the cells read straight
     from cells.csv, and match the README's figures, computed before this code: −0.12 [−0.24, −0.05] and +0.02
     [−0.01, +0.02]."""
-    grid = map_cells.merge(sources.read(MAP / "grid"))
+    grid = sources.merge(sources.read(MAP / "grid"))
     rows = list(csv.DictReader((MAP / "grid" / "cells.csv").open()))
     want = {"deepnorm": (-0.12, -0.24, -0.05), "deeploop": (0.02, -0.01, 0.02)}
     for scheme, (delta, lo, hi) in want.items():
@@ -225,17 +226,17 @@ def test_map_deltas_equal_best_rate_shift_on_the_committed_cells():
 
 def test_a_sweep_run_folder_reads_as_its_cells_csv(tmp_path):
     """The same cells as a sweep's run folder (manifest + summaries, `runs.load_runs`) and as cells.csv
-    (`map_cells.read_cells`) give the same cells, arms and losses."""
-    from .test_rival_sweeps import _write_sweep
+    (`sources.read_cells`) give the same cells, arms and losses."""
+    from tests.study.test_rival_sweeps import _write_sweep
 
-    csv_cells = map_cells.merge(sources.read(rival_grid(tmp_path, SHIFTED)))
+    csv_cells = sources.merge(sources.read(rival_grid(tmp_path, SHIFTED)))
     runs = []
     for (arm, r, lr, seed), c in csv_cells.items():
         params = {"model.config.residual": "preln", "model.config.branch_scale": arm, "model.config.n_rounds": r,
                   "model.optim.lr": lr, "seed_everything": seed}
         runs.append((params, {"residual": "preln", "branch_scale": arm, "n_rounds": r}, c["loss"]))
     _write_sweep(tmp_path / "run_folder", runs)
-    run_cells = map_cells.merge(sources.read(tmp_path / "run_folder"))
+    run_cells = sources.merge(sources.read(tmp_path / "run_folder"))
     assert set(run_cells) == set(csv_cells)
     for key, c in csv_cells.items():
         assert (run_cells[key]["status"], run_cells[key]["loss"], run_cells[key]["arm"]) == (c["status"], c["loss"], key[0])
@@ -246,7 +247,7 @@ def test_an_unfinished_grid_reads_not_resolved_without_failing(tmp_path, capsys)
     """Only R = 12 finished, and at R = 2 one arm with no rate where every seed trains: no Δ, so no condition is met."""
     rows = group_cells("wang", 12, 3.3, 6, range(0, 9)) + group_cells("sqrt_depth", 12, 3.3, 6, range(0, 9))
     rows += group_cells("one", 2, 3.3, 0, range(0, 9))  # k = 0: seeds 1 and 2 at the lowest rate, none above
-    cells = map_cells.merge(sources.read(write_folder(tmp_path / "grid", rows)))
+    cells = sources.merge(sources.read(write_folder(tmp_path / "grid", rows)))
     res = rival.reading(cells, PLATEAU, boots=20)
     assert all(res["shifts"][a] is None for a in rival.ARMS)
     assert res["verdict"] == "not resolved"
@@ -256,7 +257,7 @@ def test_an_unfinished_grid_reads_not_resolved_without_failing(tmp_path, capsys)
 def test_seed_shifts_are_each_seeds_own_vertex_shift(tmp_path):
     """In the synthetic maps every seed's loss is the same exact quadratic plus 0.01·seed, so every seed's own
     vertex is the curve's: Δ_s = −0.5 for each seed of the shifted arm, 0 for the transferring one."""
-    cells = map_cells.merge(sources.read(rival_grid(tmp_path, TRANSFER)))
+    cells = sources.merge(sources.read(rival_grid(tmp_path, TRANSFER)))
     assert rival.seed_shifts(cells, "sqrt_depth", PLATEAU) == pytest.approx({1: -0.5, 2: -0.5, 3: -0.5}, abs=1e-9)
     assert rival.seed_shifts(cells, "wang", PLATEAU) == pytest.approx({1: 0.0, 2: 0.0, 3: 0.0}, abs=1e-9)
     rows = {r["pair"]: r for r in rival.pairwise({a: rival.seed_shifts(cells, a, PLATEAU) for a in rival.ARMS})}
@@ -275,7 +276,7 @@ def test_the_committed_grid_backs_only_part_of_the_ordering():
     """From the committed cells: each seed's own Δ, and the pairs of arms per seed. ε = 1 → Wang is positive on
     every seed with a t interval above 0; 1/√depth → Wang is +0.19, +0.03, −0.00 (2 of 3 seeds, t interval
     across 0); ε = 1 → 1/√depth is positive on 3 of 3 seeds with a t interval that reaches below 0."""
-    grid = map_cells.merge(sources.read(GRID))
+    grid = sources.merge(sources.read(GRID))
     per = {a: rival.seed_shifts(grid, a, PLATEAU) for a in rival.ARMS}
     assert [round(v, 3) for v in per["sqrt_depth"].values()] == [-0.242, -0.063, -0.171]
     assert [round(v, 3) for v in per["wang"].values()] == [-0.055, -0.031, -0.172]
@@ -290,7 +291,7 @@ def test_the_committed_grid_backs_only_part_of_the_ordering():
 def test_the_post_hoc_best_loss_rests_on_a_near_tie():
     """Wang − 1/√depth at R = 12 on the grid's seeds: 3 of 3 seeds negative at each arm's lowest grid mean, where
     the 1/√depth arm's two lowest means (5e-4, 1e-3) differ by 0.00013 nat; 2 of 3 at the confirmation's rate."""
-    grid = map_cells.merge(sources.read(GRID))
+    grid = sources.merge(sources.read(GRID))
     rows = {r["how"]: r for r in rival.best_loss_check(grid, {"wang": 1e-3, "sqrt_depth": 1e-3}, PLATEAU)}
     low, conf = rows["lowest grid mean"], rows["the confirmation's rate"]
     assert low["rates"] == (1e-3, 5e-4) and low["negative"] == 3
@@ -302,7 +303,7 @@ def test_the_post_hoc_best_loss_rests_on_a_near_tie():
 def test_two_seed_map_deltas_per_seed():
     """DeepLoop on the map's 2 seeds: Δ_s +0.0175 and −0.0062, while the two-seed curve's vertex gives +0.024,
     outside both; its bootstrap interval [−0.006, +0.024] has the estimate as its upper end (3 possible draws)."""
-    grid = map_cells.merge(sources.read(MAP / "grid"))
+    grid = sources.merge(sources.read(MAP / "grid"))
     per = rival.seed_shifts(grid, "deeploop", PLATEAU)
     assert list(per.values()) == pytest.approx([0.0175, -0.0062], abs=1e-4)
     out = rival.vertex_shift(grid, "deeploop", PLATEAU, boots=2000)

@@ -1,0 +1,1 @@
+"""The stability map (docs/results/map/README.md): its readings from the committed cells."""
