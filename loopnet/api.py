@@ -208,8 +208,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
 
     `path`: a checkpoint file written by `loopnet fit` (``.ckpt``); a run folder (``runs/<run name>``: the
     newest ``last*.ckpt`` of its one version with checkpoints), a version folder or a ``checkpoints/``
-    folder (its newest ``last*.ckpt``); or a folder written by `loopnet export` (``config.json`` and
-    ``model.safetensors``). Checkpoints are read with torch's restricted (weights_only) unpickler and
+    folder (its newest ``last*.ckpt``); a folder written by `loopnet export` (``config.json`` and
+    ``model.safetensors``); or one written by `loopnet import` or `loopnet retrofit` (with the source's tokenizer). Checkpoints are read with torch's restricted (weights_only) unpickler and
     exported folders without unpickling; the weights are used as read (no copy) when `device` and `dtype`
     are theirs. A sharded (FSDP) checkpoint folder is refused with the command that consolidates it."""
     from loopnet.checkpoints import is_sharded_checkpoint, load_checkpoint_meta, model_weights
@@ -224,6 +224,12 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     if not where.exists():
         raise FileNotFoundError(f"{where} does not exist; fix: give a .ckpt file, a run folder (runs/<run name>) "
                                 f"or a folder written by loopnet export")
+    if is_imported(where):  # `loopnet import` / `retrofit`: the source's weights and its own tokenizer.json
+        from loopnet.data.vocabulary import TokenizerVocab
+        from loopnet.formats.folder import read_folder
+
+        config, weights, _ = read_folder(where)
+        return Model(build_network(config, weights, device, dtype), TokenizerVocab(str(where)))
     if is_exported(where):
         config, weights, meta = _read_exported(where)
         tokenizer = _tokenizer(meta.get("vocab", "gpt2"), meta.get("data"), meta.get("vocab_ids"), where)
@@ -234,6 +240,16 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     data = ckpt.get("datamodule_hyper_parameters") or {}
     tokenizer = _tokenizer(data.get("vocab", "gpt2"), data, None, ckpt_path)
     return Model(build_network(config, weights, device, dtype), tokenizer)
+
+
+def is_imported(folder: Path) -> bool:
+    """A folder written by `loopnet import` or `loopnet retrofit`: config.json of format "loopnet"."""
+    import json
+
+    try:
+        return json.loads((folder / "config.json").read_text()).get("format") == "loopnet"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def is_exported(folder: Path) -> bool:

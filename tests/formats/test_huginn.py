@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import loopnet
 from loopnet.formats import folder as out_folder
 from loopnet.formats.huginn import read_huginn
 from loopnet.formats.source import ImportFormatError, read_weights, resolve
@@ -144,6 +145,9 @@ def test_import_command_writes_a_loopnet_folder_that_computes_the_reference(tmp_
         logits, _ = model(GOLDEN["input_ids"], rounds=4)
     reference = GOLDEN[f"logits_random_seed{SEED}"]
     assert (logits - reference).abs().max().item() <= tolerance(model.config, 4, reference)
+    opened = loopnet.load(out)  # the Python API: the same weights and the model's own tokenizer
+    assert torch.equal(opened.network.wte.weight, model.wte.weight) and opened.tokenizer.name == "tokenizer"
+    assert opened.tokenizer.decode(opened.tokenizer.encode("Hello there")) == "Hello there"
     again = run_loopnet("import", str(FIXTURE), str(out))  # nothing written is replaced
     assert again.returncode == 2 and "already exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
 
