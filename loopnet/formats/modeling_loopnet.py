@@ -83,7 +83,7 @@ class LoopnetForCausalLM(PreTrainedModel, GenerationMixin):
         # Weights come from the exported files; only the rotary tables (not stored: transformers allocates
         # them empty) are computed, as `Rotary` does.
         if isinstance(module, Rotary):
-            fresh = Rotary(2 * module.cos.size(-1), module.cos.size(-2))
+            fresh = Rotary(2 * module.cos.size(-1), module.cos.size(-2), module.base)
             module.cos, module.sin = fresh.cos.to(module.cos.device), fresh.sin.to(module.sin.device)
 
     def get_input_embeddings(self):

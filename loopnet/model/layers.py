@@ -58,6 +58,7 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, seq_len: int, base: float = 10000.0):
         super().__init__()
+        self.base = base  # the tables are recomputed from it where they are not stored (an exported model)
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", angles.cos()[None, None], persistent=False)  # (1, 1, T, hd/2)

@@ -48,7 +48,13 @@ RECIPES = [{"n_prelude": 1, "n_coda": 2, "wiring": "inject", "injection": "diago
 PARAMETRIZATIONS = [{"parametrization": "mup", "mup_base_width": 16},
                     {"parametrization": "completep", "residual": "preln", "mup_base_width": 16,
                      "completep_base_depth": 2}]
-CASES = SCHEMES + WIRINGS + RECIPES + PARAMETRIZATIONS
+# the options of the imported and retrofitted architectures (Huginn's block, GPT-2's, Llama's)
+IMPORTED = [{"mlp": "swiglu", "ffn_width": 40, "qk_bias": True, "embed_scale": True, "loop_norm": True,
+             "positions": "rope", "rope_base": 50000.0, "norm_eps": 1e-6, "sandwich": True, "residual": "postln",
+             "n_prelude": 1, "n_coda": 1, "wiring": "inject", "injection": "linear"},
+            {"mlp": "gelu_tanh", "bias": True, "norm": "layernorm", "residual": "preln", "norm_eps": 1e-5},
+            {"mlp": "swiglu", "n_kv_heads": 2, "positions": "rope", "residual": "preln"}]
+CASES = SCHEMES + WIRINGS + RECIPES + PARAMETRIZATIONS + IMPORTED
 
 
 def label(case: dict) -> str:

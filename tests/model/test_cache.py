@@ -24,6 +24,9 @@ WIRINGS = {  # name: LoopConfig fields
     "prelude_coda_flt": dict(wiring="flt", n_prelude=2, n_coda=1, qk_norm=True),
     "inject_linear": dict(wiring="inject", injection="linear", n_prelude=1, n_coda=1),
     "inject_diagonal": dict(wiring="inject", injection="diagonal", qk_norm=True),
+    # grouped-query attention and a gated MLP (Llama's), Huginn's qk_bias and RoPE base
+    "gqa_swiglu": dict(wiring="carry", n_kv_heads=2, mlp="swiglu"),
+    "qk_bias_rope_base": dict(wiring="carry", qk_bias=True, rope_base=500.0),
     # μP's query scale and logit multiplier, CompleteP's branch ε, away from their base width and depth
     "mup": dict(wiring="carry", parametrization="mup", mup_base_width=16),
     "completep": dict(wiring="carry", residual="preln", parametrization="completep", mup_base_width=16,
