@@ -91,8 +91,10 @@ def largest_trained(frac: dict[float, tuple[int, int]]) -> tuple[float, str]:
     """The largest rate at which every seed trains (the smallest rate when none does), and the note saying so."""
     ok = [lr for lr, (k, n) in frac.items() if k == n]
     eta = max(ok) if ok else min(frac)
-    return eta, (f"seeds that train per rate {_show(frac)}; largest rate where every seed trains: "
-                 f"{eta:g}{'' if ok else ' (none trains: the smallest rate)'}")
+    return eta, (
+        f"seeds that train per rate {_show(frac)}; largest rate where every seed trains: "
+        f"{eta:g}{'' if ok else ' (none trains: the smallest rate)'}"
+    )
 
 
 def boundary(runs, plateau: float) -> tuple[dict, list[str]]:
@@ -106,12 +108,21 @@ def boundary(runs, plateau: float) -> tuple[dict, list[str]]:
             raise ValueError(f"no finished {scheme} run at R = {rounds}; fix: finish the grid sweep first")
         eta, note = largest_trained(frac)
         rates = [_rate(eta * 2 ** (i / 2)) for i in (-1, 0, 1, 2)]
-        include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds], LR_KEY: rates,
-                        "seed_everything": [1, 2, 3]})
+        include.append(
+            {
+                "model.config.residual": [scheme],
+                "model.config.n_rounds": [rounds],
+                LR_KEY: rates,
+                "seed_everything": [1, 2, 3],
+            }
+        )
         notes.append(f"{scheme} at R = {rounds}: {note}")
-    spec = {"description": "The map's boundary refinement at the smallest and largest R "
-                           "(experiments.followup boundary).",
-            "base": BASE, "include": include, "out": "runs/sweeps/map_boundary"}
+    spec = {
+        "description": "The map's boundary refinement at the smallest and largest R (experiments.followup boundary).",
+        "base": BASE,
+        "include": include,
+        "out": "runs/sweeps/map_boundary",
+    }
     return spec, notes
 
 
@@ -122,12 +133,22 @@ def exponent(runs, plateau: float) -> tuple[dict, list[str]]:
         raise ValueError(f"no finished deepnorm run at R = {rounds}; fix: finish the grid and boundary sweeps first")
     half = min(frac, key=lambda lr: (abs(frac[lr][0] / frac[lr][1] - 0.5), -lr))
     rates = [_rate(half), _rate(2 * half)]
-    spec = {"description": "The map's exponent sweep (experiments.followup exponent).", "base": BASE,
-            "grid": {"model.config.residual": ["scaled"], "model.config.p": EXPONENTS,
-                     "model.config.n_rounds": [rounds], LR_KEY: rates, "seed_everything": [1, 2, 3, 4, 5]},
-            "out": "runs/sweeps/map_exponent"}
-    notes = [f"deepnorm (p = 0.25) at R = {rounds}: seeds that train per rate {_show(frac)}; closest to one half: "
-             f"{half:g}; rates {rates[0]:g} and {rates[1]:g}"]
+    spec = {
+        "description": "The map's exponent sweep (experiments.followup exponent).",
+        "base": BASE,
+        "grid": {
+            "model.config.residual": ["scaled"],
+            "model.config.p": EXPONENTS,
+            "model.config.n_rounds": [rounds],
+            LR_KEY: rates,
+            "seed_everything": [1, 2, 3, 4, 5],
+        },
+        "out": "runs/sweeps/map_exponent",
+    }
+    notes = [
+        f"deepnorm (p = 0.25) at R = {rounds}: seeds that train per rate {_show(frac)}; closest to one half: "
+        f"{half:g}; rates {rates[0]:g} and {rates[1]:g}"
+    ]
     return spec, notes
 
 
@@ -143,14 +164,26 @@ def confirm(runs, plateau: float) -> tuple[dict, list[str]]:
         if best is None:
             raise ValueError(f"{c.family} at R = {c.rounds} has no finished run; fix: finish the grid sweep first")
         scheme = next(r.scheme for rs in c.by_lr.values() for r in rs)
-        include.append({"model.config.residual": [scheme], "model.config.n_rounds": [c.rounds], LR_KEY: [best],
-                        "seed_everything": CONFIRM_SEEDS})
-        notes.append(f"{scheme} at R = {c.rounds}: best rate {best:g} (ℓ(η*) = {c.capped(best):.4f}, "
-                     f"over seeds {sorted({r.seed for rs in c.by_lr.values() for r in rs})})")
+        include.append(
+            {
+                "model.config.residual": [scheme],
+                "model.config.n_rounds": [c.rounds],
+                LR_KEY: [best],
+                "seed_everything": CONFIRM_SEEDS,
+            }
+        )
+        notes.append(
+            f"{scheme} at R = {c.rounds}: best rate {best:g} (ℓ(η*) = {c.capped(best):.4f}, "
+            f"over seeds {sorted({r.seed for rs in c.by_lr.values() for r in rs})})"
+        )
     if not include:
         raise ValueError(f"no finished {' or '.join(SCHEMES)} run; fix: run the grid sweep first")
-    spec = {"description": "The map's confirmation of reading 2 on fresh seeds (experiments.followup confirm).",
-            "base": BASE, "include": include, "out": "runs/sweeps/map_confirm"}
+    spec = {
+        "description": "The map's confirmation of reading 2 on fresh seeds (experiments.followup confirm).",
+        "base": BASE,
+        "include": include,
+        "out": "runs/sweeps/map_confirm",
+    }
     return spec, notes
 
 
@@ -162,13 +195,17 @@ MAP_CONFIRM = Path("configs/sweeps/map/confirm.yaml")
 def vertex_rate(curve, plateau: float) -> tuple[float, str]:
     """η* of one (method, R) curve: `best_rate_shift`'s vertex (the curve against itself), rounded in log10 to
     the nearest rate of the curve; the argmin of ℓ(η) when fewer than 3 rates train on every seed."""
-    by_lr = {lr: {r.seed: r.value("final_val_loss") if r.status == "completed" else None for r in runs if r.finished}
-             for lr, runs in curve.by_lr.items()}
+    by_lr = {
+        lr: {r.seed: r.value("final_val_loss") if r.status == "completed" else None for r in runs if r.finished}
+        for lr, runs in curve.by_lr.items()
+    }
     shift = best_rate_shift(by_lr, by_lr, plateau, boots=1)
     if shift is None:
         return curve.best(), "argmin of ℓ(η): fewer than 3 rates train on every seed"
     nearest = min(curve.rates, key=lambda lr: abs(math.log10(lr) - shift["x_lo"]))
-    edge = {-1: ", at the fitted rates' lowest edge", 1: ", at the fitted rates' highest edge"}.get(shift["censored_lo"], "")
+    edge = {-1: ", at the fitted rates' lowest edge", 1: ", at the fitted rates' highest edge"}.get(
+        shift["censored_lo"], ""
+    )
     return nearest, f"vertex 10^{shift['x_lo']:.3f} = {10 ** shift['x_lo']:.3g}{edge}, seeds {shift['seeds']}"
 
 
@@ -183,29 +220,52 @@ def rival_confirm(runs, plateau: float, map_confirm: Path | None = None) -> tupl
         first = next(r for rs in c.by_lr.values() for r in rs)
         arm = first.params.get(RIVAL_ARM, "one")
         if not c.ran:
-            raise ValueError(f"{c.family} at R = {c.rounds} has no finished run; fix: finish the rival grid sweep first")
+            raise ValueError(
+                f"{c.family} at R = {c.rounds} has no finished run; fix: finish the rival grid sweep first"
+            )
         best, how = vertex_rate(c, plateau)
-        include.append({"model.config.residual": ["preln"], RIVAL_ARM: [arm], "model.config.n_rounds": [c.rounds],
-                        LR_KEY: [best], "seed_everything": RIVAL_SEEDS})
+        include.append(
+            {
+                "model.config.residual": ["preln"],
+                RIVAL_ARM: [arm],
+                "model.config.n_rounds": [c.rounds],
+                LR_KEY: [best],
+                "seed_everything": RIVAL_SEEDS,
+            }
+        )
         notes.append(f"preln, branch_scale {arm}, at R = {c.rounds}: best rate {best:g} ({how})")
     if not include:
         raise ValueError("no finished Pre-LN run; fix: run configs/sweeps/rival/grid.yaml first")
     rounds = max(e["model.config.n_rounds"][0] for e in include)
     try:
         entries = yaml.safe_load(map_confirm.read_text())["include"]
-        done = next(e for e in entries if e["model.config.residual"] == ["deeploop"]
-                    and e["model.config.n_rounds"] == [rounds])
+        done = next(
+            e for e in entries if e["model.config.residual"] == ["deeploop"] and e["model.config.n_rounds"] == [rounds]
+        )
     except (FileNotFoundError, KeyError, TypeError, StopIteration):
-        raise ValueError(f"{map_confirm} has no DeepLoop cell at R = {rounds}; fix: run the map's confirmation "
-                         "first (make map)") from None
+        raise ValueError(
+            f"{map_confirm} has no DeepLoop cell at R = {rounds}; fix: run the map's confirmation first (make map)"
+        ) from None
     seeds = [s for s in RIVAL_SEEDS if s not in done["seed_everything"]]
     if seeds:
-        include.append({"model.config.residual": ["deeploop"], "model.config.n_rounds": [rounds],
-                        LR_KEY: done[LR_KEY], "seed_everything": seeds})
-    notes.append(f"deeploop at R = {rounds}: the map's best rate {done[LR_KEY][0]:g} ({map_confirm}), which holds seeds "
-                 f"{done['seed_everything']}: seeds {seeds} added")
-    spec = {"description": "The rival rule's confirmation on fresh seeds (experiments.followup rival-confirm).",
-            "base": BASE, "include": include, "out": "runs/sweeps/rival_confirm"}
+        include.append(
+            {
+                "model.config.residual": ["deeploop"],
+                "model.config.n_rounds": [rounds],
+                LR_KEY: done[LR_KEY],
+                "seed_everything": seeds,
+            }
+        )
+    notes.append(
+        f"deeploop at R = {rounds}: the map's best rate {done[LR_KEY][0]:g} ({map_confirm}), which holds seeds "
+        f"{done['seed_everything']}: seeds {seeds} added"
+    )
+    spec = {
+        "description": "The rival rule's confirmation on fresh seeds (experiments.followup rival-confirm).",
+        "base": BASE,
+        "include": include,
+        "out": "runs/sweeps/rival_confirm",
+    }
     return spec, notes
 
 
@@ -220,7 +280,9 @@ def width(runs, plateau: float, folder: Path) -> tuple[dict, list[str]]:
     except (FileNotFoundError, KeyError, json.JSONDecodeError):
         raise ValueError(f"{folder} has no sweep manifest; fix: run the width pilot sweep into it first") from None
     include, notes = [], []
-    found = sorted({(r.scheme, r.rounds) for r in runs if r.scheme in SCHEMES}, key=lambda t: (t[1], SCHEMES.index(t[0])))
+    found = sorted(
+        {(r.scheme, r.rounds) for r in runs if r.scheme in SCHEMES}, key=lambda t: (t[1], SCHEMES.index(t[0]))
+    )
     if not found:
         raise ValueError(f"no finished {' or '.join(SCHEMES)} run in {folder}; fix: run the width pilot first")
     for scheme, rounds in found:
@@ -228,15 +290,26 @@ def width(runs, plateau: float, folder: Path) -> tuple[dict, list[str]]:
         rates = [_rate(eta * 2 ** (k / 2)) for k in WIDTH_STEPS]
         ran = {(float(r.lr), r.seed) for r in runs if (r.scheme, r.rounds) == (scheme, rounds) and r.lr is not None}
         for seed in WIDTH_SEEDS:
-            todo = [lr for lr in rates if not any(math.isclose(lr, done, rel_tol=1e-9) and s == seed for done, s in ran)]
+            todo = [
+                lr for lr in rates if not any(math.isclose(lr, done, rel_tol=1e-9) and s == seed for done, s in ran)
+            ]
             if todo:
-                include.append({"model.config.residual": [scheme], "model.config.n_rounds": [rounds],
-                                LR_KEY: todo, "seed_everything": [seed]})
+                include.append(
+                    {
+                        "model.config.residual": [scheme],
+                        "model.config.n_rounds": [rounds],
+                        LR_KEY: todo,
+                        "seed_everything": [seed],
+                    }
+                )
         notes.append(f"{scheme} at R = {rounds}: {note}; rates {', '.join(f'{lr:g}' for lr in rates)}")
-    spec = {"description": f"The width study's boundary runs beside the pilot (experiments.followup width): "
-                           f"{pilot.get('description', '')}".strip(),
-            **{k: pilot[k] for k in ("base", "overrides") if k in pilot},
-            "include": include, "out": f"{pilot['out'].rstrip('/')}_boundary"}
+    spec = {
+        "description": f"The width study's boundary runs beside the pilot (experiments.followup width): "
+        f"{pilot.get('description', '')}".strip(),
+        **{k: pilot[k] for k in ("base", "overrides") if k in pilot},
+        "include": include,
+        "out": f"{pilot['out'].rstrip('/')}_boundary",
+    }
     return spec, notes
 
 
@@ -246,9 +319,11 @@ def _show(frac: dict) -> str:
 
 def write(spec: dict, notes: list[str], plateau: float, out: Path, argv: list[str]) -> None:
     """The sweep file, headed by how it was chosen: the command, the plateau, the numbers read."""
-    header = [f"# Written by `python -m experiments.followup {' '.join(argv)}`: the rule is in",
-              "# experiments/followup.py; a seed trains when its final validation loss is below the plateau",
-              f"# {plateau:.4f} nats by {TRAIN_MARGIN} nat. Read from the runs:"]
+    header = [
+        f"# Written by `python -m experiments.followup {' '.join(argv)}`: the rule is in",
+        "# experiments/followup.py; a seed trains when its final validation loss is below the plateau",
+        f"# {plateau:.4f} nats by {TRAIN_MARGIN} nat. Read from the runs:",
+    ]
     header += [f"# - {n}" for n in notes]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(header) + "\n" + yaml.safe_dump(spec, sort_keys=False))
@@ -256,8 +331,9 @@ def write(spec: dict, notes: list[str], plateau: float, out: Path, argv: list[st
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m experiments.followup", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.followup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("step", choices=["boundary", "exponent", "confirm", "rival-confirm", "width"])
     p.add_argument("sweep_dirs", nargs="+", help="the sweep folders to read (grid, then boundary for exponent)")
     p.add_argument("--out", required=True, help="the sweep file to write")
@@ -266,8 +342,13 @@ def main(argv: list[str] | None = None) -> None:
     with one_line_errors("loopnet followup", (ValueError,)):
         folders = [Path(d) for d in args.sweep_dirs]
         runs, plateau = load(folders, args.plateau)
-        steps = {"boundary": boundary, "exponent": exponent, "confirm": confirm, "rival-confirm": rival_confirm,
-                 "width": lambda runs, plateau: width(runs, plateau, folders[0])}
+        steps = {
+            "boundary": boundary,
+            "exponent": exponent,
+            "confirm": confirm,
+            "rival-confirm": rival_confirm,
+            "width": lambda runs, plateau: width(runs, plateau, folders[0]),
+        }
         spec, notes = steps[args.step](runs, plateau)
     write(spec, notes, plateau, Path(args.out), argv)
     from loopnet.study.grid import expand, sweep_from_dict

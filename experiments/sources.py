@@ -26,10 +26,19 @@ def read_cells(folder: Path) -> list[dict]:
     out = []
     for row in csv.DictReader((folder / "cells.csv").open()):
         lr = re.search(r"-lr([0-9.e-]+)-s\d+$", row["cell"])
-        out.append({"sweep": folder.name, "cell": row["cell"], "scheme": row["scheme"], "p": row["p"],
-                    "R": int(row["R"]), "lr": float(lr.group(1)) if lr else None, "seed": int(row["seed"]),
-                    "status": row["status"],
-                    "loss": float(row["final_val_loss"]) if row["final_val_loss"] else None})
+        out.append(
+            {
+                "sweep": folder.name,
+                "cell": row["cell"],
+                "scheme": row["scheme"],
+                "p": row["p"],
+                "R": int(row["R"]),
+                "lr": float(lr.group(1)) if lr else None,
+                "seed": int(row["seed"]),
+                "status": row["status"],
+                "loss": float(row["final_val_loss"]) if row["final_val_loss"] else None,
+            }
+        )
     return out
 
 
@@ -80,8 +89,9 @@ def arm_of(cell_id: str) -> str:
         return "one"
     by_slug = {slug(a): a for a in BRANCH_SCALES}
     if found.group(1) not in by_slug:
-        raise ValueError(f"cell {cell_id!r} names an unknown branch_scale {found.group(1)!r}; "
-                         f"fix: one of {', '.join(BRANCH_SCALES)}")
+        raise ValueError(
+            f"cell {cell_id!r} names an unknown branch_scale {found.group(1)!r}; fix: one of {', '.join(BRANCH_SCALES)}"
+        )
     return by_slug[found.group(1)]
 
 
@@ -96,9 +106,20 @@ def _from_runs(folder: Path) -> list[dict]:
     for run in load_runs(folder)[0]:
         arm = run.params.get(ARM_KEY) or (run.value("config") or {}).get("branch_scale") or "one"
         loss = run.value("final_val_loss")
-        out.append({"sweep": folder.name, "cell": run.id, "scheme": run.scheme, "p": run.p, "R": run.rounds,
-                    "lr": float(run.lr) if run.lr is not None else None, "seed": run.seed, "status": run.status,
-                    "loss": float(loss) if loss is not None else None, "arm": arm})
+        out.append(
+            {
+                "sweep": folder.name,
+                "cell": run.id,
+                "scheme": run.scheme,
+                "p": run.p,
+                "R": run.rounds,
+                "lr": float(run.lr) if run.lr is not None else None,
+                "seed": run.seed,
+                "status": run.status,
+                "loss": float(loss) if loss is not None else None,
+                "arm": arm,
+            }
+        )
     return out
 
 
@@ -110,8 +131,10 @@ def read(folder: Path | str) -> list[dict]:
     elif (folder / MANIFEST).is_file():
         cells = _from_runs(folder)
     else:
-        raise ValueError(f"{folder} has neither cells.csv nor a sweep manifest ({MANIFEST}); fix: pass a report "
-                         f"folder (loopnet report's --out) or a sweep's run folder (runs/sweeps/<name>)")
+        raise ValueError(
+            f"{folder} has neither cells.csv nor a sweep manifest ({MANIFEST}); fix: pass a report "
+            f"folder (loopnet report's --out) or a sweep's run folder (runs/sweeps/<name>)"
+        )
     return [dict(c, scheme=group_of(c["scheme"], c["arm"])) for c in cells]
 
 

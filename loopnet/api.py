@@ -108,17 +108,28 @@ class Model:
 
     def __repr__(self) -> str:
         cfg, weight = self.config, self.network.wte.weight
-        return (f"loopnet.Model({cfg.residual} {cfg.wiring}, K={cfg.n_blocks}, R={cfg.n_rounds}, d={cfg.d_model}, "
-                f"vocab {self.tokenizer.name}, {weight.device.type} {str(weight.dtype).removeprefix('torch.')})")
+        return (
+            f"loopnet.Model({cfg.residual} {cfg.wiring}, K={cfg.n_blocks}, R={cfg.n_rounds}, d={cfg.d_model}, "
+            f"vocab {self.tokenizer.name}, {weight.device.type} {str(weight.dtype).removeprefix('torch.')})"
+        )
 
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of `text` as a [1, T] tensor on the model's device, ready for `network`."""
         return torch.tensor([self.tokenizer.encode(text)], dtype=torch.long, device=self.network.wte.weight.device)
 
     # ----------------------------------------------------------------------------- generate
-    def generate(self, prompt: str | Sequence[str], max_new_tokens: int = 64, *, rounds: int | None = None,
-                 cache: bool = True, exit: str = "none", exit_threshold: float | None = None,
-                 temperature: float = 0.0, top_k: int | None = None) -> Completion | list[Completion]:
+    def generate(
+        self,
+        prompt: str | Sequence[str],
+        max_new_tokens: int = 64,
+        *,
+        rounds: int | None = None,
+        cache: bool = True,
+        exit: str = "none",
+        exit_threshold: float | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+    ) -> Completion | list[Completion]:
         """Continue `prompt` (one text, or a list of texts: a batch) by `max_new_tokens` tokens at R′ = `rounds`
         (default: the training R), greedy unless `temperature` > 0 (then sampled, from the `top_k` most
         likely). `cache`: keys and values kept per (round, block), so each new token runs over its own
@@ -131,10 +142,21 @@ class Model:
         ids = [self.tokenizer.encode(text) for text in texts]
         if not texts or not all(ids):
             raise ValueError("every prompt needs at least one token; fix: give a non-empty prompt text")
-        out = self.network.generate(ids, max_new_tokens, rounds=rounds, temperature=temperature, top_k=top_k,
-                                    n_vocab=self.tokenizer.size, cache=cache, exit=exit, exit_threshold=exit_threshold)
-        done = [Completion(text, self.tokenizer.decode(new), new, used)
-                for text, new, used in zip(texts, out.tokens, out.rounds, strict=True)]
+        out = self.network.generate(
+            ids,
+            max_new_tokens,
+            rounds=rounds,
+            temperature=temperature,
+            top_k=top_k,
+            n_vocab=self.tokenizer.size,
+            cache=cache,
+            exit=exit,
+            exit_threshold=exit_threshold,
+        )
+        done = [
+            Completion(text, self.tokenizer.decode(new), new, used)
+            for text, new, used in zip(texts, out.tokens, out.rounds, strict=True)
+        ]
         return done[0] if isinstance(prompt, str) else done
 
     # ----------------------------------------------------------------------------- per visit
@@ -160,9 +182,16 @@ class Model:
         rows = []
         for visit in probe.visits:
             values = probe.forward_quantities(visit) | probe.attention_quantities(visit)
-            rows.append({"visit": visit.tag, "part": visit.part, "round": visit.round, "block": visit.block,
-                         "sublayer": visit.sublayer}
-                        | {q: float(values[q]) if q in values else None for q in FORWARD_QUANTITIES + ATTN_QUANTITIES})
+            rows.append(
+                {
+                    "visit": visit.tag,
+                    "part": visit.part,
+                    "round": visit.round,
+                    "block": visit.block,
+                    "sublayer": visit.sublayer,
+                }
+                | {q: float(values[q]) if q in values else None for q in FORWARD_QUANTITIES + ATTN_QUANTITIES}
+            )
         return Table(["visit", "part", "round", "block", "sublayer", *FORWARD_QUANTITIES, *ATTN_QUANTITIES], rows)
 
     # ----------------------------------------------------------------------------- per round
@@ -184,8 +213,9 @@ class Model:
         meter.update(self.network, ids[:, :-1], ids[:, 1:])
         profile = meter.compute()
         columns = [q for q in QUANTITIES if q in profile]
-        return Table(["round", *columns], [{"round": r} | {q: profile[q][r - 1] for q in columns}
-                                           for r in range(1, R + 1)])
+        return Table(
+            ["round", *columns], [{"round": r} | {q: profile[q][r - 1] for q in columns} for r in range(1, R + 1)]
+        )
 
     def _ids(self, text: str | torch.Tensor, extra: int) -> torch.Tensor:
         """Token ids [B, T] on the model's device of a text (or ids), checked to fit the context (seq_len
@@ -196,9 +226,11 @@ class Model:
             raise ValueError(f"token ids of shape {tuple(ids.shape)}; fix: give a text, or ids as [T] or [B, T]")
         T, limit = ids.size(1), self.config.seq_len + extra
         if not 1 + extra <= T <= limit:
-            raise ValueError(f"the text is {T} token{'s' * (T != 1)}; this takes {1 + extra} to {limit} (seq_len "
-                             f"{self.config.seq_len}{' and one more token, a target only' if extra else ''}); "
-                             f"fix: give a text of that length")
+            raise ValueError(
+                f"the text is {T} token{'s' * (T != 1)}; this takes {1 + extra} to {limit} (seq_len "
+                f"{self.config.seq_len}{' and one more token, a target only' if extra else ''}); "
+                f"fix: give a text of that length"
+            )
         return ids.to(self.network.wte.weight.device)
 
 
@@ -217,13 +249,16 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     where = Path(path).expanduser()
     device = torch.device(device)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype={dtype!r} is not a floating-point torch dtype; fix: give e.g. torch.float32 or "
-                         f"torch.bfloat16")
+        raise ValueError(
+            f"dtype={dtype!r} is not a floating-point torch dtype; fix: give e.g. torch.float32 or torch.bfloat16"
+        )
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} requested but CUDA is not available; fix: load with device='cpu'")
     if not where.exists():
-        raise FileNotFoundError(f"{where} does not exist; fix: give a .ckpt file, a run folder (runs/<run name>) "
-                                f"or a folder written by loopnet export")
+        raise FileNotFoundError(
+            f"{where} does not exist; fix: give a .ckpt file, a run folder (runs/<run name>) "
+            f"or a folder written by loopnet export"
+        )
     if is_imported(where):  # `loopnet import` / `retrofit`: the source's weights and its own tokenizer.json
         from loopnet.data.vocabulary import TokenizerVocab
         from loopnet.formats.folder import read_folder
@@ -264,20 +299,34 @@ def _folder_checkpoint(folder: Path) -> Path:
 
     found = newest_last_checkpoint(folder) or newest_last_checkpoint(folder / "checkpoints")
     if found is None:
-        versions = sorted({p.parent.parent.name for p in folder.glob("version_*/checkpoints/last*.ckpt")},
-                          key=lambda name: (len(name), name))
+        versions = sorted(
+            {p.parent.parent.name for p in folder.glob("version_*/checkpoints/last*.ckpt")},
+            key=lambda name: (len(name), name),
+        )
         if len(versions) > 1:
-            raise ValueError(f"{folder} holds checkpoints of {len(versions)} versions ({', '.join(versions)}); fix: "
-                             f"load one version folder, e.g. {folder / versions[-1]}")
+            raise ValueError(
+                f"{folder} holds checkpoints of {len(versions)} versions ({', '.join(versions)}); fix: "
+                f"load one version folder, e.g. {folder / versions[-1]}"
+            )
         found = run_checkpoint(folder)
     if found is None:
         # other checkpoints of this folder (best-*.ckpt), or the runs of a save_dir (runs/<run>/version_N/...)
-        others = [p for pattern in ("*.ckpt", "checkpoints/*.ckpt", "version_*/checkpoints/*.ckpt",
-                                    "*/version_*/checkpoints/last*.ckpt") for p in sorted(folder.glob(pattern))]
+        others = [
+            p
+            for pattern in (
+                "*.ckpt",
+                "checkpoints/*.ckpt",
+                "version_*/checkpoints/*.ckpt",
+                "*/version_*/checkpoints/last*.ckpt",
+            )
+            for p in sorted(folder.glob(pattern))
+        ]
         hint = f", e.g. {others[0]}" if others else ""
-        raise ValueError(f"{folder} is not a loopnet checkpoint, run folder or exported folder (no last*.ckpt in it, "
-                         f"its checkpoints/ or version_*/checkpoints/, and no config.json + model.safetensors); fix: "
-                         f"give a .ckpt file{hint}, a run folder, or a folder written by loopnet export")
+        raise ValueError(
+            f"{folder} is not a loopnet checkpoint, run folder or exported folder (no last*.ckpt in it, "
+            f"its checkpoints/ or version_*/checkpoints/, and no config.json + model.safetensors); fix: "
+            f"give a .ckpt file{hint}, a run folder, or a folder written by loopnet export"
+        )
     return found
 
 
@@ -293,8 +342,10 @@ def _tokenizer(vocab: str, data: dict | None, ids, where: Path) -> Vocabulary:
     """The vocabulary a run trained with: GPT-2's or bytes by name; a compact one from its GPT-2 `ids` when
     given, else rebuilt from the corpus that the run's data settings `data` name (as `loopnet predict` does)."""
     if vocab not in VOCABULARIES:
-        raise ValueError(f"{where} names data.vocab {vocab!r}, which this loopnet does not know "
-                         f"({', '.join(VOCABULARIES)}); fix: load it with the loopnet that trained it")
+        raise ValueError(
+            f"{where} names data.vocab {vocab!r}, which this loopnet does not know "
+            f"({', '.join(VOCABULARIES)}); fix: load it with the loopnet that trained it"
+        )
     if not VOCABULARIES[vocab].reads_corpus:
         return VOCABULARIES[vocab]()
     if ids is not None:
@@ -306,6 +357,8 @@ def _tokenizer(vocab: str, data: dict | None, ids, where: Path) -> Vocabulary:
         return TokenStreamDataModule(**(data or {})).vocabulary
     except (DataConfigError, TypeError, OSError) as err:
         why = (str(err).splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"{where} was trained on a compact vocabulary (its corpus's own token ids), rebuilt from "
-                         f"that corpus, which could not be read ({why}); fix: load it where its data.path is "
-                         f"readable") from None
+        raise ValueError(
+            f"{where} was trained on a compact vocabulary (its corpus's own token ids), rebuilt from "
+            f"that corpus, which could not be read ({why}); fix: load it where its data.path is "
+            f"readable"
+        ) from None

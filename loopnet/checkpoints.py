@@ -35,17 +35,25 @@ def check_checkpoint_file(path: str, option: str = "--ckpt_path") -> None:
     if is_sharded_checkpoint(where):  # FSDP's sharded checkpoint: a folder by design
         return
     if where.is_dir():
-        found = [p for pattern in ("last*.ckpt", "checkpoints/last*.ckpt", "version_*/checkpoints/last*.ckpt")
-                 for p in where.glob(pattern)]  # a checkpoints/, version or run folder: its newest last*.ckpt
+        found = [
+            p
+            for pattern in ("last*.ckpt", "checkpoints/last*.ckpt", "version_*/checkpoints/last*.ckpt")
+            for p in where.glob(pattern)
+        ]  # a checkpoints/, version or run folder: its newest last*.ckpt
         found = sorted(found, key=lambda p: p.stat().st_mtime)[-1:] or [where / "last.ckpt"]
-        raise ValueError(f"{option} {path} is a folder, not a checkpoint file; fix: give a .ckpt file in it, "
-                         f"e.g. {found[0]}")
+        raise ValueError(
+            f"{option} {path} is a folder, not a checkpoint file; fix: give a .ckpt file in it, e.g. {found[0]}"
+        )
     if not where.is_file():
-        raise FileNotFoundError(f"{option} {path} does not exist; fix: give a .ckpt file "
-                                f"(e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'")
+        raise FileNotFoundError(
+            f"{option} {path} does not exist; fix: give a .ckpt file "
+            f"(e.g. runs/<run>/version_N/checkpoints/last.ckpt) or 'last'"
+        )
     if where.stat().st_size == 0:
-        raise ValueError(f"{path} is empty (0 bytes), not a checkpoint: its write never completed; fix: pass another "
-                         f"one with {option}, e.g. best-*.ckpt or an earlier copy of last.ckpt")
+        raise ValueError(
+            f"{path} is empty (0 bytes), not a checkpoint: its write never completed; fix: pass another "
+            f"one with {option}, e.g. best-*.ckpt or an earlier copy of last.ckpt"
+        )
 
 
 def load_checkpoint_meta(path: str) -> dict:
@@ -67,14 +75,18 @@ def load_checkpoint_meta(path: str) -> dict:
             unsafe = ", ".join(found[:5]) or "unknown objects"
         except Exception:
             unsafe = "unknown objects"
-        raise ValueError(f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
-                         "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
-                         "by `loopnet fit`, and never load files from untrusted sources") from None
+        raise ValueError(
+            f"refused to load {path}: unpickling it would import or run code ({unsafe}), which "
+            "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written "
+            "by `loopnet fit`, and never load files from untrusted sources"
+        ) from None
     except Exception as err:  # truncated or not a torch file
         why = (str(err).splitlines() or [""])[0]
         why = re.split(r"(?<=\.) ", why, maxsplit=1)[0].rstrip(".")[:200]  # torch's first sentence only
-        raise ValueError(f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
-                         f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt") from None
+        raise ValueError(
+            f"{path} is not a readable checkpoint, it is corrupt or truncated ({type(err).__name__}: {why}); "
+            f"fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt"
+        ) from None
     if not isinstance(ckpt, dict) or ("state_dict" not in ckpt and not sharded):
         raise ValueError(f"{path} is not a Lightning checkpoint (no state_dict); give a .ckpt written by loopnet fit")
     return ckpt
@@ -112,8 +124,12 @@ def newer_than_kept(path: str | None, trainer) -> bool:
     own = step(path)
     if own is None:
         return False
-    kept = [step(p) for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)
-            for p in (cb.last_model_path, cb.best_model_path)]
+    kept = [
+        step(p)
+        for cb in trainer.checkpoint_callbacks
+        if isinstance(cb, ModelCheckpoint)
+        for p in (cb.last_model_path, cb.best_model_path)
+    ]
     return all(s is None or s < own for s in kept)
 
 
@@ -128,8 +144,11 @@ def check_model_config(saved: Any, current: dict) -> None:
         saved = dataclasses.asdict(saved)
     # A field the checkpoint lacks was added after it was written: it trained with that field's default.
     defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)}
-    diff = [f"{k}: checkpoint {saved.get(k, defaults.get(k))!r} vs config {v!r}"
-            for k, v in current.items() if k not in RUN_SETTINGS and saved.get(k, defaults.get(k)) != v]
+    diff = [
+        f"{k}: checkpoint {saved.get(k, defaults.get(k))!r} vs config {v!r}"
+        for k, v in current.items()
+        if k not in RUN_SETTINGS and saved.get(k, defaults.get(k)) != v
+    ]
     if diff:
         raise ValueError(
             "the checkpoint was trained with another model config (" + "; ".join(diff) + "); "
@@ -155,17 +174,23 @@ def model_weights(ckpt: dict, path, gpt2_ids: bool = True) -> tuple[dict, dict]:
     Lightning (`loopnet eval`, `loopnet.load`). Refused: a checkpoint that is not loopnet's, and with
     `gpt2_ids` (what the harness feeds) one trained on other token ids (data.vocab compact or bytes)."""
     if is_sharded_checkpoint(path):
-        raise ValueError(f"{path} is a sharded (FSDP) checkpoint folder; fix: consolidate it into one file first: "
-                         f"python -m lightning.pytorch.utilities.consolidate_checkpoint {path}")
+        raise ValueError(
+            f"{path} is a sharded (FSDP) checkpoint folder; fix: consolidate it into one file first: "
+            f"python -m lightning.pytorch.utilities.consolidate_checkpoint {path}"
+        )
     try:
         config, state = ckpt["hyper_parameters"]["config"], ckpt["state_dict"]
     except (KeyError, TypeError):
-        raise ValueError(f"{path} is not a loopnet checkpoint (expected hyper_parameters.config and state_dict, "
-                         f"as saved by loopnet fit)") from None
+        raise ValueError(
+            f"{path} is not a loopnet checkpoint (expected hyper_parameters.config and state_dict, "
+            f"as saved by loopnet fit)"
+        ) from None
     vocab = (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2")
     if gpt2_ids and vocab != "gpt2":
-        raise ValueError(f"{path} was trained with data.vocab: {vocab} (its own token ids), but the harness "
-                         f"feeds GPT-2 ids; fix: evaluate a model trained with data.vocab: gpt2")
+        raise ValueError(
+            f"{path} was trained with data.vocab: {vocab} (its own token ids), but the harness "
+            f"feeds GPT-2 ids; fix: evaluate a model trained with data.vocab: gpt2"
+        )
     return config, {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 
 
@@ -206,9 +231,11 @@ def run_checkpoint(root: Path) -> Path | None:
     if len(versions) > 1:
         names = sorted((v.name for v in versions), key=lambda n: (len(n), n))
         listed = ", ".join(f"{n} ({_run_state(root / n)})" for n in names)
-        raise ValueError(f"--ckpt_path last is ambiguous: {len(names)} versions of {root} hold a last*.ckpt: {listed}; "
-                         f"fix: pick one with --trainer.logger.init_args.version N (e.g. {names[-1].split('_')[-1]}), "
-                         f"or give the .ckpt file with --ckpt_path")
+        raise ValueError(
+            f"--ckpt_path last is ambiguous: {len(names)} versions of {root} hold a last*.ckpt: {listed}; "
+            f"fix: pick one with --trainer.logger.init_args.version N (e.g. {names[-1].split('_')[-1]}), "
+            f"or give the .ckpt file with --ckpt_path"
+        )
     return newest_last_checkpoint(next(iter(versions)) / "checkpoints") if versions else None
 
 
@@ -240,8 +267,10 @@ def last_checkpoint(cfg) -> tuple[Path | None, str]:
         return newest_last_checkpoint(folder), f"{folder}/last*.ckpt"
     args = _tensorboard_args(cfg.trainer.logger)
     if args is None or args.get("save_dir") is None:
-        raise ValueError("--ckpt_path last needs the TensorBoard logger's run folder or --checkpoint.dirpath "
-                         "to look in; fix: give the .ckpt file with --ckpt_path")
+        raise ValueError(
+            "--ckpt_path last needs the TensorBoard logger's run folder or --checkpoint.dirpath "
+            "to look in; fix: give the .ckpt file with --ckpt_path"
+        )
     root = Path(args.save_dir) / (args.get("name") or "")
     return run_checkpoint(root), f"{root}/version_*/checkpoints/last*.ckpt"
 
@@ -285,9 +314,11 @@ def lock_version(folder: Path) -> None:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise ValueError(f"{folder} is in use by another loopnet fit (pid {holder}) pinned to the same version; "
-                             f"fix: wait for it to end (then resume it with --ckpt_path last), or pin another version "
-                             f"with --trainer.logger.init_args.version") from None
+            raise ValueError(
+                f"{folder} is in use by another loopnet fit (pid {holder}) pinned to the same version; "
+                f"fix: wait for it to end (then resume it with --ckpt_path last), or pin another version "
+                f"with --trainer.logger.init_args.version"
+            ) from None
         try:  # the holder may have removed the file between our open and our lock: take the new one
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break

@@ -89,8 +89,13 @@ TOOLS = {
 
 def usage() -> str:
     rows = [*SUBCOMMANDS.items(), *((name, text) for name, (_, text) in TOOLS.items())]
-    lines = ["usage: loopnet <command> [options]   (`loopnet <command> --help` lists the command's options)", "",
-             "Train and study looped Transformers.", "", "commands:"]
+    lines = [
+        "usage: loopnet <command> [options]   (`loopnet <command> --help` lists the command's options)",
+        "",
+        "Train and study looped Transformers.",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<9} {text}" for name, text in rows]
     return "\n".join(lines)
 
@@ -108,8 +113,11 @@ def main(args: list[str] | None = None) -> None:
         from loopnet.env import fail
 
         print(usage(), file=sys.stderr)
-        fail("loopnet", "no command given; fix: give one of the commands above, e.g. "
-             "`loopnet fit --config configs/deeploop_r6.yaml`")
+        fail(
+            "loopnet",
+            "no command given; fix: give one of the commands above, e.g. "
+            "`loopnet fit --config configs/deeploop_r6.yaml`",
+        )
     from loopnet.env import one_line_errors
     from loopnet.training.precheck import precheck
     from loopnet.training.trust import take_flag

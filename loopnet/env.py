@@ -40,9 +40,15 @@ def machine(device: str | None = None) -> dict:
     and the load the command started under."""
     import torch
 
-    info = {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "cpu": cpu_model(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads()}
+    info = {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     if device is not None:
@@ -71,8 +77,9 @@ def fail(prog: str, message: str) -> None:
 
 
 @contextlib.contextmanager
-def one_line_errors(prog: str, errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError),
-                    debug: bool = False) -> Iterator[None]:
+def one_line_errors(
+    prog: str, errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError), debug: bool = False
+) -> Iterator[None]:
     """`errors` raised inside become `fail(prog, str(err))`; with `debug`, LOOPNET_DEBUG=1 lets the
     traceback through instead, and the line says so."""
     try:

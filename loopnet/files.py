@@ -62,8 +62,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], binary: b
             os.unlink(tmp)
         cause = out.error if out is not None and out.error is not None else err
         if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OSError(cause.errno, f"{os.strerror(cause.errno)} while writing {path} (nothing was replaced); "
-                                       f"fix: free space there, or write to another disk") from None
+            raise OSError(
+                cause.errno,
+                f"{os.strerror(cause.errno)} while writing {path} (nothing was replaced); "
+                f"fix: free space there, or write to another disk",
+            ) from None
         raise
     with contextlib.suppress(OSError):
         dirfd = os.open(path.parent, os.O_RDONLY)
@@ -100,12 +103,19 @@ def check_writable(folder: str, option: str) -> None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        raise ValueError(f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
-                         f"fix: pass a writable folder with {option} <dir>") from None
+        raise ValueError(
+            f"cannot write to the folder {folder} given by {option} ({err.strerror or err}); "
+            f"fix: pass a writable folder with {option} <dir>"
+        ) from None
 
 
-def check_run_folder(save_dir: str | os.PathLike | None, name: str | None, version: str | int | None,
-                     sub_dir: str | None = None, option: str = "--trainer.logger.init_args") -> None:
+def check_run_folder(
+    save_dir: str | os.PathLike | None,
+    name: str | None,
+    version: str | int | None,
+    sub_dir: str | None = None,
+    option: str = "--trainer.logger.init_args",
+) -> None:
     """Fail before anything is written when a logger's run folder, save_dir/name/version[/sub_dir], would lie
     outside save_dir: a name, version or sub_dir that is absolute or climbs out with `..` (a config from
     someone else can otherwise write anywhere the user can). Subfolders that stay inside (`study/a`) are fine."""
@@ -116,6 +126,8 @@ def check_run_folder(save_dir: str | os.PathLike | None, name: str | None, versi
         text = str(value)
         inside = os.path.normpath(os.path.join(root, text))
         if os.path.isabs(text) or ".." in Path(text).parts or os.path.commonpath([root, inside]) != root:
-            raise ValueError(f"{option}.{key} {text!r} puts the run folder outside its save_dir {root}; fix: give a "
-                             f"plain {key} (no '..', not absolute), and choose where runs go with "
-                             f"{option}.save_dir <dir>")
+            raise ValueError(
+                f"{option}.{key} {text!r} puts the run folder outside its save_dir {root}; fix: give a "
+                f"plain {key} (no '..', not absolute), and choose where runs go with "
+                f"{option}.save_dir <dir>"
+            )

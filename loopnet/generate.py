@@ -60,13 +60,24 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None = No
 
 
 @torch.inference_mode()
-def generate(model: nn.Module, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
-             rounds: int | None = None, temperature: float = 0.0, top_k: int | None = None,
-             n_vocab: int | None = None, window: int | None = None,
-             stop: Callable[[int, list[int]], bool] | None = None, cache: bool = True,
-             exit: str = "none", exit_threshold: float | None = None,
-             max_rounds: int | None = None, compile: bool = False,
-             interrupted: Callable[[], bool] | None = None) -> Generation:
+def generate(
+    model: nn.Module,
+    prompts: torch.Tensor | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    rounds: int | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    n_vocab: int | None = None,
+    window: int | None = None,
+    stop: Callable[[int, list[int]], bool] | None = None,
+    cache: bool = True,
+    exit: str = "none",
+    exit_threshold: float | None = None,
+    max_rounds: int | None = None,
+    compile: bool = False,
+    interrupted: Callable[[], bool] | None = None,
+) -> Generation:
     """Continue each prompt (token ids; a [B, T] tensor is B prompts) by up to `max_new_tokens` tokens
     at R' = `rounds`, with `sample_next(temperature, top_k)` over the first `n_vocab` ids (default all).
 
@@ -111,9 +122,11 @@ def generate(model: nn.Module, prompts: torch.Tensor | Sequence[Sequence[int]], 
         raise ValueError(f"window must be in [1, seq_len={cfg.seq_len}], got {W}; fix: give a shorter window")
     check_exit(exit, exit_threshold)
     if compile and not (cache and exit == "none"):
-        raise ValueError("model.generate.compile needs the cache and no exit criterion (a token's rounds must not "
-                         "depend on its values); fix: set model.generate.cache: true and model.generate.exit: none, "
-                         "or compile: false")
+        raise ValueError(
+            "model.generate.compile needs the cache and no exit criterion (a token's rounds must not "
+            "depend on its values); fix: set model.generate.cache: true and model.generate.exit: none, "
+            "or compile: false"
+        )
     R = (rounds or cfg.n_rounds) if exit == "none" or max_rounds is None else max_rounds
     if R < 1:
         raise ValueError(f"rounds must be >= 1, got {R}; fix: give a round count R' >= 1")
@@ -161,8 +174,15 @@ class _Steps:
     rounds used [B]); tokens when the step settled them itself (a compiled greedy step), else the logits
     to sample from. `keep(rows)`: only these rows of the batch go on."""
 
-    def __init__(self, model: nn.Module, W: int, R: int, exit: str, threshold: float | None,
-                 interrupted: Callable[[], bool] | None):
+    def __init__(
+        self,
+        model: nn.Module,
+        W: int,
+        R: int,
+        exit: str,
+        threshold: float | None,
+        interrupted: Callable[[], bool] | None,
+    ):
         self.model, self.W, self.R, self.exit, self.threshold = model, W, R, exit, threshold
         self.interrupted = interrupted
         self.device = model.wte.weight.device
@@ -180,7 +200,7 @@ class _Recompute(_Steps):
     """`cache=False`: the (cropped) window of every sequence, right-padded, through the model for every token."""
 
     def next(self, contexts: list[list[int]]):
-        windows = [c[-self.W:] for c in contexts]
+        windows = [c[-self.W :] for c in contexts]
         inputs = torch.zeros(len(windows), max(map(len, windows)), dtype=torch.long)
         for row, w in enumerate(windows):
             inputs[row, : len(w)] = torch.tensor(w)
@@ -189,8 +209,9 @@ class _Recompute(_Steps):
         if self.exit == "none":
             h = _final_state(self.model, inputs, None, last, None, self.R, self.interrupted)
             return None, self.logits(h), [self.R] * len(windows)
-        logits, exit_round = _exit_logits(self.model, inputs, None, last, None, self.R, self.exit, self.threshold,
-                                          self.logits, self.interrupted)
+        logits, exit_round = _exit_logits(
+            self.model, inputs, None, last, None, self.R, self.exit, self.threshold, self.logits, self.interrupted
+        )
         return None, logits, exit_round.tolist()
 
 
@@ -198,15 +219,17 @@ class _Cached(_Steps):
     """`cache=True`: a `KVCache` over each window but its last token, then each sequence's newest token at
     its own next position; rebuilt from the cropped windows once a sequence outgrows the window."""
 
-    def __init__(self, model, W, R, exit, threshold, interrupted, n_vocab: int, compile: bool,
-                 screen: GreedyScreen | None):
+    def __init__(
+        self, model, W, R, exit, threshold, interrupted, n_vocab: int, compile: bool, screen: GreedyScreen | None
+    ):
         super().__init__(model, W, R, exit, threshold, interrupted)
         self.n_vocab, self.static, self.screen = n_vocab, compile, screen
         self.kv: KVCache | None = None
         self.step = None
         if compile:
-            self.step = torch.compile(_final_state if screen is None else _greedy_step, dynamic=False,
-                                      options=DECODE_OPTIONS)
+            self.step = torch.compile(
+                _final_state if screen is None else _greedy_step, dynamic=False, options=DECODE_OPTIONS
+            )
 
     def prefill(self, windows: list[list[int]]) -> None:
         """A new cache over each window but its last token (right-padded), run through every round; the
@@ -219,22 +242,33 @@ class _Cached(_Steps):
                 prefix[row, : len(w) - 1] = torch.tensor(w[:-1])
             positions = torch.arange(width, device=self.device).expand(len(windows), width)
             kv.begin(positions)
-            x = _last_round(self.model.iter_rounds(prefix.to(self.device), self.R, positions=positions, kv=kv),
-                            self.interrupted)
+            x = _last_round(
+                self.model.iter_rounds(prefix.to(self.device), self.R, positions=positions, kv=kv), self.interrupted
+            )
             self.model.finish(x, kv=kv)
             kv.end(torch.tensor([len(w) - 2 for w in windows], device=self.device))
 
     def next(self, contexts: list[list[int]]):
         if self.kv is None or max(map(len, contexts)) > self.W:
-            self.prefill([c[-self.W:] for c in contexts])
+            self.prefill([c[-self.W :] for c in contexts])
         kv = self.kv
         inputs = torch.tensor([[c[-1]] for c in contexts], device=self.device)
         positions = kv.lengths[:, None].clone()
         last = torch.zeros(len(contexts), dtype=torch.long, device=self.device)
         kv.begin(positions)
         if self.exit != "none":
-            logits, exit_round = _exit_logits(self.model, inputs, positions, last, kv, self.R, self.exit,
-                                              self.threshold, self.logits, self.interrupted)
+            logits, exit_round = _exit_logits(
+                self.model,
+                inputs,
+                positions,
+                last,
+                kv,
+                self.R,
+                self.exit,
+                self.threshold,
+                self.logits,
+                self.interrupted,
+            )
             kv.end(positions[:, 0])
             kv.fill_later_rounds(exit_round, self.R, self.model.config.n_blocks, positions[:, 0])
             return None, logits, exit_round.tolist()
@@ -277,8 +311,9 @@ def _screen(model: nn.Module) -> GreedyScreen | None:
     return screen if screen.usable else None
 
 
-def _final_state(model: nn.Module, inputs, positions, last, kv, R: int,
-                 interrupted: Callable[[], bool] | None = None) -> torch.Tensor:
+def _final_state(
+    model: nn.Module, inputs, positions, last, kv, R: int, interrupted: Callable[[], bool] | None = None
+) -> torch.Tensor:
     """What the head reads for each row's next token: the final Norm of the coda's output [B, d] at
     position `last[b]`, after R rounds (the coda, where there is one, reads every position; the head
     then reads only each row's last, as nanoGPT's generate does)."""
@@ -305,8 +340,18 @@ def _readout(model: nn.Module, x: torch.Tensor, last: torch.Tensor, kv: KVCache 
     return model.final_norm(model.finish(x, kv=kv)[torch.arange(x.size(0), device=x.device), last])
 
 
-def _exit_logits(model: nn.Module, inputs, positions, last, kv, R: int, exit: str, threshold,
-                 head_logits: Callable[[torch.Tensor], torch.Tensor], interrupted: Callable[[], bool] | None = None):
+def _exit_logits(
+    model: nn.Module,
+    inputs,
+    positions,
+    last,
+    kv,
+    R: int,
+    exit: str,
+    threshold,
+    head_logits: Callable[[torch.Tensor], torch.Tensor],
+    interrupted: Callable[[], bool] | None = None,
+):
     """(next-token logits [B, V] at each row's position `last[b]`, the round each row exited at [B]) under
     the exit criterion `exit`; `head_logits` maps a final state [B, d] to its logits.
 

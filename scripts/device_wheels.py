@@ -48,10 +48,16 @@ def applies(req: Requirement, python: str, extras: set[str]) -> bool:
     """Whether `req` applies on the image (Linux x86_64, CPython `python`) with these extras requested."""
     if req.marker is None:
         return True
-    env = default_environment() | {"python_version": python, "python_full_version": f"{python}.0",
-                                   "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-                                   "platform_machine": "x86_64", "implementation_name": "cpython",
-                                   "platform_python_implementation": "CPython"}
+    env = default_environment() | {
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_machine": "x86_64",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
     return any(req.marker.evaluate(env | {"extra": extra}) for extra in extras | {""})
 
 
@@ -78,11 +84,16 @@ def carried(image: dict, installed=md.version, requires=md.requires) -> list[tup
             raise SystemExit(f"device_wheels: {req.name} {version} here fails {by}'s {req}; fix: `make setup`")
         found[name] = (req.name, version, why)
         if name not in image["data_only"]:
-            queue += [(Requirement(r), req.name) for r in requires(req.name) or []
-                      if applies(Requirement(r), image["python"], set(req.extras))]
+            queue += [
+                (Requirement(r), req.name)
+                for r in requires(req.name) or []
+                if applies(Requirement(r), image["python"], set(req.extras))
+            ]
     if "torch" in found:  # hundreds of MB: never carried, the check runs on the image's torch
-        raise SystemExit(f"device_wheels: torch would be carried ({found['torch'][2]}); fix: loopnet's torch "
-                         f"requirement must accept the image's torch (scripts/gpu_image.json)")
+        raise SystemExit(
+            f"device_wheels: torch would be carried ({found['torch'][2]}); fix: loopnet's torch "
+            f"requirement must accept the image's torch (scripts/gpu_image.json)"
+        )
     return list(found.values())
 
 
@@ -93,8 +104,13 @@ def installed_size(name: str) -> int:
 
 def travelling_files() -> list[Path]:
     """What the device tool sends besides `carry`: tracked and untracked-not-ignored files."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     return [ROOT / p for p in listed if p and (ROOT / p).is_file() and not (ROOT / p).is_symlink()]
 
 
@@ -102,11 +118,16 @@ def size(wheels: Path) -> int:
     tree = sum(p.stat().st_size for p in travelling_files())
     whl = sum(p.stat().st_size for p in wheels.glob("*.whl"))
     total = tree + whl
-    print(f"carry: working tree {tree / 2**20:.1f} MiB + {wheels} {whl / 2**20:.1f} MiB = {total / 2**20:.1f} MiB "
-          f"(limit {CARRY_LIMIT / 2**20:.0f} MiB)")
+    print(
+        f"carry: working tree {tree / 2**20:.1f} MiB + {wheels} {whl / 2**20:.1f} MiB = {total / 2**20:.1f} MiB "
+        f"(limit {CARRY_LIMIT / 2**20:.0f} MiB)"
+    )
     if total > CARRY_LIMIT:
-        print(f"device_wheels: {total / 2**20:.1f} MiB would travel, over the {CARRY_LIMIT / 2**20:.0f} MiB limit; "
-              f"fix: record in scripts/gpu_image.json what the image holds, so it is not carried", file=sys.stderr)
+        print(
+            f"device_wheels: {total / 2**20:.1f} MiB would travel, over the {CARRY_LIMIT / 2**20:.0f} MiB limit; "
+            f"fix: record in scripts/gpu_image.json what the image holds, so it is not carried",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -123,18 +144,25 @@ def check(site: Path) -> int:
         try:
             version = md.version(req.name)
         except md.PackageNotFoundError:
-            failures.append(f"{by} needs {req}, which is neither in the image nor carried; fix: record it as absent "
-                            f"(remove it from scripts/gpu_image.json) and rerun make device-wheels")
+            failures.append(
+                f"{by} needs {req}, which is neither in the image nor carried; fix: record it as absent "
+                f"(remove it from scripts/gpu_image.json) and rerun make device-wheels"
+            )
             continue
         if not meets(req, version):
             where = "carried" if name in carried_here else "the image's"
-            failures.append(f"{by} needs {req}, {where} {req.name} is {version}; fix: record {req.name} {version} in "
-                            f"scripts/gpu_image.json and rerun make device-wheels (it is then carried)")
+            failures.append(
+                f"{by} needs {req}, {where} {req.name} is {version}; fix: record {req.name} {version} in "
+                f"scripts/gpu_image.json and rerun make device-wheels (it is then carried)"
+            )
         if name in seen or name not in carried_here or name in image["data_only"]:
             continue  # the image's own packages answer for their own requirements
         seen.add(name)
-        queue += [(Requirement(r), req.name) for r in md.requires(req.name) or []
-                  if applies(Requirement(r), image["python"], set(req.extras))]
+        queue += [
+            (Requirement(r), req.name)
+            for r in md.requires(req.name) or []
+            if applies(Requirement(r), image["python"], set(req.extras))
+        ]
     changed, unrecorded = [], []
     for name, version in image["packages"].items():
         try:
@@ -166,8 +194,10 @@ def main() -> None:
     if args.command == "pins":
         rows = carried(load_image())
         for name, version, why in rows:
-            print(f"{name}=={version}" + (f"  # {why}; {installed_size(name) / 2**20:.2f} MiB installed" if args.why
-                                          else ""))
+            print(
+                f"{name}=={version}"
+                + (f"  # {why}; {installed_size(name) / 2**20:.2f} MiB installed" if args.why else "")
+            )
         if args.why:
             print(f"# {sum(installed_size(n) for n, _, _ in rows) / 2**20:.1f} MiB installed in all")
     elif args.command == "platforms":

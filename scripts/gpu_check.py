@@ -72,18 +72,61 @@ class Runner:
         self.step, self.step_end = "", self.end
         self.timed_out = False  # a subprocess of the step under way reached the step's limit
         self.gpus = 0 if dry else _gpu_count()
-        size = (["--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "32",
-                 "--model.config.n_rounds", "2", "--data.batch_size", "4", "--trainer.accelerator", "cpu",
-                 "--data.vocab", "compact", "--model.config.vocab_size", "19136"] if dry else
-                ["--data.batch_size", "8"])  # GPU: configs/base.yaml's GPT-2-small width, d = 768, T = 1024
-        self.base = ["--config", str(ROOT / "configs/deeploop_r6.yaml"),
-                     "--data.source", "shakespeare", "--data.path", "null", "--data.revision", "null",
-                     "--data.name", "null", "--data.val_fraction", "null",
-                     "--data.val_max_tokens", "null", "--data.num_workers", "0",
-                     "--model.optim.warmup_steps", "10", "--model.optim.decay_steps", "50",
-                     "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
-                     "--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "10",
-                     "--trainer.devices", "1", *size]
+        size = (
+            [
+                "--model.config.d_model",
+                "32",
+                "--model.config.n_heads",
+                "2",
+                "--model.config.seq_len",
+                "32",
+                "--model.config.n_rounds",
+                "2",
+                "--data.batch_size",
+                "4",
+                "--trainer.accelerator",
+                "cpu",
+                "--data.vocab",
+                "compact",
+                "--model.config.vocab_size",
+                "19136",
+            ]
+            if dry
+            else ["--data.batch_size", "8"]
+        )  # GPU: configs/base.yaml's GPT-2-small width, d = 768, T = 1024
+        self.base = [
+            "--config",
+            str(ROOT / "configs/deeploop_r6.yaml"),
+            "--data.source",
+            "shakespeare",
+            "--data.path",
+            "null",
+            "--data.revision",
+            "null",
+            "--data.name",
+            "null",
+            "--data.val_fraction",
+            "null",
+            "--data.val_max_tokens",
+            "null",
+            "--data.num_workers",
+            "0",
+            "--model.optim.warmup_steps",
+            "10",
+            "--model.optim.decay_steps",
+            "50",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.limit_val_batches",
+            "2",
+            "--trainer.val_check_interval",
+            "10",
+            "--trainer.devices",
+            "1",
+            *size,
+        ]
 
     # ------------------------------------------------------------------------------------------ running
     def begin(self, step: str) -> None:
@@ -117,9 +160,20 @@ class Runner:
     def fit(self, name: str, *args: str, resume: bool = False) -> tuple[int, float, Path]:
         """`loopnet fit` with the check's base settings and `args`, its run folder runs/<name>/version_0."""
         save = self.runs / name
-        cmd = [sys.executable, "-m", "loopnet.training.cli", "fit", *self.base, *args,
-               "--trainer.logger.init_args.save_dir", str(save), "--trainer.logger.init_args.name", "",
-               "--trainer.logger.init_args.version", "0"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "loopnet.training.cli",
+            "fit",
+            *self.base,
+            *args,
+            "--trainer.logger.init_args.save_dir",
+            str(save),
+            "--trainer.logger.init_args.name",
+            "",
+            "--trainer.logger.init_args.version",
+            "0",
+        ]
         if resume:
             cmd += ["--ckpt_path", "last"]
         start = time.perf_counter()
@@ -163,20 +217,31 @@ class Runner:
     # ------------------------------------------------------------------------------------------ checks
     def parity(self) -> None:
         """bf16-mixed vs fp32 (`32-true`: the fp32 training head, `LinearCrossEntropy`), same seed and data."""
-        runs = {p: self.fit(f"parity_{p}", "--trainer.precision", p, "--trainer.max_steps", "50")
-                for p in ("bf16-mixed", "32-true")}
+        runs = {
+            p: self.fit(f"parity_{p}", "--trainer.precision", p, "--trainer.max_steps", "50")
+            for p in ("bf16-mixed", "32-true")
+        }
         seconds = sum(s for _, s, _ in runs.values())
         losses = {p: scalars(folder).get("train/loss", {}) for p, (_, _, folder) in runs.items()}
         a, b = losses["bf16-mixed"], losses["32-true"]
         steps = sorted(a.keys() & b.keys())
         if any(rc for rc, _, _ in runs.values()) or len(steps) < 50:
-            return self.add("bf16 vs fp32 loss, 50 steps", False, f"exit {[rc for rc, _, _ in runs.values()]}, "
-                            f"{len(steps)} common steps", "both complete 50 steps", seconds)
+            return self.add(
+                "bf16 vs fp32 loss, 50 steps",
+                False,
+                f"exit {[rc for rc, _, _ in runs.values()]}, {len(steps)} common steps",
+                "both complete 50 steps",
+                seconds,
+            )
         diff = [abs(a[s] - b[s]) for s in steps]
         mean, last = sum(diff) / len(diff), sum(diff[-10:]) / 10
-        self.add("bf16 vs fp32 loss, 50 steps", mean <= 0.05 and last <= 0.1,
-                 f"mean |Δ| {mean:.4f}, last 10 {last:.4f} (fp32 {b[steps[-1]]:.3f} at step {steps[-1]})",
-                 "mean ≤ 0.05, last 10 ≤ 0.1 nat", seconds)
+        self.add(
+            "bf16 vs fp32 loss, 50 steps",
+            mean <= 0.05 and last <= 0.1,
+            f"mean |Δ| {mean:.4f}, last 10 {last:.4f} (fp32 {b[steps[-1]]:.3f} at step {steps[-1]})",
+            "mean ≤ 0.05, last 10 ≤ 0.1 nat",
+            seconds,
+        )
 
     def custom_loss(self) -> None:
         """The fp32 training head's one-softmax loss against F.cross_entropy on the logits, on the device."""
@@ -202,34 +267,59 @@ print(json.dumps({{"loss": loss.item(), "reference": ref.item(), "errors": {{
             found = json.loads(text.strip().splitlines()[-1])
             errors = found["errors"]
             figure = f"loss {found['loss']:.6f} vs {found['reference']:.6f}; rel. errors " + ", ".join(
-                f"{k} {v:.1e}" for k, v in errors.items())
+                f"{k} {v:.1e}" for k, v in errors.items()
+            )
         except (ValueError, KeyError, IndexError):
-            errors, figure = {"failed": math.inf}, f"exit {rc}: " + (text.strip().splitlines() or ["no output"])[-1][-150:]
-        self.add("fp32 custom loss vs F.cross_entropy" + ("" if self.dry else f" (N {n}, V {v})"),
-                 rc == 0 and max(errors.values()) <= 1e-5, figure, "rel. errors ≤ 1e-5", seconds)
+            errors, figure = (
+                {"failed": math.inf},
+                f"exit {rc}: " + (text.strip().splitlines() or ["no output"])[-1][-150:],
+            )
+        self.add(
+            "fp32 custom loss vs F.cross_entropy" + ("" if self.dry else f" (N {n}, V {v})"),
+            rc == 0 and max(errors.values()) <= 1e-5,
+            figure,
+            "rel. errors ≤ 1e-5",
+            seconds,
+        )
 
     def ddp(self) -> None:
         n = 2 if self.dry else self.gpus
         if n < 2:
             return self.add("DDP", None, f"{self.gpus} GPU", "needs ≥ 2 GPUs", 0.0)
-        rc, seconds, folder = self.fit("ddp", "--trainer.strategy", "ddp", "--trainer.devices", str(n),
-                                       "--trainer.max_steps", "20")
-        self.add(f"DDP, {n} {'CPU processes' if self.dry else 'GPUs'}", *self._completed(rc, folder, 20),
-                 "completes, finite loss", seconds)
+        rc, seconds, folder = self.fit(
+            "ddp", "--trainer.strategy", "ddp", "--trainer.devices", str(n), "--trainer.max_steps", "20"
+        )
+        self.add(
+            f"DDP, {n} {'CPU processes' if self.dry else 'GPUs'}",
+            *self._completed(rc, folder, 20),
+            "completes, finite loss",
+            seconds,
+        )
 
     def fsdp(self) -> None:
         """configs/fsdp.yaml on the GPUs present, then a resume from its sharded checkpoint (--ckpt_path last)."""
         n = 2 if self.dry else max(self.gpus, 1)
         args = ["--config", str(ROOT / "configs/fsdp.yaml"), "--trainer.devices", str(n), "--trainer.num_nodes", "1"]
-        if self.dry:  # Lightning refuses FSDPStrategy itself on CPU: the test suite's subclass (tests/reliability/fsdp_cpu.py)
-            args += ["--trainer.strategy.class_path", "tests.reliability.fsdp_cpu.CPUFSDPStrategy",
-                     "--trainer.precision", "32-true"]
+        if (
+            self.dry
+        ):  # Lightning refuses FSDPStrategy itself on CPU: the test suite's subclass (tests/reliability/fsdp_cpu.py)
+            args += [
+                "--trainer.strategy.class_path",
+                "tests.reliability.fsdp_cpu.CPUFSDPStrategy",
+                "--trainer.precision",
+                "32-true",
+            ]
         rc, seconds, folder = self.fit("fsdp", *args, "--trainer.max_steps", "10")
         rc2, seconds2, _ = self.fit("fsdp", *args, "--trainer.max_steps", "20", resume=True)
         ok, figure = self._completed(rc or rc2, folder, 20)
         sharded = (folder / "checkpoints" / "last.ckpt" / "meta.pt").is_file()
-        self.add(f"FSDP, {n} {'CPU processes' if self.dry else 'GPU(s)'}, resumed at step 10", ok and sharded,
-                 f"{figure}, sharded checkpoint {'yes' if sharded else 'no'}", "completes 20 steps", seconds + seconds2)
+        self.add(
+            f"FSDP, {n} {'CPU processes' if self.dry else 'GPU(s)'}, resumed at step 10",
+            ok and sharded,
+            f"{figure}, sharded checkpoint {'yes' if sharded else 'no'}",
+            "completes 20 steps",
+            seconds + seconds2,
+        )
 
     def parquet(self) -> None:
         """Time from `loopnet fit` start to the end of a 1-step fit on a generated OpenWebText-shaped parquet
@@ -249,14 +339,28 @@ print(sum(f.stat().st_size for f in out.glob("*.parquet")) / 1e6, "MB")
         rc, text, gen_seconds = self.python("parquet_corpus", code)
         if rc:
             return self.add("parquet streaming: time to first step", False, "corpus not generated", "", gen_seconds)
-        rc, seconds, folder = self.fit("parquet", "--data.source", "files", "--data.path", str(corpus / "*.parquet"),
-                                       "--data.val_fraction", "0.01", "--trainer.max_steps", "1",
-                                       "--trainer.limit_val_batches", "0")
+        rc, seconds, folder = self.fit(
+            "parquet",
+            "--data.source",
+            "files",
+            "--data.path",
+            str(corpus / "*.parquet"),
+            "--data.val_fraction",
+            "0.01",
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+        )
         size = text.strip().splitlines()[-1]
         ok, figure = self._completed(rc, folder, 1)
-        self.add("parquet streaming: time to first step", ok and seconds <= 60,
-                 f"{seconds:.1f} s for a 1-step fit, start-up included ({size}, 8 shards); {figure}", "≤ 60 s",
-                 seconds)
+        self.add(
+            "parquet streaming: time to first step",
+            ok and seconds <= 60,
+            f"{seconds:.1f} s for a 1-step fit, start-up included ({size}, 8 shards); {figure}",
+            "≤ 60 s",
+            seconds,
+        )
 
     def resume(self) -> None:
         """20 steps straight vs 10 steps then `--ckpt_path last` to 20: the per-step losses of steps 11-20."""
@@ -270,25 +374,42 @@ print(sum(f.stat().st_size for f in out.glob("*.parquet")) / 1e6, "MB")
             return self.add("resume", False, f"exit {rc}/{rc2}/{rc3}, {len(steps)} resumed steps", "", seconds)
         worst = max(abs(a[s] - b[s]) for s in steps)
         limit = 0.0 if self.dry else 0.02  # GPU kernels need not be bitwise deterministic
-        self.add("resume at step 10", worst <= limit, f"max |Δ loss| {worst:.2g} over steps 11-20",
-                 f"≤ {limit:g}", seconds)
+        self.add(
+            "resume at step 10", worst <= limit, f"max |Δ loss| {worst:.2g} over steps 11-20", f"≤ {limit:g}", seconds
+        )
 
     def mfu(self) -> None:
         """MFU at GPT-2-small width (d = 768, T = 1024) in bf16, compile off and on (TokenThroughput's)."""
         for compile_ in ("false", "true"):
-            rc, seconds, folder = self.fit(f"mfu_compile_{compile_}", "--model.compile", compile_,
-                                           "--trainer.max_steps", "60", "--trainer.limit_val_batches", "0",
-                                           "--data.batch_size", "4" if self.dry else "16")
+            rc, seconds, folder = self.fit(
+                f"mfu_compile_{compile_}",
+                "--model.compile",
+                compile_,
+                "--trainer.max_steps",
+                "60",
+                "--trainer.limit_val_batches",
+                "0",
+                "--data.batch_size",
+                "4" if self.dry else "16",
+            )
             tags = scalars(folder)
             mfu = next((v for t, v in tags.items() if t.endswith("mfu")), {})
             tps = next((v for t, v in tags.items() if t.endswith("items_per_sec")), {})
             last = mfu[max(mfu)] if mfu else None
             ok, figure = self._completed(rc, folder, 60)
-            figure = (f"MFU {last:.1%}" if last is not None else "MFU n/a (no known peak)") + (
-                f", {tps[max(tps)]:,.0f} tokens/s" if tps else "") + ("" if ok else f"; {figure}")
+            figure = (
+                (f"MFU {last:.1%}" if last is not None else "MFU n/a (no known peak)")
+                + (f", {tps[max(tps)]:,.0f} tokens/s" if tps else "")
+                + ("" if ok else f"; {figure}")
+            )
             target = compile_ == "true" and not self.dry
-            self.add(f"MFU, compile {compile_}", ok and (not target or (last or 0) >= 0.40), figure,
-                     "≥ 40% (compile on)" if target else "reported", seconds)
+            self.add(
+                f"MFU, compile {compile_}",
+                ok and (not target or (last or 0) >= 0.40),
+                figure,
+                "≥ 40% (compile on)" if target else "reported",
+                seconds,
+            )
 
     def _completed(self, rc: int, folder: Path, steps: int) -> tuple[bool, str]:
         try:
@@ -296,8 +417,13 @@ print(sum(f.stat().st_size for f in out.glob("*.parquet")) / 1e6, "MB")
         except (OSError, ValueError):
             return False, f"exit {rc}, no summary.json"
         loss = summary.get("final_train_loss")
-        ok = rc == 0 and summary.get("status") == "completed" and summary.get("global_step") == steps and \
-            loss is not None and math.isfinite(loss)
+        ok = (
+            rc == 0
+            and summary.get("status") == "completed"
+            and summary.get("global_step") == steps
+            and loss is not None
+            and math.isfinite(loss)
+        )
         return ok, f"exit {rc}, {summary.get('status')} at step {summary.get('global_step')}, loss {loss}"
 
 
@@ -339,15 +465,21 @@ def main() -> None:
     parser.add_argument("--cpu-dry-run", action="store_true", help="the same steps at toy size on the CPU")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_check"), help="logs, runs and table.md")
     parser.add_argument("--only", nargs="*", choices=list(SHARES), help="run only these steps, in this order")
-    parser.add_argument("--budget", type=float, help=f"the whole check's time in s (default {BUDGET_S}; "
-                        f"{DRY_BUDGET_S} with --cpu-dry-run): every limit is derived from it")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help=f"the whole check's time in s (default {BUDGET_S}; "
+        f"{DRY_BUDGET_S} with --cpu-dry-run): every limit is derived from it",
+    )
     parser.add_argument("--shell-budget", action="store_true", help="print gpu_check.sh's limits as shell assignments")
     args = parser.parse_args()
     budget = args.budget or (DRY_BUDGET_S if args.cpu_dry_run else BUDGET_S)
     if args.shell_budget:
         found = limits(budget)
-        print(f"INSTALL_S={found['setup_install']} PREFLIGHT_S={found['setup_preflight']} STEPS_S={found['steps']} "
-              f"KILL_GRACE_S={KILL_GRACE_S}")
+        print(
+            f"INSTALL_S={found['setup_install']} PREFLIGHT_S={found['setup_preflight']} STEPS_S={found['steps']} "
+            f"KILL_GRACE_S={KILL_GRACE_S}"
+        )
         return
     out = Path(args.out)
     shutil.rmtree(out / "runs", ignore_errors=True)  # a rerun on a warm machine starts clean (pinned run folders)
@@ -370,7 +502,7 @@ def main() -> None:
             except Exception as err:  # a broken step is a failed check, and the others still run
                 runner.add(step, False, f"{type(err).__name__}: {err}"[:200], "", time.perf_counter() - start)
     except Stopped:
-        runner.note(f"Stopped by SIGTERM during {step}; not run to the end: {', '.join(steps[steps.index(step):])}.")
+        runner.note(f"Stopped by SIGTERM during {step}; not run to the end: {', '.join(steps[steps.index(step) :])}.")
         runner.checks.append(Check(step, "FAIL", "stopped", "", 0.0))
     print((out / "table.md").read_text(), end="")
     sys.exit(1 if any(c.status == "FAIL" for c in runner.checks) else 0)

@@ -45,81 +45,173 @@ class Group:
 
 GROUPS = {
     # The residual schemes' α and β and the branch-scaling rules: the whole file.
-    "scales": Group("loopnet/model/scales.py", ("*",),
-                    ("tests/model/test_scales_direct.py", "tests/model/test_branch_scale.py",
-                     "tests/model/test_model.py", "tests/model/test_config.py")),
+    "scales": Group(
+        "loopnet/model/scales.py",
+        ("*",),
+        (
+            "tests/model/test_scales_direct.py",
+            "tests/model/test_branch_scale.py",
+            "tests/model/test_model.py",
+            "tests/model/test_config.py",
+        ),
+    ),
     # The loop: blocks, scales, the wirings, rounds, the loss over the loss rounds (generation and
     # compilation are the inference and speed code, guarded by their own tests).
-    "wirings": Group("loopnet/model/transformer.py",
-                     ("x_lm_loss", "xǁLoopedTransformerǁ__init__", "xǁLoopedTransformerǁreset_parameters",
-                      "xǁLoopedTransformerǁprelude_blocks", "xǁLoopedTransformerǁcoda_blocks",
-                      "xǁLoopedTransformerǁ_head", "xǁLoopedTransformerǁ_block", "xǁLoopedTransformerǁembed",
-                      "xǁLoopedTransformerǁround", "xǁLoopedTransformerǁround_start",
-                      "xǁLoopedTransformerǁloss_round_indices", "xǁLoopedTransformerǁiter_rounds",
-                      "xǁLoopedTransformerǁhead", "xǁLoopedTransformerǁfinish", "xǁLoopedTransformerǁforward"),
-                     ("tests/model/test_model.py", "tests/model/test_wirings.py", "tests/model/test_recipe_model.py",
-                      "tests/model/test_loop_arguments.py", "tests/diagnostics/test_visit_probe.py",
-                      "tests/model/test_cache.py::test_cached_logits_equal_the_full_forward_at_every_position",
-                      "tests/training/test_recipe_optim.py::test_the_model_adds_the_z_term_on_the_fused_and_the_plain_path"),
-                     deselect="not static"),  # the static cache (a compiled step's) is cache.py's, not the loop's
+    "wirings": Group(
+        "loopnet/model/transformer.py",
+        (
+            "x_lm_loss",
+            "xǁLoopedTransformerǁ__init__",
+            "xǁLoopedTransformerǁreset_parameters",
+            "xǁLoopedTransformerǁprelude_blocks",
+            "xǁLoopedTransformerǁcoda_blocks",
+            "xǁLoopedTransformerǁ_head",
+            "xǁLoopedTransformerǁ_block",
+            "xǁLoopedTransformerǁembed",
+            "xǁLoopedTransformerǁround",
+            "xǁLoopedTransformerǁround_start",
+            "xǁLoopedTransformerǁloss_round_indices",
+            "xǁLoopedTransformerǁiter_rounds",
+            "xǁLoopedTransformerǁhead",
+            "xǁLoopedTransformerǁfinish",
+            "xǁLoopedTransformerǁforward",
+        ),
+        (
+            "tests/model/test_model.py",
+            "tests/model/test_wirings.py",
+            "tests/model/test_recipe_model.py",
+            "tests/model/test_loop_arguments.py",
+            "tests/diagnostics/test_visit_probe.py",
+            "tests/model/test_cache.py::test_cached_logits_equal_the_full_forward_at_every_position",
+            "tests/training/test_recipe_optim.py::test_the_model_adds_the_z_term_on_the_fused_and_the_plain_path",
+        ),
+        deselect="not static",
+    ),  # the static cache (a compiled step's) is cache.py's, not the loop's
     # The per-visit probe: forward statistics, per-visit gradients, κ̂: the whole file.
-    "probe": Group("loopnet/diagnostics/visit_probe.py", ("*",),
-                   ("tests/diagnostics/test_visit_probe.py", "tests/diagnostics/test_visit_values.py")),
+    "probe": Group(
+        "loopnet/diagnostics/visit_probe.py",
+        ("*",),
+        ("tests/diagnostics/test_visit_probe.py", "tests/diagnostics/test_visit_values.py"),
+    ),
     # The callback's per-visit values (what it logs, not how it writes TensorBoard files).
-    "callback": Group("loopnet/diagnostics/callback.py",
-                      ("x_physical_sublayers", "x_step_draw", "x_total_norm", "x_global_norm",
-                       "xǁVisitDiagnosticsǁ_reset", "xǁVisitDiagnosticsǁon_train_batch_start",
-                       "xǁVisitDiagnosticsǁon_before_optimizer_step", "xǁVisitDiagnosticsǁon_train_batch_end"),
-                      ("tests/diagnostics/test_visit_values.py", "tests/diagnostics/test_callback_steps.py",
-                       "tests/diagnostics/test_update_size.py", "tests/diagnostics/test_recipe_instruments.py")),
+    "callback": Group(
+        "loopnet/diagnostics/callback.py",
+        (
+            "x_physical_sublayers",
+            "x_step_draw",
+            "x_total_norm",
+            "x_global_norm",
+            "xǁVisitDiagnosticsǁ_reset",
+            "xǁVisitDiagnosticsǁon_train_batch_start",
+            "xǁVisitDiagnosticsǁon_before_optimizer_step",
+            "xǁVisitDiagnosticsǁon_train_batch_end",
+        ),
+        (
+            "tests/diagnostics/test_visit_values.py",
+            "tests/diagnostics/test_callback_steps.py",
+            "tests/diagnostics/test_update_size.py",
+            "tests/diagnostics/test_recipe_instruments.py",
+        ),
+    ),
     # The held-out split and the training stream's resume state.
-    "data": Group("loopnet/data/datamodule.py",
-                  ("xǁTokenStreamDataModuleǁn_held_out", "xǁTokenStreamDataModuleǁtrain_stream",
-                   "xǁTokenStreamDataModuleǁval_windows", "xǁTokenStreamDataModuleǁ_held_out_windows",
-                   "xǁTokenStreamDataModuleǁtrain_dataloader"),
-                  ("tests/data/test_held_out.py", "tests/data/test_datamodule.py", "tests/data/test_valcache.py",
-                   "tests/data/test_compact_vocab.py")),
-    "stream": Group("loopnet/data/stream.py",
-                    ("x_val_windows", "x_pack_windows", "xǁTrainStreamǁslot_texts", "xǁTrainStreamǁdocuments",
-                     "xǁResumableLoaderǁ*"),
-                    ("tests/data/test_held_out.py", "tests/data/test_stream_state.py", "tests/data/test_datamodule.py",
-                     "tests/data/test_stream.py", "tests/data/test_packing.py", "tests/data/test_compact_vocab.py"),
-                    deselect="not test_exact_resume_across_epochs"),  # its loader workers: ~40 s a mutant
+    "data": Group(
+        "loopnet/data/datamodule.py",
+        (
+            "xǁTokenStreamDataModuleǁn_held_out",
+            "xǁTokenStreamDataModuleǁtrain_stream",
+            "xǁTokenStreamDataModuleǁval_windows",
+            "xǁTokenStreamDataModuleǁ_held_out_windows",
+            "xǁTokenStreamDataModuleǁtrain_dataloader",
+        ),
+        (
+            "tests/data/test_held_out.py",
+            "tests/data/test_datamodule.py",
+            "tests/data/test_valcache.py",
+            "tests/data/test_compact_vocab.py",
+        ),
+    ),
+    "stream": Group(
+        "loopnet/data/stream.py",
+        (
+            "x_val_windows",
+            "x_pack_windows",
+            "xǁTrainStreamǁslot_texts",
+            "xǁTrainStreamǁdocuments",
+            "xǁResumableLoaderǁ*",
+        ),
+        (
+            "tests/data/test_held_out.py",
+            "tests/data/test_stream_state.py",
+            "tests/data/test_datamodule.py",
+            "tests/data/test_stream.py",
+            "tests/data/test_packing.py",
+            "tests/data/test_compact_vocab.py",
+        ),
+        deselect="not test_exact_resume_across_epochs",
+    ),  # its loader workers: ~40 s a mutant
     # The learning-rate schedule and the optimiser's parameter groups.
-    "schedule": Group("loopnet/training/module.py",
-                      ("xǁLoopedLMǁconfigure_optimizers", "xǁLoopedLMǁ_param_groups"),
-                      ("tests/training/test_lr_schedule.py", "tests/training/test_optim.py",
-                       "tests/training/test_recipe_optim.py")),
+    "schedule": Group(
+        "loopnet/training/module.py",
+        ("xǁLoopedLMǁconfigure_optimizers", "xǁLoopedLMǁ_param_groups"),
+        ("tests/training/test_lr_schedule.py", "tests/training/test_optim.py", "tests/training/test_recipe_optim.py"),
+    ),
     # The extrapolation and fixed-point profile: the round map, σ_max by power iteration, the per-round
     # quantities and their meter (the report's table is presentation).
-    "fixed_point": Group("loopnet/diagnostics/fixed_point.py",
-                         ("x_round_map", "x_round_jacobian_norm", "x_round_profile", "x_jacobian_profile",
-                          "xǁRoundProfileMeterǁ*"),
-                         ("tests/diagnostics/test_fixed_point.py", "tests/diagnostics/test_depth_sync.py",
-                          "tests/training/test_frontier.py")),
+    "fixed_point": Group(
+        "loopnet/diagnostics/fixed_point.py",
+        ("x_round_map", "x_round_jacobian_norm", "x_round_profile", "x_jacobian_profile", "xǁRoundProfileMeterǁ*"),
+        (
+            "tests/diagnostics/test_fixed_point.py",
+            "tests/diagnostics/test_depth_sync.py",
+            "tests/training/test_frontier.py",
+        ),
+    ),
     # The adaptive-exit criteria and the teacher-forced exit.
-    "exit": Group("loopnet/model/exit.py", ("xǁExitCriterionǁ*", "x_exit_logits"),
-                  ("tests/model/test_cache_exit.py", "tests/training/test_frontier.py", "tests/eval/test_exit.py")),
+    "exit": Group(
+        "loopnet/model/exit.py",
+        ("xǁExitCriterionǁ*", "x_exit_logits"),
+        ("tests/model/test_cache_exit.py", "tests/training/test_frontier.py", "tests/eval/test_exit.py"),
+    ),
     # Checkpoint loading, checks and the run folders' versions: the whole file.
-    "checkpoints": Group("loopnet/checkpoints.py", ("*",),
-                         ("tests/reliability/test_checkpoint_files.py",)),
+    "checkpoints": Group("loopnet/checkpoints.py", ("*",), ("tests/reliability/test_checkpoint_files.py",)),
 }
 
 
 def setup_cfg(group: Group) -> str:
-    lines = ["[mutmut]", "source_paths = loopnet", "only_mutate =", f"    {group.module}",
-             "pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in group.tests]
+    lines = [
+        "[mutmut]",
+        "source_paths = loopnet",
+        "only_mutate =",
+        f"    {group.module}",
+        "pytest_add_cli_args_test_selection =",
+    ] + [f"    {t}" for t in group.tests]
     k = "not compile" + (f" and {group.deselect}" if group.deselect else "")
-    lines += ["pytest_add_cli_args =", "    -m", "    not slow", "    -k", f"    {k}", "    -p", "    no:cacheprovider",
-              "process_isolation = forkserver"]
+    lines += [
+        "pytest_add_cli_args =",
+        "    -m",
+        "    not slow",
+        "    -k",
+        f"    {k}",
+        "    -p",
+        "    no:cacheprovider",
+        "process_isolation = forkserver",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def copy_tree(dest: Path) -> None:
     """The checkout's files as git sees them (tracked and untracked, not ignored: not the venv)."""
     shutil.rmtree(dest, ignore_errors=True)
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in files:
         src = ROOT / name
         if name and src.is_file():
@@ -133,10 +225,16 @@ def run(name: str, group: Group, base: Path, jobs: int) -> int:
     (work / "setup.cfg").write_text(setup_cfg(group))
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     with open(work / "mutmut-run.log", "w") as log:
-        status = subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs),
-                                  *group.patterns()], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
-    results = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, env=env,
-                             capture_output=True, text=True).stdout
+        status = subprocess.call(
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *group.patterns()],
+            cwd=work,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    results = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
+    ).stdout
     (work / "results.txt").write_text(results)
     if status:
         print(f"{name}: mutmut exited with {status}; see {work / 'mutmut-run.log'}", file=sys.stderr)
@@ -165,8 +263,10 @@ def table(base: Path, names: list[str]) -> None:
         counts = Counter(res.values())
         killed = counts["killed"] + counts["timeout"]
         rate = 100 * killed / len(res) if res else float("nan")
-        print(f"{name:<12} {GROUPS[name].module:<34} {len(res):>7} {killed:>7} {counts['survived']:>8} "
-              f"{counts['no tests']:>8} {rate:>5.1f}%")
+        print(
+            f"{name:<12} {GROUPS[name].module:<34} {len(res):>7} {killed:>7} {counts['survived']:>8} "
+            f"{counts['no tests']:>8} {rate:>5.1f}%"
+        )
     for name, res in runs.items():
         left = sorted(m for m, s in (res or {}).items() if s not in ("killed", "timeout"))
         if left:

@@ -38,16 +38,38 @@ RUNS = {"deeploop": "configs/deeploop_r6.yaml", "deepnorm": "configs/deepnorm_r6
 def train(logdir: Path, steps: int, every: int) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     for name, config in RUNS.items():
-        common = ["--config", str(ROOT / config), "--config", str(ROOT / "configs/cpu.yaml"),
-                  "--model.config.d_model", "64", "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
-                  "--trainer.logger.init_args.save_dir", str(logdir), "--trainer.enable_progress_bar", "false"]
-        fit = ["fit", *common, "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
-               "--diagnostics.every_n_steps", str(every)]
+        common = [
+            "--config",
+            str(ROOT / config),
+            "--config",
+            str(ROOT / "configs/cpu.yaml"),
+            "--model.config.d_model",
+            "64",
+            "--trainer.limit_val_batches",
+            "2",
+            "--trainer.limit_test_batches",
+            "2",
+            "--trainer.logger.init_args.save_dir",
+            str(logdir),
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+        fit = [
+            "fit",
+            *common,
+            "--trainer.max_steps",
+            str(steps),
+            "--trainer.val_check_interval",
+            str(steps),
+            "--diagnostics.every_n_steps",
+            str(every),
+        ]
         test = ["test", *common, "--ckpt_path", "last"]  # its scalars join the fit's run: no run of its own
         for args in (fit, test):
             print(f"{args[0]} {name}: {steps} steps", flush=True)
-            subprocess.run([sys.executable, "-m", "loopnet", *args], env=env, check=True, cwd=ROOT,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, "-m", "loopnet", *args], env=env, check=True, cwd=ROOT, stdout=subprocess.DEVNULL
+            )
 
 
 def free_port() -> int:
@@ -86,13 +108,29 @@ def chromium() -> str:
 
 def screenshot(url: str, out: Path, width: int, height: int, budget_ms: int) -> None:
     with tempfile.TemporaryDirectory() as profile:
-        cmd = [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-               f"--user-data-dir={profile}", f"--window-size={width},{height}", "--force-device-scale-factor=1",
-               # Only the local TensorBoard: no other host resolves, no background requests.
-               "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
-               "--disable-extensions", "--metrics-recording-only", "--no-default-browser-check",
-               f"--virtual-time-budget={budget_ms}", f"--screenshot={out}", url]
+        cmd = [
+            chromium(),
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            "--force-device-scale-factor=1",
+            # Only the local TensorBoard: no other host resolves, no background requests.
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-default-apps",
+            "--disable-extensions",
+            "--metrics-recording-only",
+            "--no-default-browser-check",
+            f"--virtual-time-budget={budget_ms}",
+            f"--screenshot={out}",
+            url,
+        ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180)
 
 
@@ -122,9 +160,24 @@ def main(argv: list[str] | None = None) -> None:
         runs = len({f.parent for f in logdir.rglob("events.out.tfevents.*")})
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
-                                 "127.0.0.1", "--port", str(port), "--load_fast", "false"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                str(logdir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--load_fast",
+                "false",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             wait_for_images(base, proc, runs, timeout_s=300)
             screenshot(f"{base}/{args.url_suffix}", out, *args.size, args.budget_ms)

@@ -21,8 +21,14 @@ from tests.reliability.helpers import env
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env(),
-                          check=False, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=False,
+        timeout=300,
+    )
 
 
 # ----------------------------------------------------------------------------- Lightning
@@ -100,7 +106,7 @@ def test_lightning_cli_calls_parse_ckpt_path_after_the_parse_before_any_instance
     assert seen == [("fit", "some.ckpt", False)]
 
 
-def test_lightning_cli_seeds_and_runs_through_the_hooks_no_run_hook_empties(monkeypatch):
+def test_lightning_cli_seeds_and_runs_through_the_hooks_no_run_hook_empties(monkeypatch, tmp_path):
     import lightning.pytorch.cli as cli_module
     from lightning.pytorch.cli import LightningCLI
     from lightning.pytorch.demos.boring_classes import BoringModel
@@ -111,15 +117,28 @@ def test_lightning_cli_seeds_and_runs_through_the_hooks_no_run_hook_empties(monk
     monkeypatch.setattr(cli_module, "seed_everything", lambda seed, **kw: seeded.append(seed) or seed)
     monkeypatch.setattr(BoringModel, "training_step", lambda *a: ran.append("step"))
     monkeypatch.setattr(sys, "argv", ["loopnet"])
-    args = ["fit", "--seed_everything", "7", "--trainer.max_steps", "1", "--trainer.logger", "false",
-            "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false"]
+    args = [
+        "fit",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--seed_everything",
+        "7",
+        "--trainer.max_steps",
+        "1",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
 
     class CLI(compat.NoRunHook, LightningCLI):
         pass
 
-    cli = CLI(BoringModel, args=args)
+    cli = CLI(BoringModel, args=args, save_config_callback=None)
     assert hasattr(cli, "trainer") and seeded == [] and ran == []  # built; neither seeded nor run
-    LightningCLI(BoringModel, args=args)
+    LightningCLI(BoringModel, args=args, save_config_callback=None)
     assert seeded == [7] and ran  # without the hook: LightningCLI seeds through _set_seed and runs the fit
 
 
@@ -159,8 +178,13 @@ def test_compute_dtype_of_each_precision():
 def test_the_stop_flag_is_what_received_sigterm_reads(tmp_path):
     from lightning.pytorch import Trainer
 
-    trainer = Trainer(default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     assert trainer.received_sigterm is False
     compat.set_stop_flag(trainer)
     assert trainer.received_sigterm is True
@@ -177,8 +201,15 @@ def test_the_stop_flag_stops_a_fit_after_the_batch(tmp_path):
             if trainer.global_step == 2:
                 compat.set_stop_flag(trainer)
 
-    trainer = Trainer(default_root_dir=tmp_path, logger=False, enable_checkpointing=False, max_steps=10,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[StopAt()])
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        max_steps=10,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StopAt()],
+    )
     with pytest.raises(SystemExit) as stopped:  # Lightning's SIGTERM path: a clean exit
         trainer.fit(BoringModel())
     assert stopped.value.code in (0, None) and trainer.global_step == 2

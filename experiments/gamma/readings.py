@@ -32,8 +32,7 @@ from loopnet.study.measures import paired_interval, quadratic_vertex, t_quantile
 from experiments import sources
 
 ARMS = ("sqrt_depth", "threequarter", "wang", "deeploop")
-ARM_NAMES = {"sqrt_depth": "1/√depth (γ = ½)", "threequarter": "γ = ¾", "wang": "Wang (γ = 1)",
-             "deeploop": "DeepLoop"}
+ARM_NAMES = {"sqrt_depth": "1/√depth (γ = ½)", "threequarter": "γ = ¾", "wang": "Wang (γ = 1)", "deeploop": "DeepLoop"}
 GAMMAS = {"sqrt_depth": 0.5, "threequarter": 0.75, "wang": 1.0}
 R_LO, R_HI, R_MID = 2, 24, 12
 LADDER = (2.5e-4, 3.54e-4, 5.0e-4, 7.07e-4, 1.0e-3, 1.41e-3, 2.0e-3, 2.83e-3, 4.0e-3, 5.66e-3, 8.0e-3)
@@ -52,9 +51,11 @@ def read(folders) -> dict:
             lam = re.search(r"(?:^|-)branch_lambda([0-9.]+)(?:-|$)", c["cell"])
             if lam:
                 if c["scheme"] != "wang" or abs(float(lam.group(1)) - c["R"] ** 0.25) > 1e-4:
-                    raise ValueError(f"cell {c['cell']}: branch_lambda {lam.group(1)} with {c['scheme']} at R = "
-                                     f"{c['R']} is not the γ = ¾ arm (wang, λ = R^¼ = {c['R'] ** 0.25:.6f}); fix: "
-                                     "run configs/sweeps/gamma/*.yaml unchanged")
+                    raise ValueError(
+                        f"cell {c['cell']}: branch_lambda {lam.group(1)} with {c['scheme']} at R = "
+                        f"{c['R']} is not the γ = ¾ arm (wang, λ = R^¼ = {c['R'] ** 0.25:.6f}); fix: "
+                        "run configs/sweeps/gamma/*.yaml unchanged"
+                    )
                 c = dict(c, scheme="threequarter")
             cells.append(c)
     return sources.merge(cells)
@@ -97,8 +98,9 @@ def combine(shifts: dict[str, dict], weights: dict[str, int]) -> dict[int, dict]
     the sign of its weight; terms open in opposite directions, or a term open both ways, leave it open both ways."""
     out = {}
     for s in sorted(set.intersection(*(set(shifts[a]) for a in weights))):
-        sides = {shifts[a][s]["side"] * (1 if w > 0 else -1) for a, w in weights.items()
-                 if shifts[a][s]["side"] is not None}
+        sides = {
+            shifts[a][s]["side"] * (1 if w > 0 else -1) for a, w in weights.items() if shifts[a][s]["side"] is not None
+        }
         side = None if not sides else (sides.pop() if len(sides) == 1 else 0)
         out[s] = {"delta": sum(w * shifts[a][s]["delta"] for a, w in weights.items()), "side": side}
     return out
@@ -116,8 +118,9 @@ def arm_word(lo: float, hi: float) -> str:
     """Per arm, on the interval's two printed decimals: transfers (inside ±0.15), falls (hi < 0), rises (lo > 0);
     "falls" and "transfers" may both hold; not resolved when none does."""
     lo, hi = round(lo, 2), round(hi, 2)
-    words = [w for w, ok in (("transfers", -TRANSFER <= lo and hi <= TRANSFER), ("falls", hi < 0), ("rises", lo > 0))
-             if ok]
+    words = [
+        w for w, ok in (("transfers", -TRANSFER <= lo and hi <= TRANSFER), ("falls", hi < 0), ("rises", lo > 0)) if ok
+    ]
     return ", ".join(words) or "not resolved"
 
 
@@ -144,8 +147,13 @@ def robust_word(per_seed: dict[int, dict], word_of) -> tuple[str, int]:
     if not est["censored"]:
         return word, 0
     for both in (-1, 1):
-        moved = {s: {"delta": v["delta"] + STRESS * (v["side"] or both) if v["side"] is not None else v["delta"],
-                     "side": None} for s, v in per_seed.items()}
+        moved = {
+            s: {
+                "delta": v["delta"] + STRESS * (v["side"] or both) if v["side"] is not None else v["delta"],
+                "side": None,
+            }
+            for s, v in per_seed.items()
+        }
         e = t_estimate(moved)
         if word_of(e["lo"], e["hi"]) != word:
             return "not resolved (censored)", est["censored"]
@@ -215,8 +223,11 @@ def reading(cells: dict, plateau: float, r_lo: int = R_LO, r_hi: int = R_HI) -> 
     rows = {}
     for a in present:
         rows[a] = {"est": t_estimate(shifts[a]), "word": robust_word(shifts[a], arm_word), "kind": "arm"}
-    for name, w in (("D_W", {"wang": 1, "sqrt_depth": -1}), ("D_L", {"deeploop": 1, "wang": -1}),
-                    ("linearity", {"threequarter": 2, "sqrt_depth": -1, "wang": -1})):
+    for name, w in (
+        ("D_W", {"wang": 1, "sqrt_depth": -1}),
+        ("D_L", {"deeploop": 1, "wang": -1}),
+        ("linearity", {"threequarter": 2, "sqrt_depth": -1, "wang": -1}),
+    ):
         if all(a in present for a in w):
             per = combine(shifts, w)
             if name == "linearity":  # Δ_¾ − (Δ_½ + Δ_1)/2
@@ -236,8 +247,11 @@ def seed_mean_shift(cells: dict, arm: str, plateau: float, r_lo: int = R_LO, r_h
     xs = []
     for r in (r_lo, r_hi):
         rates = sources.by_rate(cells, arm, r)
-        ok = {lr: statistics.fmean(c["loss"] for c in cs) for lr, cs in rates.items()
-              if cs and all(sources.trains_cell(c, plateau) for c in cs)}
+        ok = {
+            lr: statistics.fmean(c["loss"] for c in cs)
+            for lr, cs in rates.items()
+            if cs and all(sources.trains_cell(c, plateau) for c in cs)
+        }
         v = quadratic_vertex(ok) if len(ok) >= 3 else None
         if v is None:
             return None
@@ -249,8 +263,11 @@ def seed_mean_shift(cells: dict, arm: str, plateau: float, r_lo: int = R_LO, r_h
 def logistic(cells: dict, plateau: float) -> dict:
     """One Firth common-slope fit over every run, one intercept per (arm, R); Δ50 per arm and D50_W, D50_L with
     their profile intervals. {"error": ...} when every run trains (or none)."""
-    rows = [((a, r), lr, sources.trains_cell(c, plateau)) for (a, r, lr, _), c in sorted(cells.items())
-            if a in ARMS and r in (R_LO, R_MID, R_HI)]
+    rows = [
+        ((a, r), lr, sources.trains_cell(c, plateau))
+        for (a, r, lr, _), c in sorted(cells.items())
+        if a in ARMS and r in (R_LO, R_MID, R_HI)
+    ]
     try:
         fit = boundary.fit(boundary.Data.from_rows(rows))
     except ValueError as err:
@@ -271,8 +288,9 @@ def logistic(cells: dict, plateau: float) -> dict:
 def reproducibility(cells: dict, rival: dict) -> dict:
     """The cells this experiment shares with the rival grid (same arm, R, rate and seed): how many, how many
     have bitwise equal final losses, and the largest absolute difference."""
-    shared = [(c, rival[k]) for k, c in cells.items() if k in rival and c["loss"] is not None
-              and rival[k]["loss"] is not None]
+    shared = [
+        (c, rival[k]) for k, c in cells.items() if k in rival and c["loss"] is not None and rival[k]["loss"] is not None
+    ]
     diffs = [abs(a["loss"] - b["loss"]) for a, b in shared]
     return {"shared": len(shared), "equal": sum(d == 0 for d in diffs), "max_diff": max(diffs, default=None)}
 
@@ -284,14 +302,17 @@ def long_rates(cells: dict, plateau: float) -> dict[tuple[str, int], list[float]
     for arm in ARMS:
         for r in (R_LO, R_MID):
             rates = sources.by_rate(cells, arm, r)
-            ok = {lr: statistics.fmean(c["loss"] for c in cs) for lr, cs in rates.items()
-                  if all(sources.trains_cell(c, plateau) for c in cs)}
+            ok = {
+                lr: statistics.fmean(c["loss"] for c in cs)
+                for lr, cs in rates.items()
+                if all(sources.trains_cell(c, plateau) for c in cs)
+            }
             v = quadratic_vertex(ok) if len(ok) >= 3 else None
             if v is None:
                 continue
             i = min(range(len(LADDER)), key=lambda k: abs(math.log10(LADDER[k]) - v["x"]))
             i = min(max(i, 2), len(LADDER) - 3)
-            out[(arm, r)] = list(LADDER[i - 2:i + 3])
+            out[(arm, r)] = list(LADDER[i - 2 : i + 3])
     return out
 
 
@@ -299,20 +320,33 @@ def long_sweep(rates: dict, plateau: float) -> str:
     """The 1,000-step check's sweep file (YAML text) from `long_rates`."""
     import yaml
 
-    lam = {r: round(r ** 0.25, 6) for r in (R_LO, R_MID)}
+    lam = {r: round(r**0.25, 6) for r in (R_LO, R_MID)}
     include = []
     for (arm, r), lrs in rates.items():
-        head = ({"model.config.residual": ["deeploop"]} if arm == "deeploop" else
-                {"model.config.residual": ["preln"], "model.config.branch_scale": ["wang"],
-                 "model.config.branch_lambda": [lam[r]]} if arm == "threequarter" else
-                {"model.config.residual": ["preln"], "model.config.branch_scale": [arm]})
+        head = (
+            {"model.config.residual": ["deeploop"]}
+            if arm == "deeploop"
+            else {
+                "model.config.residual": ["preln"],
+                "model.config.branch_scale": ["wang"],
+                "model.config.branch_lambda": [lam[r]],
+            }
+            if arm == "threequarter"
+            else {"model.config.residual": ["preln"], "model.config.branch_scale": [arm]}
+        )
         include.append({**head, "model.config.n_rounds": [r], "model.optim.lr": lrs, "seed_everything": [1, 2, 3]})
-    spec = {"description": "The depth exponent, the 1,000-step check around each 200-step vertex.",
-            "base": ["configs/deeploop_r6.yaml", "configs/cpu.yaml", "configs/study_map.yaml"],
-            "overrides": {"trainer.max_steps": LONG_STEPS}, "include": include, "out": "runs/sweeps/gamma_long"}
-    lines = ["# Written by `python -m experiments.gamma.readings long-sweep` by the rule of",
-             "# docs/results/gamma/PREREGISTRATION.md: per arm and R, the ladder rate nearest the 200-step seed-mean",
-             f"# vertex and two ladder rates either side, seeds 1-3, {LONG_STEPS} steps (plateau {plateau:.4f})."]
+    spec = {
+        "description": "The depth exponent, the 1,000-step check around each 200-step vertex.",
+        "base": ["configs/deeploop_r6.yaml", "configs/cpu.yaml", "configs/study_map.yaml"],
+        "overrides": {"trainer.max_steps": LONG_STEPS},
+        "include": include,
+        "out": "runs/sweeps/gamma_long",
+    }
+    lines = [
+        "# Written by `python -m experiments.gamma.readings long-sweep` by the rule of",
+        "# docs/results/gamma/PREREGISTRATION.md: per arm and R, the ladder rate nearest the 200-step seed-mean",
+        f"# vertex and two ladder rates either side, seeds 1-3, {LONG_STEPS} steps (plateau {plateau:.4f}).",
+    ]
     lines += [f"# - {ARM_NAMES[a]} at R = {r}: " + ", ".join(f"{x:.3g}" for x in lrs) for (a, r), lrs in rates.items()]
     return "\n".join(lines) + "\n" + yaml.safe_dump(spec, sort_keys=False, width=110)
 
@@ -342,66 +376,127 @@ def fmt(est: dict | None, spec: str = "{:+.2f}") -> str:
     return f"{spec.format(est['mean'])} | [{spec.format(est['lo'])}, {spec.format(est['hi'])}]"
 
 
-def markdown(res: dict, cells: dict, plateau: float, argv: list[str], logit: dict, repro: dict | None,
-             res12: dict | None, longc: dict | None) -> list[str]:
-    md = ["# The depth exponent γ: the readings stated before any fit, computed", "",
-          (f"Written by `python -m experiments.gamma.readings {' '.join(argv)}`; the rules are in "
-          "`docs/results/gamma/PREREGISTRATION.md` and coded in `experiments/gamma/readings.py`. A seed trains when it "
-          f"completed with its final validation loss below the plateau {plateau:.4f} − 0.1 nat."), ""]
+def markdown(
+    res: dict,
+    cells: dict,
+    plateau: float,
+    argv: list[str],
+    logit: dict,
+    repro: dict | None,
+    res12: dict | None,
+    longc: dict | None,
+) -> list[str]:
+    md = [
+        "# The depth exponent γ: the readings stated before any fit, computed",
+        "",
+        (
+            f"Written by `python -m experiments.gamma.readings {' '.join(argv)}`; the rules are in "
+            "`docs/results/gamma/PREREGISTRATION.md` and coded in `experiments/gamma/readings.py`. A seed trains when it "
+            f"completed with its final validation loss below the plateau {plateau:.4f} − 0.1 nat."
+        ),
+        "",
+    ]
     if "verdict" in res:
         md += [f"**Verdict (R = {R_LO} → {R_HI}): {res['verdict']}**", ""]
-    md += [("Every interval: the mean over seeds of per-seed estimates (each seed's own vertices) with its 95% "
-           "Student t interval on n − 1 degrees of freedom; the seeds are named in each row."), "",
-           f"## Δ = log10 η*({R_HI}) − log10 η*({R_LO}) per arm, and the estimands", "",
-           "| quantity | seeds (n) | mean (decades) | 95% t interval | word | censored seeds | seed-mean vertex Δ |",
-           "|---|---|---:|---|---|---:|---:|"]
-    names = {**ARM_NAMES, "D_W": "D_W = Δ_Wang − Δ_1/√depth", "D_L": "D_L = Δ_DeepLoop − Δ_Wang",
-             "linearity": "Δ_¾ − (Δ_½ + Δ_1)/2 (linearity)"}
+    md += [
+        (
+            "Every interval: the mean over seeds of per-seed estimates (each seed's own vertices) with its 95% "
+            "Student t interval on n − 1 degrees of freedom; the seeds are named in each row."
+        ),
+        "",
+        f"## Δ = log10 η*({R_HI}) − log10 η*({R_LO}) per arm, and the estimands",
+        "",
+        "| quantity | seeds (n) | mean (decades) | 95% t interval | word | censored seeds | seed-mean vertex Δ |",
+        "|---|---|---:|---|---|---:|---:|",
+    ]
+    names = {
+        **ARM_NAMES,
+        "D_W": "D_W = Δ_Wang − Δ_1/√depth",
+        "D_L": "D_L = Δ_DeepLoop − Δ_Wang",
+        "linearity": "Δ_¾ − (Δ_½ + Δ_1)/2 (linearity)",
+    }
     for key, row in res["rows"].items():
         est, (word, cens) = row["est"], row["word"]
         sm = seed_mean_shift(cells, key, plateau) if row["kind"] == "arm" else None
-        md.append(f"| {names[key]} | {est['seeds']} ({est['n']}) | {fmt(est)} | {word} | {cens} | "
-                  f"{'—' if sm is None else f'{sm:+.2f}'} |")
+        md.append(
+            f"| {names[key]} | {est['seeds']} ({est['n']}) | {fmt(est)} | {word} | {cens} | "
+            f"{'—' if sm is None else f'{sm:+.2f}'} |"
+        )
     gs = res.get("gamma_star")
     if gs:
         ci = "unbounded (D_W not distinguished from 0)" if gs["lo"] is None else f"[{gs['lo']:.2f}, {gs['hi']:.2f}]"
         df = len(gs["seeds"]) - 1
-        md += ["", (f"γ* (Δ = 0 on the line through γ = ½ and 1; Fieller's 95% interval, t on {df} "
-               f"degrees of freedom; descriptive): {gs['gamma']:.2f} {ci}.")]
+        md += [
+            "",
+            (
+                f"γ* (Δ = 0 on the line through γ = ½ and 1; Fieller's 95% interval, t on {df} "
+                f"degrees of freedom; descriptive): {gs['gamma']:.2f} {ci}."
+            ),
+        ]
     if res12:
-        md += ["", "## Δ₁₂ = log10 η*(12) − log10 η*(2) (the rival study's span)", "",
-               "| quantity | seeds (n) | mean (decades) | 95% t interval | word |", "|---|---|---:|---|---|"]
+        md += [
+            "",
+            "## Δ₁₂ = log10 η*(12) − log10 η*(2) (the rival study's span)",
+            "",
+            "| quantity | seeds (n) | mean (decades) | 95% t interval | word |",
+            "|---|---|---:|---|---|",
+        ]
         for key, row in res12["rows"].items():
-            md.append(f"| {names[key]} | {row['est']['seeds']} ({row['est']['n']}) | {fmt(row['est'])} | "
-                      f"{row['word'][0]} |")
+            md.append(
+                f"| {names[key]} | {row['est']['seeds']} ({row['est']['n']}) | {fmt(row['est'])} | {row['word'][0]} |"
+            )
     md += ["", "## Δ50, the 50%-trains rate's shift (secondary)", ""]
     if "error" in logit:
         md += [f"No logistic fit: {logit['error']}."]
     else:
-        md += [(f"One Firth common-slope fit over every run (slope {logit['fit'].slope:.2f} per decade; plain "
-               f"maximum-likelihood fit {'separated' if logit['fit'].separated else 'exists'}); 95% profile-likelihood "
-               "intervals (χ²₁ on the penalised likelihood, approximate coverage)."), "",
-               "| quantity | estimate (decades) | 95% profile interval | word |", "|---|---:|---|---|"]
+        md += [
+            (
+                f"One Firth common-slope fit over every run (slope {logit['fit'].slope:.2f} per decade; plain "
+                f"maximum-likelihood fit {'separated' if logit['fit'].separated else 'exists'}); 95% profile-likelihood "
+                "intervals (χ²₁ on the penalised likelihood, approximate coverage)."
+            ),
+            "",
+            "| quantity | estimate (decades) | 95% profile interval | word |",
+            "|---|---:|---|---|",
+        ]
         for name, (v, lo, hi) in ((k, v) for k, v in logit.items() if k != "fit"):
-            word = ("open interval: not resolved" if lo is None or hi is None else
-                    estimand_word(lo, hi) if name.startswith("D50") else arm_word(lo, hi))
+            word = (
+                "open interval: not resolved"
+                if lo is None or hi is None
+                else estimand_word(lo, hi)
+                if name.startswith("D50")
+                else arm_word(lo, hi)
+            )
             md.append(f"| {name} | {v:+.2f} | {sources.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
     if longc is not None:
-        md += ["", "## The 1,000-step check: Δ₁₂ at 1,000 steps − Δ₁₂ at 200 steps", "",
-               "| arm | seeds | mean (decades) | 95% t interval | word |", "|---|---|---:|---|---|"]
+        md += [
+            "",
+            "## The 1,000-step check: Δ₁₂ at 1,000 steps − Δ₁₂ at 200 steps",
+            "",
+            "| arm | seeds | mean (decades) | 95% t interval | word |",
+            "|---|---|---:|---|---|",
+        ]
         md += [f"| {ARM_NAMES[a]} | {r['seeds']} | {fmt(r)} | {r['word']} |" for a, r in longc.items()]
     if repro is not None:
-        md += ["", "## Reproducibility against the rival grid", "",
-               f"{repro['shared']} cells shared with the rival grid (same arm, R, rate, seed); {repro['equal']} have "
-               "bitwise equal final losses; largest absolute difference "
-               + ("—" if repro["max_diff"] is None else f"{repro['max_diff']:.3g}") + " nat/byte."]
+        md += [
+            "",
+            "## Reproducibility against the rival grid",
+            "",
+            f"{repro['shared']} cells shared with the rival grid (same arm, R, rate, seed); {repro['equal']} have "
+            "bitwise equal final losses; largest absolute difference "
+            + ("—" if repro["max_diff"] is None else f"{repro['max_diff']:.3g}")
+            + " nat/byte.",
+        ]
     return md + [""]
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m experiments.gamma.readings", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.gamma.readings",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("command", choices=("readings", "long-sweep"))
     p.add_argument("--cells", nargs="+", required=True, help="the 200-step cells: report or sweep run folders")
     p.add_argument("--long", nargs="*", default=[], help="the 1,000-step check's cells")
@@ -413,8 +508,10 @@ def main(argv: list[str] | None = None) -> None:
         plateau = sources.plateau(args.cells, args.plateau)
         cells = read(args.cells)
         if not any(a in ARMS for a, *_ in cells):
-            raise ValueError(f"no finished cell of the gamma sweeps in {', '.join(args.cells)}; fix: run "
-                             "configs/sweeps/gamma/core.yaml first (make gamma-core)")
+            raise ValueError(
+                f"no finished cell of the gamma sweeps in {', '.join(args.cells)}; fix: run "
+                "configs/sweeps/gamma/core.yaml first (make gamma-core)"
+            )
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         if args.command == "long-sweep":

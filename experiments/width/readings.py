@@ -43,8 +43,11 @@ QUANTITIES = {
     "ratio12": {("deeploop", 12): 1, ("deepnorm", 12): -1},
     "falls": {("deepnorm", 2): 1, ("deepnorm", 12): -1, ("deeploop", 2): -1, ("deeploop", 12): 1},
 }
-NAMES = {"ratio2": "log10 η50 DeepLoop / DeepNorm, R = 2", "ratio12": "log10 η50 DeepLoop / DeepNorm, R = 12",
-         "falls": "difference of falls (DeepNorm's − DeepLoop's)"}
+NAMES = {
+    "ratio2": "log10 η50 DeepLoop / DeepNorm, R = 2",
+    "ratio12": "log10 η50 DeepLoop / DeepNorm, R = 12",
+    "falls": "difference of falls (DeepNorm's − DeepLoop's)",
+}
 TREND = ("ratio12", "falls")
 NO_LARGE_TREND = 0.15  # decades: an interval narrower than ± this is evidence of no large trend
 
@@ -71,8 +74,10 @@ def per_width(cells: dict, plateau: float) -> dict:
     """One width's fit: each group's η50 and each quantity with its profile interval."""
     missing = [g for g in GROUPS if not sources.by_rate(cells, *g)]
     if missing:
-        raise ValueError(f"no finished run of {', '.join(f'{s} at R = {r}' for s, r in missing)}; fix: run that "
-                         "width's pilot and boundary sweeps")
+        raise ValueError(
+            f"no finished run of {', '.join(f'{s} at R = {r}' for s, r in missing)}; fix: run that "
+            "width's pilot and boundary sweeps"
+        )
     fit = fit_width(cells, plateau)
     out = {"fit": fit, "seeds": seeds_of(cells)}
     for g in GROUPS:
@@ -105,8 +110,9 @@ def _argmax(f, lo: float, hi: float, iterations: int = 60) -> float:
     return max(fa, fb)
 
 
-def change_interval(small: boundary.Fit, large: boundary.Fit, weights: dict, span: float = 1.5,
-                    tol: float = 1e-3) -> tuple[float | None, float | None]:
+def change_interval(
+    small: boundary.Fit, large: boundary.Fit, weights: dict, span: float = 1.5, tol: float = 1e-3
+) -> tuple[float | None, float | None]:
     """The 95% profile-likelihood interval of the change c = v(large) − v(small) of v = Σ w_g·log10 η50_g, under
     the model the reading states: one Firth common-slope fit per width. The two widths share no parameter and no
     run, so their joint penalised log-likelihood is the sum of the two, and its profile at c is the maximum over v
@@ -141,8 +147,10 @@ def trend(small: dict, large: dict, plateau: float, boots: int = 2000, seed: int
     """The change from the small width to the large in each `TREND` quantity, with its 95% percentile bootstrap:
     per draw, each width's seeds resampled with replacement (independently) and both fits refitted; a draw
     where a fit has no boundary (every run trains, or none) is skipped and counted."""
-    base = {q: fit_width(large, plateau).combination(QUANTITIES[q]) - fit_width(small, plateau).combination(QUANTITIES[q])
-            for q in TREND}
+    base = {
+        q: fit_width(large, plateau).combination(QUANTITIES[q]) - fit_width(small, plateau).combination(QUANTITIES[q])
+        for q in TREND
+    }
     seeds = seeds_of(small), seeds_of(large)
     rng = random.Random(seed)
     draws: dict[str, list[float]] = {q: [] for q in TREND}
@@ -161,9 +169,16 @@ def trend(small: dict, large: dict, plateau: float, boots: int = 2000, seed: int
     out = {}
     for q in TREND:
         d = draws[q]
-        out[q] = {"change": base[q], "lo": percentile(d, 0.025) if d else None, "hi": percentile(d, 0.975) if d else None,
-                  "boots": len(d), "separated_share": separated / len(d) if d else math.nan, "resamples": resamples,
-                  "distinct": len({round(v, 9) for v in d}), "profile": change_interval(*fits, QUANTITIES[q])}
+        out[q] = {
+            "change": base[q],
+            "lo": percentile(d, 0.025) if d else None,
+            "hi": percentile(d, 0.975) if d else None,
+            "boots": len(d),
+            "separated_share": separated / len(d) if d else math.nan,
+            "resamples": resamples,
+            "distinct": len({round(v, 9) for v in d}),
+            "profile": change_interval(*fits, QUANTITIES[q]),
+        }
     return out
 
 
@@ -177,8 +192,9 @@ def trend_word(change: float, lo: float | None, hi: float | None) -> str:
     if change < 0 and hi < 0:
         return "shrinks with width"
     half = (hi - lo) / 2
-    return ("not distinguished from constant; interval ±%.2f decades: " % half
-            + ("no large trend" if half < NO_LARGE_TREND else "too wide to exclude a large trend"))
+    return "not distinguished from constant; interval ±%.2f decades: " % half + (
+        "no large trend" if half < NO_LARGE_TREND else "too wide to exclude a large trend"
+    )
 
 
 # ---------------------------------------------------------------------------------------- the report
@@ -186,57 +202,93 @@ def ci(lo, hi, spec="{:+.2f}") -> str:
     return sources.fmt_ci(lo, hi, spec=spec)
 
 
-def markdown(widths: dict, fits: dict, trends: dict, plateau: float, argv: list[str], plot: str, boots: int) -> list[str]:
+def markdown(
+    widths: dict, fits: dict, trends: dict, plateau: float, argv: list[str], plot: str, boots: int
+) -> list[str]:
     d0, d1 = min(widths), max(widths)
-    md = ["# Width: does the DeepLoop/DeepNorm gap grow with d? The reading stated before the run, computed", "",
-          f"Written by `python -m experiments.width.readings {' '.join(argv)}`; the rule is in "
-          "`docs/results/rival/README.md` (section 2) and coded in `experiments/width/readings.py`. "
-          "A seed trains when it "
-          f"completed with its final validation loss below the plateau {plateau:.4f} − 0.1 nat.", ""]
+    md = [
+        "# Width: does the DeepLoop/DeepNorm gap grow with d? The reading stated before the run, computed",
+        "",
+        f"Written by `python -m experiments.width.readings {' '.join(argv)}`; the rule is in "
+        "`docs/results/rival/README.md` (section 2) and coded in `experiments/width/readings.py`. "
+        "A seed trains when it "
+        f"completed with its final validation loss below the plateau {plateau:.4f} − 0.1 nat.",
+        "",
+    ]
     for q, t in trends.items():
         lo, hi = t["profile"]
-        md += [f"- **{NAMES[q]}**, d = {d0} → {d1}: change {t['change']:+.2f} decades (×{10 ** t['change']:.2f}).",
-               f"  - As stated before the run: 95% percentile bootstrap over seeds {ci(t['lo'], t['hi'])} "
-               f"({t['boots']} "
-               f"usable draws of {boots}): **{trend_word(t['change'], t['lo'], t['hi'])}**.",
-               f"  - Added 2026-12-04: the same model's 95% profile-likelihood interval (the two widths' Firth fits, "
-               f"their penalised log-likelihoods summed; χ²₁, approximate coverage): {ci(lo, hi)}: "
-               f"**{trend_word(t['change'], lo, hi)}**. The bootstrap's {t['resamples']} possible resamples (3 seeds "
-               f"a width) gave {t['distinct']} distinct values, and in {t['separated_share']:.0%} of its draws a "
-               "width's fit is separated (no seed trains above a rate where one fails), where Firth's estimate is "
-               "set by the penalty and resampling seeds cannot move the boundary past the rates run: its spread "
-               "understates the uncertainty, and its interval is not a 95% interval. The profile interval is the "
-               "one this reading supports."]
-    md += ["", "## Per width", "",
-           "| d | " + " | ".join(NAMES[q] for q in QUANTITIES) + " | slope b per decade | plain ML fit |",
-           "|---:|" + "---|" * len(QUANTITIES) + "---:|---|"]
+        md += [
+            f"- **{NAMES[q]}**, d = {d0} → {d1}: change {t['change']:+.2f} decades (×{10 ** t['change']:.2f}).",
+            f"  - As stated before the run: 95% percentile bootstrap over seeds {ci(t['lo'], t['hi'])} "
+            f"({t['boots']} "
+            f"usable draws of {boots}): **{trend_word(t['change'], t['lo'], t['hi'])}**.",
+            f"  - Added 2026-12-04: the same model's 95% profile-likelihood interval (the two widths' Firth fits, "
+            f"their penalised log-likelihoods summed; χ²₁, approximate coverage): {ci(lo, hi)}: "
+            f"**{trend_word(t['change'], lo, hi)}**. The bootstrap's {t['resamples']} possible resamples (3 seeds "
+            f"a width) gave {t['distinct']} distinct values, and in {t['separated_share']:.0%} of its draws a "
+            "width's fit is separated (no seed trains above a rate where one fails), where Firth's estimate is "
+            "set by the penalty and resampling seeds cannot move the boundary past the rates run: its spread "
+            "understates the uncertainty, and its interval is not a 95% interval. The profile interval is the "
+            "one this reading supports.",
+        ]
+    md += [
+        "",
+        "## Per width",
+        "",
+        "| d | " + " | ".join(NAMES[q] for q in QUANTITIES) + " | slope b per decade | plain ML fit |",
+        "|---:|" + "---|" * len(QUANTITIES) + "---:|---|",
+    ]
     for d in sorted(widths):
         f = fits[d]
-        md.append(f"| {d} | " + " | ".join(f"{f[q][0]:+.2f} {ci(f[q][1], f[q][2])}" for q in QUANTITIES) +
-                  f" | {f['fit'].slope:.1f} | {'separated (no finite maximum)' if f['fit'].separated else 'exists'} |")
-    md += ["", "Ratios as factors: " + "; ".join(
-        f"d = {d}: ×{10 ** fits[d]['ratio2'][0]:.2f} (R = 2), ×{10 ** fits[d]['ratio12'][0]:.2f} (R = 12)"
-        for d in sorted(widths)) + ".", "",
-           "η50's factor per doubling of d (added 2026-12-04; 10^(Δ log10 η50 / doublings), from the fits above; "
-           "d = 128 is the map's design, the others the pilot-and-boundary design):", "",
-           "| scheme | R | " + " | ".join(f"d = {a} → {b}" for a, b in zip(sorted(widths), sorted(widths)[1:])) + " |",
-           "|---|---:|" + "---:|" * (len(widths) - 1)]
+        md.append(
+            f"| {d} | "
+            + " | ".join(f"{f[q][0]:+.2f} {ci(f[q][1], f[q][2])}" for q in QUANTITIES)
+            + f" | {f['fit'].slope:.1f} | {'separated (no finite maximum)' if f['fit'].separated else 'exists'} |"
+        )
+    md += [
+        "",
+        "Ratios as factors: "
+        + "; ".join(
+            f"d = {d}: ×{10 ** fits[d]['ratio2'][0]:.2f} (R = 2), ×{10 ** fits[d]['ratio12'][0]:.2f} (R = 12)"
+            for d in sorted(widths)
+        )
+        + ".",
+        "",
+        "η50's factor per doubling of d (added 2026-12-04; 10^(Δ log10 η50 / doublings), from the fits above; "
+        "d = 128 is the map's design, the others the pilot-and-boundary design):",
+        "",
+        "| scheme | R | " + " | ".join(f"d = {a} → {b}" for a, b in zip(sorted(widths), sorted(widths)[1:])) + " |",
+        "|---|---:|" + "---:|" * (len(widths) - 1),
+    ]
     for g in GROUPS:
         ds = sorted(widths)
-        md.append(f"| {g[0]} | {g[1]} | " + " | ".join(
-            f"×{10 ** ((fits[b][g][0] - fits[a][g][0]) / math.log2(b / a)):.2f}" for a, b in zip(ds, ds[1:])) + " |")
-    md += ["", "## The 50%-trains rate per (scheme, R)", "",
-           "| d | scheme | R | seeds that train per rate | ×√2 rule: largest rate where every seed trains | η50 (Firth) | "
-           "95% profile interval |", "|---:|---|---:|---|---:|---:|---|"]
+        md.append(
+            f"| {g[0]} | {g[1]} | "
+            + " | ".join(
+                f"×{10 ** ((fits[b][g][0] - fits[a][g][0]) / math.log2(b / a)):.2f}" for a, b in zip(ds, ds[1:])
+            )
+            + " |"
+        )
+    md += [
+        "",
+        "## The 50%-trains rate per (scheme, R)",
+        "",
+        "| d | scheme | R | seeds that train per rate | ×√2 rule: largest rate where every seed trains | η50 (Firth) | "
+        "95% profile interval |",
+        "|---:|---|---:|---|---:|---:|---|",
+    ]
     for d in sorted(widths):
         for g in GROUPS:
             rates = sources.by_rate(widths[d], *g)
-            counts = ", ".join(f"{lr:.3g}: {sum(sources.trains_cell(c, plateau) for c in cs)}/{len(cs)}"
-                               for lr, cs in rates.items())
+            counts = ", ".join(
+                f"{lr:.3g}: {sum(sources.trains_cell(c, plateau) for c in cs)}/{len(cs)}" for lr, cs in rates.items()
+            )
             x, lo, hi = fits[d][g]
             band = sources.largest_trainable(widths[d], *g, plateau)
-            md.append(f"| {d} | {g[0]} | {g[1]} | {counts} | {sources.fmt_lr(band['largest'])} | {10 ** x:.3g} | "
-                      f"{sources.fmt_ci(lo, hi, lambda v: 10 ** v)} |")
+            md.append(
+                f"| {d} | {g[0]} | {g[1]} | {counts} | {sources.fmt_lr(band['largest'])} | {10**x:.3g} | "
+                f"{sources.fmt_ci(lo, hi, lambda v: 10**v)} |"
+            )
     md += ["", f"![η50 against d]({plot})", ""]
     return md
 
@@ -254,8 +306,16 @@ def plot_boundary(fits: dict, path: Path) -> None:
         ys = [10 ** fits[d][g][0] for d in ds]
         lo = [y - (10 ** fits[d][g][1] if fits[d][g][1] is not None else y) for d, y in zip(ds, ys)]
         hi = [(10 ** fits[d][g][2] if fits[d][g][2] is not None else y) - y for d, y in zip(ds, ys)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="-o" if g[1] == 2 else "--s", ms=4, capsize=3, color=col[g[0]],
-                    label=f"{g[0]}, R = {g[1]}")
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[lo, hi],
+            fmt="-o" if g[1] == 2 else "--s",
+            ms=4,
+            capsize=3,
+            color=col[g[0]],
+            label=f"{g[0]}, R = {g[1]}",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(ds, [str(d) for d in ds])
@@ -268,19 +328,26 @@ def plot_boundary(fits: dict, path: Path) -> None:
 def parse_width(text: str) -> tuple[int, list[str]]:
     d, sep, folders = text.partition("=")
     if not sep or not d.isdigit() or not folders:
-        raise ValueError(f"{text!r} is not D=FOLDER[,FOLDER...]; fix: e.g. "
-                         "64=docs/results/rival/width_d64/pilot,docs/results/rival/width_d64/boundary")
+        raise ValueError(
+            f"{text!r} is not D=FOLDER[,FOLDER...]; fix: e.g. "
+            "64=docs/results/rival/width_d64/pilot,docs/results/rival/width_d64/boundary"
+        )
     return int(d), folders.split(",")
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m experiments.width.readings", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.width.readings",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("widths", nargs="+", help="D=FOLDER[,FOLDER...] per width: report folders or sweep run folders")
     p.add_argument("--out", required=True, help="the markdown file to write; the plot goes beside it")
     p.add_argument("--boots", type=int, default=2000, help="bootstrap draws (the reading states 2,000)")
-    p.add_argument("--plateau", default="auto", help="the unigram plateau in nats, or auto (the first folder's plateau.json)")
+    p.add_argument(
+        "--plateau", default="auto", help="the unigram plateau in nats, or auto (the first folder's plateau.json)"
+    )
     args = p.parse_args(argv)
     with one_line_errors("loopnet width", (ValueError, FileNotFoundError)):
         given = dict(parse_width(t) for t in args.widths)
@@ -301,9 +368,11 @@ def main(argv: list[str] | None = None) -> None:
     plot_boundary(fits, plot)
     out.write_text("\n".join(markdown(widths, fits, trends, plateau, argv, plot.name, args.boots)))
     for q, t in trends.items():
-        print(f"loopnet width: {NAMES[q]}, d = {min(widths)} → {max(widths)}: {t['change']:+.2f}; seed bootstrap (as "
-              f"stated) {ci(t['lo'], t['hi'])}: {trend_word(t['change'], t['lo'], t['hi'])}; profile likelihood "
-              f"{ci(*t['profile'])}: {trend_word(t['change'], *t['profile'])}")
+        print(
+            f"loopnet width: {NAMES[q]}, d = {min(widths)} → {max(widths)}: {t['change']:+.2f}; seed bootstrap (as "
+            f"stated) {ci(t['lo'], t['hi'])}: {trend_word(t['change'], t['lo'], t['hi'])}; profile likelihood "
+            f"{ci(*t['profile'])}: {trend_word(t['change'], *t['profile'])}"
+        )
     print(f"loopnet width: wrote {out} and {plot}")
 
 

@@ -27,8 +27,11 @@ LAYOUTS = {
 @functools.cache
 def _vocabulary(n: int = 20000) -> np.ndarray:
     rng = np.random.default_rng(12345)
-    syllables = [a + b for a in ("", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "st", "th", "w")
-                 for b in ("a", "e", "i", "o", "u", "ou", "ea", "er", "in", "on", "an", "al")]
+    syllables = [
+        a + b
+        for a in ("", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "st", "th", "w")
+        for b in ("a", "e", "i", "o", "u", "ou", "ea", "er", "in", "on", "an", "al")
+    ]
     lengths = rng.choice([1, 1, 2, 2, 2, 3, 3, 4], size=n)
     picks = rng.integers(0, len(syllables), size=(n, 4))
     return np.array(["".join(syllables[j] for j in picks[i, :k]) for i, k in enumerate(lengths)])
@@ -53,8 +56,16 @@ def documents(n: int, seed: int = 0, mean_chars: int = 4900) -> list[str]:
     return out
 
 
-def write_corpus(folder: str | os.PathLike, n_docs: int, shards: int = 8, layout: str = "conversion",
-                 row_group_docs: int = 1000, seed: int = 0, mean_chars: int = 4900, batch: int = 20000) -> list[Path]:
+def write_corpus(
+    folder: str | os.PathLike,
+    n_docs: int,
+    shards: int = 8,
+    layout: str = "conversion",
+    row_group_docs: int = 1000,
+    seed: int = 0,
+    mean_chars: int = 4900,
+    batch: int = 20000,
+) -> list[Path]:
     """Write `n_docs` documents in `shards` parquet files (near-equal row counts) under `folder`, named as
     `layout` (see LAYOUTS); row groups of `row_group_docs` rows. Returns the files, in order."""
     import pyarrow as pa

@@ -33,8 +33,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 TARGET = 1.3  # peak RSS of a load / weight bytes
-GPT2_SMALL = {"vocab_size": 50304, "seq_len": 1024, "d_model": 768, "n_heads": 12, "n_blocks": 12, "n_rounds": 1,
-              "residual": "preln"}
+GPT2_SMALL = {
+    "vocab_size": 50304,
+    "seq_len": 1024,
+    "d_model": 768,
+    "n_heads": 12,
+    "n_blocks": 12,
+    "n_rounds": 1,
+    "residual": "preln",
+}
 ROWS = ("export", "read_exported", "torch.load", "torch.load mmap", "from_pretrained")
 
 # One row in a fresh process: imports, the baseline RSS, the timed operation, every weight byte read once.
@@ -94,17 +101,29 @@ def make_checkpoint(path: Path, overrides: dict, seed: int = 0) -> tuple[int, in
     model = LoopedTransformer(LoopConfig(**(GPT2_SMALL | overrides)))
     state = model.state_dict()
     weights = {t.data_ptr(): t for t in state.values()}  # the tied head once
-    torch.save({"hyper_parameters": {"config": dataclasses.asdict(model.config)}, "global_step": 0,
-                "state_dict": {f"model.{k}": v for k, v in state.items()}}, path)
+    torch.save(
+        {
+            "hyper_parameters": {"config": dataclasses.asdict(model.config)},
+            "global_step": 0,
+            "state_dict": {f"model.{k}": v for k, v in state.items()},
+        },
+        path,
+    )
     return model.num_params(non_embedding=False), sum(t.numel() * t.element_size() for t in weights.values())
 
 
 def run_row(row: str, ckpt: Path, folder: Path, scratch: Path) -> dict:
     out = scratch / f"export-{os.urandom(4).hex()}"
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                                       os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", CHILD, row, str(ckpt), str(folder), str(out)], capture_output=True,
-                          text=True, env=env, check=False)
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, row, str(ckpt), str(folder), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if proc.returncode:
         raise RuntimeError(f"bench export: row {row} failed: {proc.stderr.strip()[-2000:]}")
     if out.exists():
@@ -126,27 +145,47 @@ def run(reps: int, overrides: dict) -> dict:
         folder = hf.export(ckpt, scratch / "exported")
         results: dict[str, list[dict]] = {row: [] for row in ROWS}
         for rep in range(reps):
-            for row in ROWS[rep % len(ROWS):] + ROWS[: rep % len(ROWS)]:  # rotating order
+            for row in ROWS[rep % len(ROWS) :] + ROWS[: rep % len(ROWS)]:  # rotating order
                 results[row].append(run_row(row, ckpt, folder, scratch))
                 r = results[row][-1]
-                print(f"[bench export] rep {rep + 1}/{reps} {row:<16} {r['seconds']:7.2f} s  "
-                      f"peak {r['peak_bytes'] / weight_bytes:.2f}x", file=sys.stderr, flush=True)
+                print(
+                    f"[bench export] rep {rep + 1}/{reps} {row:<16} {r['seconds']:7.2f} s  "
+                    f"peak {r['peak_bytes'] / weight_bytes:.2f}x",
+                    file=sys.stderr,
+                    flush=True,
+                )
         ckpt_bytes = ckpt.stat().st_size
         exported_bytes = sum(p.stat().st_size for p in folder.iterdir())
-    rows = {row: {"seconds": statistics.median(r["seconds"] for r in runs),
-                  "peak_ratio": statistics.median(r["peak_bytes"] / weight_bytes for r in runs),
-                  "seconds_all": [r["seconds"] for r in runs]} for row, runs in results.items()}
-    return {"rows": rows, "parameters": params, "weight_bytes": weight_bytes, "ckpt_bytes": ckpt_bytes,
-            "exported_bytes": exported_bytes, "reps": reps, "config": GPT2_SMALL | overrides,
-            "machine": machine(), "load_average": load, "date": datetime.now(UTC).isoformat(timespec="minutes")}
+    rows = {
+        row: {
+            "seconds": statistics.median(r["seconds"] for r in runs),
+            "peak_ratio": statistics.median(r["peak_bytes"] / weight_bytes for r in runs),
+            "seconds_all": [r["seconds"] for r in runs],
+        }
+        for row, runs in results.items()
+    }
+    return {
+        "rows": rows,
+        "parameters": params,
+        "weight_bytes": weight_bytes,
+        "ckpt_bytes": ckpt_bytes,
+        "exported_bytes": exported_bytes,
+        "reps": reps,
+        "config": GPT2_SMALL | overrides,
+        "machine": machine(),
+        "load_average": load,
+        "date": datetime.now(UTC).isoformat(timespec="minutes"),
+    }
 
 
 def markdown(res: dict, command: str) -> str:
     load = res["load_average"]
-    head = (f"`{command}`: {res['parameters'] / 1e6:.1f} M parameters, {res['weight_bytes'] / 1e6:.0f} MB of fp32 "
-            f"weights (.ckpt {res['ckpt_bytes'] / 1e6:.0f} MB, exported folder {res['exported_bytes'] / 1e6:.0f} MB), "
-            f"{res['reps']} repetitions, {res['date']}, "
-            f"load average at start {'?' if load is None else f'{load:.1f}'}.")
+    head = (
+        f"`{command}`: {res['parameters'] / 1e6:.1f} M parameters, {res['weight_bytes'] / 1e6:.0f} MB of fp32 "
+        f"weights (.ckpt {res['ckpt_bytes'] / 1e6:.0f} MB, exported folder {res['exported_bytes'] / 1e6:.0f} MB), "
+        f"{res['reps']} repetitions, {res['date']}, "
+        f"load average at start {'?' if load is None else f'{load:.1f}'}."
+    )
     lines = [head, "", "| row | time (median) | times | peak RSS / weight bytes |", "|---|---:|---|---:|"]
     for row, r in res["rows"].items():
         times = ", ".join(f"{s:.2f}" for s in r["seconds_all"])
@@ -156,8 +195,9 @@ def markdown(res: dict, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="loopnet bench export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="loopnet bench export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--reps", type=int, default=3, help="repetitions of every row (default 3)")
     for name in ("d_model", "n_heads", "n_blocks", "seq_len", "vocab_size"):
         p.add_argument(f"--{name}", type=int, help=f"another {name} (default GPT-2 small's {GPT2_SMALL[name]})")
@@ -166,8 +206,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error("--reps must be >= 1")
-    overrides = {k: getattr(args, k) for k in ("d_model", "n_heads", "n_blocks", "seq_len", "vocab_size")
-                 if getattr(args, k) is not None}
+    overrides = {
+        k: getattr(args, k)
+        for k in ("d_model", "n_heads", "n_blocks", "seq_len", "vocab_size")
+        if getattr(args, k) is not None
+    }
     res = run(args.reps, overrides)
     text = markdown(res, " ".join(["loopnet bench export", *(argv or [])]))
     print(text)

@@ -65,20 +65,49 @@ def corpus(folder: Path, mb: int, shards: int) -> Path:
     files = write_corpus(folder, n_docs, shards, "conversion")
     size = sum(f.stat().st_size for f in files)
     stamp.write_text(json.dumps(want))
-    print(f"generated {n_docs:,} documents in {shards} shards, {size / 1e6:.0f} MB of parquet, "
-          f"in {time.perf_counter() - t0:.0f} s: {folder}", file=sys.stderr)
+    print(
+        f"generated {n_docs:,} documents in {shards} shards, {size / 1e6:.0f} MB of parquet, "
+        f"in {time.perf_counter() - t0:.0f} s: {folder}",
+        file=sys.stderr,
+    )
     return folder
 
 
 def fit_command(repo: Path, data: Path, devices: int, workers: int) -> list[str]:
     cfg = repo / "configs"
-    return [sys.executable, "-m", "loopnet", "fit", "--config", str(cfg / "deeploop_r6.yaml"),
-            "--config", str(cfg / "cpu.yaml"),
-            "--data.source", "hub", "--data.path", str(data), "--data.revision", "null", "--data.name", "null",
-            "--data.val_fraction", "0.0005", "--data.val_max_tokens", "1048576", "--data.num_workers", str(workers),
-            "--trainer.accelerator", "cpu", "--trainer.devices", str(devices),
-            "--trainer.strategy", "ddp" if devices > 1 else "auto", "--trainer.max_steps", "1",
-            "--trainer.callbacks+=first_step_probe.FirstStep"]
+    return [
+        sys.executable,
+        "-m",
+        "loopnet",
+        "fit",
+        "--config",
+        str(cfg / "deeploop_r6.yaml"),
+        "--config",
+        str(cfg / "cpu.yaml"),
+        "--data.source",
+        "hub",
+        "--data.path",
+        str(data),
+        "--data.revision",
+        "null",
+        "--data.name",
+        "null",
+        "--data.val_fraction",
+        "0.0005",
+        "--data.val_max_tokens",
+        "1048576",
+        "--data.num_workers",
+        str(workers),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        str(devices),
+        "--trainer.strategy",
+        "ddp" if devices > 1 else "auto",
+        "--trainer.max_steps",
+        "1",
+        "--trainer.callbacks+=first_step_probe.FirstStep",
+    ]
 
 
 DATA_ONLY = """
@@ -97,12 +126,14 @@ print(json.dumps({"check_s": round(t1 - t0, 2), "first_batch_s": round(t2 - t1, 
 
 def time_data(repo: Path, data: Path, cache: Path, label: str) -> dict:
     """The data path alone, imports excluded: what rank 0 does before its first batch (one process)."""
-    env = dict(os.environ, PYTHONPATH=str(repo), LOOPNET_CACHE_DIR=str(cache), HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1")
+    env = dict(
+        os.environ, PYTHONPATH=str(repo), LOOPNET_CACHE_DIR=str(cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"
+    )
     load = os.getloadavg()[0]
     # -P: `python -c` would put the current folder, maybe another checkout, ahead of PYTHONPATH
-    res = subprocess.run([sys.executable, "-P", "-c", DATA_ONLY, str(data)], env=env, capture_output=True, text=True,
-                         cwd=repo)
+    res = subprocess.run(
+        [sys.executable, "-P", "-c", DATA_ONLY, str(data)], env=env, capture_output=True, text=True, cwd=repo
+    )
     row = {"run": label, "load_at_start": round(load, 2), "exit": res.returncode}
     if res.returncode == 0:
         row |= json.loads(res.stdout.strip().splitlines()[-1])
@@ -117,18 +148,33 @@ def time_fit(repo: Path, data: Path, devices: int, workers: int, cache: Path, la
         tmp = Path(tmp)
         (tmp / "first_step_probe.py").write_text(PROBE)
         marks = tmp / "marks.json"
-        env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{tmp}", FIRST_STEP_FILE=str(marks),
-                   LOOPNET_CACHE_DIR=str(cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+        env = dict(
+            os.environ,
+            PYTHONPATH=f"{repo}{os.pathsep}{tmp}",
+            FIRST_STEP_FILE=str(marks),
+            LOOPNET_CACHE_DIR=str(cache),
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+        )
         load = os.getloadavg()[0]
         t0 = time.time()
-        res = subprocess.run(fit_command(repo, data, devices, workers), cwd=tmp, env=env, capture_output=True, text=True)
+        res = subprocess.run(
+            fit_command(repo, data, devices, workers), cwd=tmp, env=env, capture_output=True, text=True
+        )
         total = time.time() - t0
-        row = {"run": label, "repo": str(repo), "load_at_start": round(load, 2), "exit": res.returncode,
-               "total_s": round(total, 1)}
+        row = {
+            "run": label,
+            "repo": str(repo),
+            "load_at_start": round(load, 2),
+            "exit": res.returncode,
+            "total_s": round(total, 1),
+        }
         if marks.is_file():
             m = json.loads(marks.read_text())
-            row |= {"to_first_step_s": round(m["first_step_start"] - t0, 1),
-                    "first_step_done_s": round(m.get("first_step_end", float("nan")) - t0, 1)}
+            row |= {
+                "to_first_step_s": round(m["first_step_start"] - t0, 1),
+                "first_step_done_s": round(m.get("first_step_end", float("nan")) - t0, 1),
+            }
         if res.returncode != 0:
             row["error"] = res.stderr.strip().splitlines()[-1:]
         return row
@@ -136,8 +182,11 @@ def time_fit(repo: Path, data: Path, devices: int, workers: int, cache: Path, la
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loopnet.bench.first_step", description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", default=os.path.join(tempfile.gettempdir(), "loopnet-owt-shaped"),
-                   help="folder of the generated corpus (made once, reused)")
+    p.add_argument(
+        "--corpus",
+        default=os.path.join(tempfile.gettempdir(), "loopnet-owt-shaped"),
+        help="folder of the generated corpus (made once, reused)",
+    )
     p.add_argument("--mb", type=int, default=200, help="megabytes of text (default 200)")
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--devices", type=int, default=2, help="DDP ranks (gloo processes on CPU)")
@@ -158,25 +207,36 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(data_rows[-1]), file=sys.stderr)
         for repo, name in repos if not args.data_only else []:
             for state in ("cold validation cache", "warm (a restart)") if repo == HERE else ("",):
-                rows.append(time_fit(repo, data, args.devices, args.workers, Path(cache) / "fit",
-                                     f"{name}, {state}".strip(", ")))
+                rows.append(
+                    time_fit(
+                        repo, data, args.devices, args.workers, Path(cache) / "fit", f"{name}, {state}".strip(", ")
+                    )
+                )
                 print(json.dumps(rows[-1]), file=sys.stderr)
     parquet_mb = sum(f.stat().st_size for f in Path(args.corpus).rglob("*.parquet")) / 1e6
-    print(f"time from `loopnet fit` start to the first training step: {args.mb} MB of text in OpenWebText-shaped "
-          f"parquet ({parquet_mb:.0f} MB of files), {args.shards} shards, {args.devices} DDP ranks (gloo, CPU) x "
-          f"{args.workers} workers, {os.cpu_count()} CPUs")
+    print(
+        f"time from `loopnet fit` start to the first training step: {args.mb} MB of text in OpenWebText-shaped "
+        f"parquet ({parquet_mb:.0f} MB of files), {args.shards} shards, {args.devices} DDP ranks (gloo, CPU) x "
+        f"{args.workers} workers, {os.cpu_count()} CPUs"
+    )
     print("| run | to first step (s) | first step done (s) | whole command (s) | load average at start |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['run']} | {r.get('to_first_step_s', 'failed')} | {r.get('first_step_done_s', '')} | "
-              f"{r['total_s']} | {r['load_at_start']} |")
+        print(
+            f"| {r['run']} | {r.get('to_first_step_s', 'failed')} | {r.get('first_step_done_s', '')} | "
+            f"{r['total_s']} | {r['load_at_start']} |"
+        )
     if data_rows:
-        print("\nthe data path alone, imports excluded (rank 0 of 2, one process): the checks before training, then "
-              "the first batch")
+        print(
+            "\nthe data path alone, imports excluded (rank 0 of 2, one process): the checks before training, then "
+            "the first batch"
+        )
         print("| run | checks: held-out windows + first document (s) | first batch (s) | load average at start |")
         print("|---|---:|---:|---:|")
         for r in data_rows:
-            print(f"| {r['run']} | {r.get('check_s', 'failed')} | {r.get('first_batch_s', '')} | {r['load_at_start']} |")
+            print(
+                f"| {r['run']} | {r.get('check_s', 'failed')} | {r.get('first_batch_s', '')} | {r['load_at_start']} |"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"fit": rows, "data_only": data_rows}, indent=1))
     return 0 if all(r["exit"] == 0 for r in rows + data_rows) else 1

@@ -43,8 +43,15 @@ def cpu_config() -> dict:
     return merged
 
 
-def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None = None,
-        seq_len: int | None = None, compiled: bool = True) -> dict:
+def run(
+    reps: int,
+    prompt_len: int,
+    new: int,
+    seed: int = 0,
+    d_model: int | None = None,
+    seq_len: int | None = None,
+    compiled: bool = True,
+) -> dict:
     from loopnet.env import machine
     from loopnet.generate import generate
     from loopnet.model import LoopConfig, LoopedTransformer
@@ -73,33 +80,63 @@ def run(reps: int, prompt_len: int, new: int, seed: int = 0, d_model: int | None
     tokens, times = {}, {mode: [] for mode in modes}
     names = list(modes)
     for rep in range(reps):
-        for mode in names[rep % len(names):] + names[: rep % len(names)]:  # rotating order
+        for mode in names[rep % len(names) :] + names[: rep % len(names)]:  # rotating order
             t = time.perf_counter()
             out = generate(model, prompt, new, **modes[mode])
             times[mode].append(time.perf_counter() - t)
             tokens.setdefault(mode, out.tokens)
-            print(f"[bench generation] rep {rep + 1}/{reps} {mode}: {new / times[mode][-1]:8.1f} tokens/s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[bench generation] rep {rep + 1}/{reps} {mode}: {new / times[mode][-1]:8.1f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
     ratios = {mode: [a / b for a, b in zip(times["recompute"], times[mode])] for mode in modes}
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=CONFIGS.parent, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=CONFIGS.parent, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = None
     return {
-        "model": {k: getattr(config, k) for k in ("vocab_size", "seq_len", "d_model", "n_heads", "n_blocks",
-                                                   "n_rounds", "residual", "wiring", "positions")},
-        "prompt_tokens": prompt_len, "new_tokens": new, "reps": reps,
+        "model": {
+            k: getattr(config, k)
+            for k in (
+                "vocab_size",
+                "seq_len",
+                "d_model",
+                "n_heads",
+                "n_blocks",
+                "n_rounds",
+                "residual",
+                "wiring",
+                "positions",
+            )
+        },
+        "prompt_tokens": prompt_len,
+        "new_tokens": new,
+        "reps": reps,
         "recompute_tokens_per_s": new / statistics.median(times["recompute"]),
         "cache_tokens_per_s": new / statistics.median(times["cache"]),
-        "ratio": statistics.median(ratios["cache"]), "ratios": ratios["cache"], "target": TARGET,
+        "ratio": statistics.median(ratios["cache"]),
+        "ratios": ratios["cache"],
+        "target": TARGET,
         "same_tokens": tokens["cache"] == tokens["recompute"],
-        **({"compiled_tokens_per_s": new / statistics.median(times["compiled"]),
-            "compiled_ratio": statistics.median(ratios["compiled"]), "compiled_ratios": ratios["compiled"],
-            "compile_s": compile_s, "compiled_same_tokens": tokens["compiled"] == tokens["recompute"]}
-           if compiled else {}),
-        "machine": machine("cpu"), "load_at_start": load_at_start, "load_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        **(
+            {
+                "compiled_tokens_per_s": new / statistics.median(times["compiled"]),
+                "compiled_ratio": statistics.median(ratios["compiled"]),
+                "compiled_ratios": ratios["compiled"],
+                "compile_s": compile_s,
+                "compiled_same_tokens": tokens["compiled"] == tokens["recompute"],
+            }
+            if compiled
+            else {}
+        ),
+        "machine": machine("cpu"),
+        "load_at_start": load_at_start,
+        "load_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "commit": commit,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
@@ -109,38 +146,52 @@ def markdown(res: dict, command: str) -> str:
     def met(ratio: float) -> str:
         return f"≥ {res['target']:g}× ({'met' if ratio >= res['target'] else 'NOT met'})"
 
-    rows = ["| row | tokens/s | ratio | target |", "|---|---|---|---|",
-            f"| generate, recompute (cache: false) | {res['recompute_tokens_per_s']:.1f} | 1.00 | baseline |",
-            f"| generate, KV cache across rounds | {res['cache_tokens_per_s']:.1f} | {res['ratio']:.2f} | {met(res['ratio'])} |"]
+    rows = [
+        "| row | tokens/s | ratio | target |",
+        "|---|---|---|---|",
+        f"| generate, recompute (cache: false) | {res['recompute_tokens_per_s']:.1f} | 1.00 | baseline |",
+        f"| generate, KV cache across rounds | {res['cache_tokens_per_s']:.1f} | {res['ratio']:.2f} | {met(res['ratio'])} |",
+    ]
     same = f"same greedy tokens: {res['same_tokens']}"
     if "compiled_ratio" in res:
-        rows.append(f"| generate, KV cache, compiled step (compile: true) | {res['compiled_tokens_per_s']:.1f} | "
-                    f"{res['compiled_ratio']:.2f} | {met(res['compiled_ratio'])} |")
-        same += (f" (cache), {res['compiled_same_tokens']} (compiled). Compiled: paired ratios "
-                 f"{', '.join(f'{r:.2f}' for r in res['compiled_ratios'])}; its compile (first call, not in the "
-                 f"row) took {res['compile_s']:.1f} s")
-    return "\n".join([
-        *rows,
-        "",
-        f"Paired ratios (cache): {', '.join(f'{r:.2f}' for r in res['ratios'])}; {same}.",
-        f"Model: {res['model']}; prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new, batch 1, fp32.",
-        f"Command: `{command}`; commit {res['commit']}; {res['date']}; {m.get('cpu')} ({m.get('cpus')} CPUs, "
-        f"{m.get('torch_threads')} torch threads), torch {m.get('torch')}; load average {res['load_at_start']} "
-        f"at start, {res['load_at_end']} at end.",
-        "",
-    ])
+        rows.append(
+            f"| generate, KV cache, compiled step (compile: true) | {res['compiled_tokens_per_s']:.1f} | "
+            f"{res['compiled_ratio']:.2f} | {met(res['compiled_ratio'])} |"
+        )
+        same += (
+            f" (cache), {res['compiled_same_tokens']} (compiled). Compiled: paired ratios "
+            f"{', '.join(f'{r:.2f}' for r in res['compiled_ratios'])}; its compile (first call, not in the "
+            f"row) took {res['compile_s']:.1f} s"
+        )
+    return "\n".join(
+        [
+            *rows,
+            "",
+            f"Paired ratios (cache): {', '.join(f'{r:.2f}' for r in res['ratios'])}; {same}.",
+            f"Model: {res['model']}; prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new, batch 1, fp32.",
+            f"Command: `{command}`; commit {res['commit']}; {res['date']}; {m.get('cpu')} ({m.get('cpus')} CPUs, "
+            f"{m.get('torch_threads')} torch threads), torch {m.get('torch')}; load average {res['load_at_start']} "
+            f"at start, {res['load_at_end']} at end.",
+            "",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="loopnet bench generation", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="loopnet bench generation", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--reps", type=int, default=9, help="paired repetitions (default 9)")
     p.add_argument("--prompt", type=int, default=8, help="prompt tokens (default 8)")
     p.add_argument("--new", type=int, default=112, help="tokens to generate (default 112)")
     p.add_argument("--d_model", type=int, help="another width (heads of 32), to see how the ratio grows with it")
     p.add_argument("--seq_len", type=int, help="another context length (prompt + new tokens must fit in it)")
-    p.add_argument("--no-compile", dest="compiled", action="store_false",
-                   help="leave out the compiled step's row (its compile takes tens of seconds)")
+    p.add_argument(
+        "--no-compile",
+        dest="compiled",
+        action="store_false",
+        help="leave out the compiled step's row (its compile takes tens of seconds)",
+    )
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)

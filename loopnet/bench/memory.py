@@ -57,7 +57,6 @@ def step_memory(s: Settings, config: LoopConfig, batch) -> dict:
     return out
 
 
-
 def fmt_bytes(n: Optional[float]) -> str:
     if n is None:
         return "—"

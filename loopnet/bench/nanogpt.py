@@ -95,13 +95,18 @@ class GPT(nn.Module):
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
-                                                            ignore_index=-1)
+        loss = (
+            None
+            if targets is None
+            else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        )
         return logits, loss
 
     def optimizer(self, lr: float, weight_decay: float, betas=(0.9, 0.95), fused: bool = False) -> torch.optim.AdamW:
         """nanoGPT's `configure_optimizers`: decay on ≥ 2-D tensors only; nanoGPT passes `fused` on CUDA."""
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)

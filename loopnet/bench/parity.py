@@ -35,9 +35,14 @@ def lr_at(step: int, lr: float, warmup: int, total: int) -> float:
 
 def adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
 
 
 def loss_of(model, inputs, targets):
@@ -65,19 +70,34 @@ def train(model, batches, val, lr: float, warmup: int) -> float:
 
 
 def models(args, vocab: int) -> dict:
-    loop = dict(vocab_size=vocab, seq_len=args.seq_len, d_model=args.d_model, n_heads=args.n_heads,
-                n_blocks=args.n_layers, n_rounds=1, residual="preln")
+    loop = dict(
+        vocab_size=vocab,
+        seq_len=args.seq_len,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        n_blocks=args.n_layers,
+        n_rounds=1,
+        residual="preln",
+    )
     return {
-        "nanoGPT (independent)": lambda: GPT(GPTConfig(vocab_size=vocab, block_size=args.seq_len, n_layer=args.n_layers,
-                                                       n_head=args.n_heads, n_embd=args.d_model)),
+        "nanoGPT (independent)": lambda: GPT(
+            GPTConfig(
+                vocab_size=vocab,
+                block_size=args.seq_len,
+                n_layer=args.n_layers,
+                n_head=args.n_heads,
+                n_embd=args.d_model,
+            )
+        ),
         "loopnet preln": lambda: LoopedTransformer(LoopConfig(**loop)),
         "loopnet preln, input_norm: true": lambda: LoopedTransformer(LoopConfig(**loop, input_norm=True)),
     }
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m loopnet.bench.parity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m loopnet.bench.parity", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--lr", type=float, default=3e-3)
@@ -106,15 +126,19 @@ def main(argv: list[str] | None = None) -> dict:
             results.setdefault(name, []).append(train(build(), batches, val, args.lr, args.warmup))
             print(f"seed {seed}  {name:<34} val loss {results[name][-1]:.4f}", flush=True)
     ref = results["nanoGPT (independent)"]
-    print(f"\n{args.steps} steps, d={args.d_model}, L=K={args.n_layers}, T={args.seq_len}, batch {args.batch_size}, "
-          f"lr {args.lr:g}, compact vocabulary {data.vocab_size} (padded {vocab}), {len(args.seeds)} seed(s), "
-          f"{time.perf_counter() - start:.0f} s")
+    print(
+        f"\n{args.steps} steps, d={args.d_model}, L=K={args.n_layers}, T={args.seq_len}, batch {args.batch_size}, "
+        f"lr {args.lr:g}, compact vocabulary {data.vocab_size} (padded {vocab}), {len(args.seeds)} seed(s), "
+        f"{time.perf_counter() - start:.0f} s"
+    )
     print("| model | val loss (mean ± std) | minus nanoGPT, paired (mean ± std) |\n|---|---:|---:|")
     for name, vals in results.items():
         diff = [a - b for a, b in zip(vals, ref)]
         sd = lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0  # noqa: E731
-        print(f"| {name} | {statistics.fmean(vals):.4f} ± {sd(vals):.4f} | "
-              f"{statistics.fmean(diff):+.4f} ± {sd(diff):.4f} |")
+        print(
+            f"| {name} | {statistics.fmean(vals):.4f} ± {sd(vals):.4f} | "
+            f"{statistics.fmean(diff):+.4f} ± {sd(diff):.4f} |"
+        )
     return results
 
 

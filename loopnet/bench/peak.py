@@ -64,9 +64,13 @@ class Peak:
         if self.datasheet:
             return f"{self.datasheet[0]}: dense bf16 peak {self.datasheet[1] / 1e12:.0f} TFLOP/s (datasheet)"
         dtype = "bf16" if self.s.bf16 else "fp32"
-        what = (f"{torch.cuda.get_device_name(self.s.device)} {dtype}" if self.s.cuda
-                else f"this CPU's {dtype}, {torch.get_num_threads()} threads,")
+        what = (
+            f"{torch.cuda.get_device_name(self.s.device)} {dtype}"
+            if self.s.cuda
+            else f"this CPU's {dtype}, {torch.get_num_threads()} threads,"
+        )
         unit, scale = ("TFLOP/s", 1e12) if self.s.cuda else ("GFLOP/s", 1e9)
-        return (f"{what} {self.n}×{self.n} matmul, best of 5 trials at start, between the phases and at the end: "
-                f"{self.flops / scale:.1f} {unit} (the probes: "
-                + ", ".join(f"{p / scale:.1f}" for p in self.probes) + ")")
+        return (
+            f"{what} {self.n}×{self.n} matmul, best of 5 trials at start, between the phases and at the end: "
+            f"{self.flops / scale:.1f} {unit} (the probes: " + ", ".join(f"{p / scale:.1f}" for p in self.probes) + ")"
+        )

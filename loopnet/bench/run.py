@@ -98,41 +98,67 @@ def phase_a(s: Settings, rows: dict[str, Row], batches: list, base_cfg: LoopConf
         "lightning": Lit(s, base_cfg, root, "lightning"),
         f"diagnostics@{diag_every}": Lit(s, base_cfg, root, "diagnostics", diag_every),
     }
-    rows["bare (windows)"] = Row("bare (windows)", "the bare loop timed in whole windows like the Trainer runs, "
-                                 "interleaved with them: the baseline of lightning", base_cfg)
-    rows["lightning"] = Row("lightning", "Lightning Trainer + the CLI's default callbacks, VisitDiagnostics off",
-                            base_cfg, "bare (windows)", str(TARGETS["lightning"]))
+    rows["bare (windows)"] = Row(
+        "bare (windows)",
+        "the bare loop timed in whole windows like the Trainer runs, interleaved with them: the baseline of lightning",
+        base_cfg,
+    )
+    rows["lightning"] = Row(
+        "lightning",
+        "Lightning Trainer + the CLI's default callbacks, VisitDiagnostics off",
+        base_cfg,
+        "bare (windows)",
+        str(TARGETS["lightning"]),
+    )
     rows[f"diagnostics@{diag_every}"] = Row(
-        f"diagnostics@{diag_every}", f"lightning + VisitDiagnostics(every_n_steps={diag_every}): one logging step "
-        "per window", base_cfg, "lightning")
+        f"diagnostics@{diag_every}",
+        f"lightning + VisitDiagnostics(every_n_steps={diag_every}): one logging step per window",
+        base_cfg,
+        "lightning",
+    )
     with contextlib.ExitStack() as stack:
         if s.keep_freed_memory:  # the contrast only exists when this process applied it
             window["system malloc"] = stack.enter_context(SystemMallocChild(s))
-            rows["system malloc"] = Row("system malloc", "the bare loop in a child process with glibc's default "
-                                        "malloc, windows interleaved with bare (windows), which runs with "
-                                        "keep_freed_memory() as `loopnet fit` on CPU does", base_cfg, "bare (windows)")
+            rows["system malloc"] = Row(
+                "system malloc",
+                "the bare loop in a child process with glibc's default "
+                "malloc, windows interleaved with bare (windows), which runs with "
+                "keep_freed_memory() as `loopnet fit` on CPU does",
+                base_cfg,
+                "bare (windows)",
+            )
         names = list(window)
         for rep in range(s.reps):
             for name in names if rep % 2 == 0 else names[::-1]:
                 t = time.perf_counter()
                 rows[name].times.append(window[name].run(memory_loader(batches), s.warmup, s.steps))
-                log(f"A {rep + 1}/{s.reps} {name:>16}: {rows[name].times[-1] * 1e3:9.1f} ms/step "
-                    f"({time.perf_counter() - t:.1f} s)")
+                log(
+                    f"A {rep + 1}/{s.reps} {name:>16}: {rows[name].times[-1] * 1e3:9.1f} ms/step "
+                    f"({time.perf_counter() - t:.1f} s)"
+                )
 
 
 def benchmark(s: Settings, smoke: bool, command: str) -> dict:
     warnings.filterwarnings("ignore")
     import logging
 
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
-                 "lightning.fabric.utilities.rank_zero", "torch._dynamo", "torch._inductor"):
+    for name in (
+        "lightning.pytorch",
+        "lightning.fabric",
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "torch._dynamo",
+        "torch._inductor",
+    ):
         logging.getLogger(name).setLevel(logging.ERROR)
 
     t_start = time.perf_counter()
     info = machine(s.device)
     if not s.cuda and info.get("load_at_start", 0) > (os.cpu_count() or 1) and torch.get_num_threads() > 1:
-        log(f"the machine is busy (load {info['load_at_start']:.1f} on {os.cpu_count()} CPUs): multi-threaded "
-            f"kernels will wait on each other; --threads 1 gives steadier figures")
+        log(
+            f"the machine is busy (load {info['load_at_start']:.1f} on {os.cpu_count()} CPUs): multi-threaded "
+            f"kernels will wait on each other; --threads 1 gives steadier figures"
+        )
     peak = Peak(s, smoke)
     log(f"peak probe at start: {peak.method}")
     K, R = s.n_blocks, s.n_rounds
@@ -158,10 +184,25 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
 
     # loopnet against an independent plain GPT of its size: Pre-LN at R = 1, as the GPT has L = K layers.
     preln = s.config(n_rounds=1, residual="preln")
-    add(Row("nanoGPT", f"an independent plain GPT (loopnet.bench.nanogpt: fused QKV, LayerNorm, SDPA, tied head), "
-            f"{K} layers, nanoGPT's training step and AdamW", preln), NanoGPTStep(s, cycle()))
-    add(Row("preln R=1", f"bare loop, Pre-LN, K={K} R=1 (the GPT's size), the same batches in the same turns",
-            preln, "nanoGPT", str(TARGETS["nanogpt"])), Bare(s, preln, source=cycle()))
+    add(
+        Row(
+            "nanoGPT",
+            f"an independent plain GPT (loopnet.bench.nanogpt: fused QKV, LayerNorm, SDPA, tied head), "
+            f"{K} layers, nanoGPT's training step and AdamW",
+            preln,
+        ),
+        NanoGPTStep(s, cycle()),
+    )
+    add(
+        Row(
+            "preln R=1",
+            f"bare loop, Pre-LN, K={K} R=1 (the GPT's size), the same batches in the same turns",
+            preln,
+            "nanoGPT",
+            str(TARGETS["nanogpt"]),
+        ),
+        Bare(s, preln, source=cycle()),
+    )
     if not s.only_nanogpt:
         add(Row("bare", f"bare PyTorch loop, eager, K={K} R={R}", base_cfg), Bare(s, base_cfg, source=cycle()))
     if s.compile:
@@ -173,23 +214,43 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
         inductor_config.fx_graph_cache = False
         functorch_config.enable_autograd_cache = False
         graphs_before = counters["stats"]["unique_graphs"]
-        add(Row("compile", "bare loop, LoopedTransformer.compile(): each sublayer and the head compiled once",
-                base_cfg, "bare", str(TARGETS["compile"]) if not s.cuda else ""), Bare(s, base_cfg, True, cycle()))
+        add(
+            Row(
+                "compile",
+                "bare loop, LoopedTransformer.compile(): each sublayer and the head compiled once",
+                base_cfg,
+                "bare",
+                str(TARGETS["compile"]) if not s.cuda else "",
+            ),
+            Bare(s, base_cfg, True, cycle()),
+        )
     ckpt_cfg = s.config(checkpoint_rounds=True)
     if not s.only_nanogpt:
-        add(Row("checkpoint", "bare loop, checkpoint_rounds=True", ckpt_cfg, "bare", str(TARGETS["checkpoint"])),
-            Bare(s, ckpt_cfg, source=cycle()))
+        add(
+            Row("checkpoint", "bare loop, checkpoint_rounds=True", ckpt_cfg, "bare", str(TARGETS["checkpoint"])),
+            Bare(s, ckpt_cfg, source=cycle()),
+        )
     for r in s.rounds:
         if r != R:
-            add(Row(f"R={r}", f"bare loop, K={K} R={r}", s.config(n_rounds=r), "bare", str(TARGETS["rounds"])),
-                Bare(s, s.config(n_rounds=r), source=cycle()))
+            add(
+                Row(f"R={r}", f"bare loop, K={K} R={r}", s.config(n_rounds=r), "bare", str(TARGETS["rounds"])),
+                Bare(s, s.config(n_rounds=r), source=cycle()),
+            )
     real: Optional[RealData] = None
     if s.data:
         try:
             real = RealData(s)
             log(f"TokenStreamDataModule ready in {real.setup_s:.1f} s")
-            add(Row("data", f"bare loop fed by TokenStreamDataModule (shakespeare, num_workers={s.workers})",
-                    base_cfg, "bare", str(TARGETS["data"])), Bare(s, base_cfg, source=real))
+            add(
+                Row(
+                    "data",
+                    f"bare loop fed by TokenStreamDataModule (shakespeare, num_workers={s.workers})",
+                    base_cfg,
+                    "bare",
+                    str(TARGETS["data"]),
+                ),
+                Bare(s, base_cfg, source=real),
+            )
         except Exception as err:  # noqa: BLE001 - the data package may be mid-change; report, don't die
             log(f"data variant skipped: {type(err).__name__}: {err}")
     names = list(step_runners)
@@ -200,29 +261,42 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
         log(f"B warm-up {name:>16}: {time.perf_counter() - t:.1f} s for {s.warmup} steps")
     turns = s.steps * s.reps
     for turn in range(turns):
-        for name in names[turn % len(names):] + names[:turn % len(names)]:
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
             elapsed, wait = step_runners[name].timed_step()
             rows[name].times.append(elapsed)
             rows[name].wait.append(wait)
         if (turn + 1) % max(1, turns // 5) == 0:
-            log(f"B turn {turn + 1}/{turns}: " + ", ".join(f"{n} {median(rows[n].times) * 1e3:.0f}" for n in names)
-                + " ms/step")
+            log(
+                f"B turn {turn + 1}/{turns}: "
+                + ", ".join(f"{n} {median(rows[n].times) * 1e3:.0f}" for n in names)
+                + " ms/step"
+            )
 
     # Derived row: diagnostics at the CLI's every_n_steps = 50, from the measured windows.
     diag, lit = rows.get(f"diagnostics@{diag_every}"), rows.get("lightning")  # None with --vs-nanogpt: no phase A
     if diag is not None and diag_every < 50:
         at50 = [lt + (dt - lt) * diag_every / 50 for lt, dt in zip(lit.times, diag.times)]
-        rows["diagnostics@50"] = Row("diagnostics@50", "lightning + VisitDiagnostics(every_n_steps=50), the CLI "
-                                     f"default: the extra time of diagnostics@{diag_every} spread over 50 steps",
-                                     base_cfg, "lightning", str(TARGETS["diagnostics@50"]), at50, derived=True)
+        rows["diagnostics@50"] = Row(
+            "diagnostics@50",
+            "lightning + VisitDiagnostics(every_n_steps=50), the CLI "
+            f"default: the extra time of diagnostics@{diag_every} spread over 50 steps",
+            base_cfg,
+            "lightning",
+            str(TARGETS["diagnostics@50"]),
+            at50,
+            derived=True,
+        )
     elif diag is not None:
         diag.target = str(TARGETS["diagnostics@50"])
 
     breakdown = step_breakdown(step_runners["bare"]) if "bare" in step_runners else None
     if s.compile:
         runner = step_runners["compile"]
-        rows["compile"].extra = {"graphs": counters["stats"]["unique_graphs"] - graphs_before,
-                                 "first_step_s": runner.first_step_s, "eager_breakdown": breakdown}
+        rows["compile"].extra = {
+            "graphs": counters["stats"]["unique_graphs"] - graphs_before,
+            "first_step_s": runner.first_step_s,
+            "eager_breakdown": breakdown,
+        }
         # Another round count R' must reuse the same graphs: one more training step at R' = R/2.
         before = counters["stats"]["unique_graphs"]
         x, y, _ = runner.fetch(runner.source)
@@ -233,8 +307,11 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
         rows["compile"].extra["new_graphs_other_R"] = counters["stats"]["unique_graphs"] - before
     if "data" in rows:
         d = rows["data"]
-        d.extra = {"wait_ms": median(d.wait) * 1e3, "wait_frac": median([w / t for w, t in zip(d.wait, d.times)]),
-                   "setup_s": real.setup_s}
+        d.extra = {
+            "wait_ms": median(d.wait) * 1e3,
+            "wait_frac": median([w / t for w, t in zip(d.wait, d.times)]),
+            "setup_s": real.setup_s,
+        }
     step_runners.clear()  # free the models before the memory measurements
 
     # Memory: one forward + backward per (K, R, checkpointing).
@@ -252,8 +329,10 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
                     torch.cuda.empty_cache()
                 entry["ckpt" if ckpt else "plain"] = m
             memory.append(entry)
-            log(f"memory K={k} R={r}: plain {fmt_bytes(entry['plain']['peak'])}, "
-                f"ckpt {fmt_bytes(entry['ckpt']['peak'])}")
+            log(
+                f"memory K={k} R={r}: plain {fmt_bytes(entry['plain']['peak'])}, "
+                f"ckpt {fmt_bytes(entry['ckpt']['peak'])}"
+            )
         by = {(e["K"], e["R"]): e for e in memory}
         rows["bare"].peak_bytes = by[(K, R)]["plain"]["peak"]
         rows["checkpoint"].peak_bytes = by[(K, R)]["ckpt"]["peak"]
@@ -269,38 +348,74 @@ def benchmark(s: Settings, smoke: bool, command: str) -> dict:
     peak.probe()
     result = evaluate(s, rows, memory, peak.flops)
     result["skipped"] = skipped
-    result.update(machine=info, peak_flops=peak.flops, peak_method=peak.method, command=command, settings=asdict(s),
-                  seconds=time.perf_counter() - t_start, smoke=smoke, eager_breakdown=breakdown,
-                  fast_paths=fast_paths(s))
+    result.update(
+        machine=info,
+        peak_flops=peak.flops,
+        peak_method=peak.method,
+        command=command,
+        settings=asdict(s),
+        seconds=time.perf_counter() - t_start,
+        smoke=smoke,
+        eager_breakdown=breakdown,
+        fast_paths=fast_paths(s),
+    )
     return result
 
 
 # ----------------------------------------------------------------------------------------- CLI
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
-    p = argparse.ArgumentParser(prog="loopnet bench", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n")[2:]))
+    p = argparse.ArgumentParser(
+        prog="loopnet bench",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.split("\n")[2:]),
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, two timed steps per variant, no compile (seconds)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    for name in ("vocab-size", "seq-len", "d-model", "n-heads", "n-blocks", "n-rounds", "batch-size", "steps",
-                 "warmup", "reps", "workers"):
+    for name in (
+        "vocab-size",
+        "seq-len",
+        "d-model",
+        "n-heads",
+        "n-blocks",
+        "n-rounds",
+        "batch-size",
+        "steps",
+        "warmup",
+        "reps",
+        "workers",
+    ):
         p.add_argument(f"--{name}", type=int, default=None, help="default: from the device's profile")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: torch's, 1 with --smoke: tiny ops gain nothing from more)")
-    p.add_argument("--precision", choices=["bf16", "fp32"], default=None,
-                   help="bf16 autocast (Lightning's bf16-mixed) or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's, 1 with --smoke: tiny ops gain nothing from more)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["bf16", "fp32"],
+        default=None,
+        help="bf16 autocast (Lightning's bf16-mixed) or fp32 (default: bf16 on CUDA, fp32 on CPU)",
+    )
     p.add_argument("--rounds", type=int, nargs="+", default=[1, 3, 6, 12], help="round counts at fixed K")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
     p.add_argument("--compile", action="store_true", help="run the torch.compile variant even with --smoke")
     p.add_argument("--no-data", action="store_true", help="skip the real data-loader variant")
     p.add_argument("--no-memory", action="store_true", help="skip the memory table")
-    p.add_argument("--system-malloc", action="store_true",
-                   help="CPU: leave glibc's malloc settings as they are in this process (no keep_freed_memory(), "
-                        "as `loopnet fit --host_memory.keep_freed false`): every variant, compile included, "
-                        "runs with the system allocator")
-    p.add_argument("--vs-nanogpt", action="store_true",
-                   help="only loopnet (Pre-LN, R = 1) against the independent nanoGPT of its size, one step each in "
-                        "turn; e.g. --vs-nanogpt --d-model 256 --n-blocks 4 --seq-len 256 --vocab-size 50304")
+    p.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="CPU: leave glibc's malloc settings as they are in this process (no keep_freed_memory(), "
+        "as `loopnet fit --host_memory.keep_freed false`): every variant, compile included, "
+        "runs with the system allocator",
+    )
+    p.add_argument(
+        "--vs-nanogpt",
+        action="store_true",
+        help="only loopnet (Pre-LN, R = 1) against the independent nanoGPT of its size, one step each in "
+        "turn; e.g. --vs-nanogpt --d-model 256 --n-blocks 4 --seq-len 256 --vocab-size 50304",
+    )
     p.add_argument("--out", default=None, help="also write the markdown report here")
     p.add_argument("--json", default=None, help="also write every number as JSON here")
     args = p.parse_args(argv)
@@ -314,17 +429,27 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
             profile[key] = getattr(args, key)
     bf16 = args.precision == "bf16" if args.precision else device.startswith("cuda")
     only = args.vs_nanogpt  # the other variants off
-    s = Settings(device=device, rounds=[] if only else sorted(set(args.rounds)), compile=(not args.smoke or args.compile)
-                 and not args.no_compile and not only, data=not args.no_data and not only,
-                 memory=not args.no_memory and not only, bf16=bf16, only_nanogpt=only, **profile)
+    s = Settings(
+        device=device,
+        rounds=[] if only else sorted(set(args.rounds)),
+        compile=(not args.smoke or args.compile) and not args.no_compile and not only,
+        data=not args.no_data and not only,
+        memory=not args.no_memory and not only,
+        bf16=bf16,
+        only_nanogpt=only,
+        **profile,
+    )
     s.config()  # fail early on a bad model shape
     return args, s
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    rows = {"sweep-startup": "loopnet.bench.sweep_startup", "generation": "loopnet.bench.generation",
-            "export": "loopnet.bench.export"}
+    rows = {
+        "sweep-startup": "loopnet.bench.sweep_startup",
+        "generation": "loopnet.bench.generation",
+        "export": "loopnet.bench.export",
+    }
     if argv[:1] and argv[0] in rows:  # rows of their own, each with its own --help
         import importlib
 

@@ -53,24 +53,63 @@ class Settings:
         return self.batch_size * self.seq_len
 
     def config(self, **kw) -> LoopConfig:
-        base = dict(vocab_size=self.vocab_size, seq_len=self.seq_len, d_model=self.d_model,
-                    n_heads=self.n_heads, n_blocks=self.n_blocks, n_rounds=self.n_rounds,
-                    residual=self.residual, wiring=self.wiring)
+        base = dict(
+            vocab_size=self.vocab_size,
+            seq_len=self.seq_len,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_blocks=self.n_blocks,
+            n_rounds=self.n_rounds,
+            residual=self.residual,
+            wiring=self.wiring,
+        )
         return LoopConfig(**(base | kw))
 
 
 PROFILES = {
     # CPU: the CLI's cpu.yaml model (d 128, 4 heads, T 128, batch 8, K 2 x R 6) with a 8192-token
     # vocabulary, so that the blocks, not a 50k-way head, dominate a step (--vocab-size 50304: GPT-2's).
-    "cpu": dict(vocab_size=8192, seq_len=128, d_model=128, n_heads=4, n_blocks=2, n_rounds=6, batch_size=8,
-                steps=10, warmup=2, reps=3, workers=0),
+    "cpu": dict(
+        vocab_size=8192,
+        seq_len=128,
+        d_model=128,
+        n_heads=4,
+        n_blocks=2,
+        n_rounds=6,
+        batch_size=8,
+        steps=10,
+        warmup=2,
+        reps=3,
+        workers=0,
+    ),
     # GPU: configs/base.yaml, GPT-2-small width.
-    "cuda": dict(vocab_size=50304, seq_len=1024, d_model=768, n_heads=12, n_blocks=2, n_rounds=6, batch_size=16,
-                 steps=20, warmup=3, reps=3, workers=4),
-    "smoke": dict(vocab_size=256, seq_len=32, d_model=32, n_heads=2, n_blocks=2, n_rounds=6, batch_size=2,
-                  steps=2, warmup=1, reps=1, workers=0),
+    "cuda": dict(
+        vocab_size=50304,
+        seq_len=1024,
+        d_model=768,
+        n_heads=12,
+        n_blocks=2,
+        n_rounds=6,
+        batch_size=16,
+        steps=20,
+        warmup=3,
+        reps=3,
+        workers=4,
+    ),
+    "smoke": dict(
+        vocab_size=256,
+        seq_len=32,
+        d_model=32,
+        n_heads=2,
+        n_blocks=2,
+        n_rounds=6,
+        batch_size=2,
+        steps=2,
+        warmup=1,
+        reps=1,
+        workers=0,
+    ),
 }
-
 
 
 def sync(device: str) -> None:

@@ -34,12 +34,21 @@ STARTS = ("fresh", "forkserver")
 def sweep_spec(out: Path, steps: int) -> dict:
     return {
         "description": "loopnet bench sweep-startup: the map's R = 2 cells",
-        "base": [str(HERE / "configs/deeploop_r6.yaml"), str(HERE / "configs/cpu.yaml"),
-                 str(HERE / "configs/study_map.yaml")],
-        "overrides": {"model.config.n_rounds": 2, "trainer.max_steps": steps,
-                      "trainer.val_check_interval": min(50, steps)},
-        "grid": {"model.config.residual": ["deepnorm", "deeploop"], "model.optim.lr": [2e-3, 4e-3, 8e-3],
-                 "seed_everything": [1, 2]},
+        "base": [
+            str(HERE / "configs/deeploop_r6.yaml"),
+            str(HERE / "configs/cpu.yaml"),
+            str(HERE / "configs/study_map.yaml"),
+        ],
+        "overrides": {
+            "model.config.n_rounds": 2,
+            "trainer.max_steps": steps,
+            "trainer.val_check_interval": min(50, steps),
+        },
+        "grid": {
+            "model.config.residual": ["deepnorm", "deeploop"],
+            "model.optim.lr": [2e-3, 4e-3, 8e-3],
+            "seed_everything": [1, 2],
+        },
         "out": str(out),
     }
 
@@ -55,36 +64,54 @@ def run_sweep(folder: Path, steps: int, start: str, jobs: int) -> dict:
     res = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if res.returncode != 0:
-        raise SystemExit(f"loopnet bench sweep-startup: the {start} sweep failed (exit {res.returncode}):\n"
-                         f"{(res.stdout + res.stderr)[-3000:]}")
+        raise SystemExit(
+            f"loopnet bench sweep-startup: the {start} sweep failed (exit {res.returncode}):\n"
+            f"{(res.stdout + res.stderr)[-3000:]}"
+        )
     log = [json.loads(line) for line in (out / "sweep_log.jsonl").read_text().splitlines()]
     cells = {}
     for e in log:
         if e["event"] == "finished":
             summary = json.loads((out / e["cell"] / "summary.json").read_text())
-            cells[e["cell"]] = {"seconds": e["seconds"], "final_train_loss": summary["final_train_loss"],
-                                "val_history": summary["val_history"]}
+            cells[e["cell"]] = {
+                "seconds": e["seconds"],
+                "final_train_loss": summary["final_train_loss"],
+                "val_history": summary["val_history"],
+            }
     return {"start": start, "wall_s": wall, "load_before": load, "load_after": os.getloadavg()[0], "cells": cells}
 
 
 def markdown(res: dict) -> str:
     runs, ratio = res["runs"], res["ratio"]
-    lines = [f"## Sweep start-up: {res['cells']} cells of R = 2, {res['steps']} steps, {res['jobs']} at a time",
-             "", f"`{res['command']}` on {res['machine']['cpu']} ({res['machine']['cpus']} CPUs)", "",
-             "| start | sweep wall (s) | median cell (s) | load avg 1 min (before → after) |", "|---|---|---|---|"]
+    lines = [
+        f"## Sweep start-up: {res['cells']} cells of R = 2, {res['steps']} steps, {res['jobs']} at a time",
+        "",
+        f"`{res['command']}` on {res['machine']['cpu']} ({res['machine']['cpus']} CPUs)",
+        "",
+        "| start | sweep wall (s) | median cell (s) | load avg 1 min (before → after) |",
+        "|---|---|---|---|",
+    ]
     for r in runs.values():
         secs = sorted(c["seconds"] for c in r["cells"].values())
-        lines.append(f"| {r['start']} | {r['wall_s']:.1f} | {secs[len(secs) // 2]:.1f} | "
-                     f"{r['load_before']:.2f} → {r['load_after']:.2f} |")
-    lines += ["", f"**fresh / forkserver: {ratio:.2f}×** (target ≥ 1.3×). Per-cell losses equal in both: "
-              f"{'yes' if res['equal_losses'] else 'NO'}."]
+        lines.append(
+            f"| {r['start']} | {r['wall_s']:.1f} | {secs[len(secs) // 2]:.1f} | "
+            f"{r['load_before']:.2f} → {r['load_after']:.2f} |"
+        )
+    lines += [
+        "",
+        f"**fresh / forkserver: {ratio:.2f}×** (target ≥ 1.3×). Per-cell losses equal in both: "
+        f"{'yes' if res['equal_losses'] else 'NO'}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="loopnet bench sweep-startup", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n")[2:]))
+    p = argparse.ArgumentParser(
+        prog="loopnet bench sweep-startup",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.split("\n")[2:]),
+    )
     p.add_argument("--steps", type=int, default=200, help="training steps per cell (default: the map's 200)")
     p.add_argument("--jobs", type=int, default=1, help="cells at once in each sweep (default 1)")
     p.add_argument("--order", default="fresh,forkserver", help="the order of the two sweeps (default fresh,forkserver)")
@@ -106,13 +133,21 @@ def main(argv: list[str] | None = None) -> None:
             runs[start] = run_sweep(folder, args.steps, start, args.jobs)
             print(f"  {runs[start]['wall_s']:.1f} s", file=sys.stderr, flush=True)
     fresh, forked = runs["fresh"]["cells"], runs["forkserver"]["cells"]
-    res = {"command": " ".join(["loopnet bench sweep-startup", *(argv if argv is not None else sys.argv[1:])]),
-           "machine": machine(), "steps": args.steps, "jobs": args.jobs, "cells": len(fresh),
-           "ratio": runs["fresh"]["wall_s"] / runs["forkserver"]["wall_s"],
-           "equal_losses": fresh.keys() == forked.keys() and all(
-               fresh[c]["final_train_loss"] == forked[c]["final_train_loss"]
-               and fresh[c]["val_history"] == forked[c]["val_history"] for c in fresh),
-           "runs": runs}
+    res = {
+        "command": " ".join(["loopnet bench sweep-startup", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(),
+        "steps": args.steps,
+        "jobs": args.jobs,
+        "cells": len(fresh),
+        "ratio": runs["fresh"]["wall_s"] / runs["forkserver"]["wall_s"],
+        "equal_losses": fresh.keys() == forked.keys()
+        and all(
+            fresh[c]["final_train_loss"] == forked[c]["final_train_loss"]
+            and fresh[c]["val_history"] == forked[c]["val_history"]
+            for c in fresh
+        ),
+        "runs": runs,
+    }
     text = markdown(res)
     print(text)
     if args.out:

@@ -22,15 +22,18 @@ class Target:
     words: str  # the target as the table prints it: {b} the bound, {pct} it in percent, {over} 1 - bound in percent
 
     def __str__(self) -> str:
-        return self.words.format(b=f"{self.bound:g}", pct=f"{self.bound * 100:.0f}", over=f"{(1 - self.bound) * 100:.0f}")
+        return self.words.format(
+            b=f"{self.bound:g}", pct=f"{self.bound * 100:.0f}", over=f"{(1 - self.bound) * 100:.0f}"
+        )
 
 
 TARGETS = {
     "lightning": Target("Lightning overhead", 0.95, "≥ {b}× bare (overhead ≤ {over}%)"),
     "diagnostics@50": Target("VisitDiagnostics every 50 steps", 0.97, "≥ {b}× lightning"),
     "compile": Target("torch.compile", 1.2, "≥ {b}× eager (CPU)"),
-    "checkpoint": Target("activation checkpointing memory grows with K, not K·R", 0.25,
-                         "memory/round ≤ {pct}% of no-ckpt"),
+    "checkpoint": Target(
+        "activation checkpointing memory grows with K, not K·R", 0.25, "memory/round ≤ {pct}% of no-ckpt"
+    ),
     "rounds": Target("block cost linear in R", 0.10, "block time linear in R (±{pct}%)"),
     "data": Target("data pipeline never the bottleneck", 0.05, "loader wait ≤ {pct}% of step"),
     "mfu": Target("MFU on an H100/H200", 0.40, "≥ {pct}% MFU (H100/H200, bf16)"),
@@ -62,18 +65,43 @@ def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def evaluate(s: Settings, rows: dict[str, Row], memory: list[dict], peak: float) -> dict:
     """Turn the timings into table rows and target checks."""
     K, R = s.n_blocks, s.n_rounds
-    shown = ["bare", "preln R=1", "nanoGPT", "bare (windows)", "system malloc", "lightning", *(n for n in rows if n.startswith("diagnostics@")), "compile",
-             "checkpoint", *(n for n in rows if n.startswith("R=")), "data"]
+    shown = [
+        "bare",
+        "preln R=1",
+        "nanoGPT",
+        "bare (windows)",
+        "system malloc",
+        "lightning",
+        *(n for n in rows if n.startswith("diagnostics@")),
+        "compile",
+        "checkpoint",
+        *(n for n in rows if n.startswith("R=")),
+        "data",
+    ]
     out_rows, checks = [], {}
     for name in dict.fromkeys(n for n in shown if n in rows):
         row = rows[name]
         step = median(row.times)
         tps = s.tokens_per_step / step
         flops = LoopedTransformer(row.config).flops_per_token(s.seq_len)
-        out_rows.append(dict(name=name, description=row.description, baseline=row.baseline,
-                             step_ms=step * 1e3, tokens_per_s=tps, ratio=ratio(rows, name), mfu=flops * tps / peak,
-                             peak_bytes=row.peak_bytes, target=row.target, met=None, detail="", extra=row.extra,
-                             derived=row.derived, samples_ms=[t * 1e3 for t in row.times]))
+        out_rows.append(
+            dict(
+                name=name,
+                description=row.description,
+                baseline=row.baseline,
+                step_ms=step * 1e3,
+                tokens_per_s=tps,
+                ratio=ratio(rows, name),
+                mfu=flops * tps / peak,
+                peak_bytes=row.peak_bytes,
+                target=row.target,
+                met=None,
+                detail="",
+                extra=row.extra,
+                derived=row.derived,
+                samples_ms=[t * 1e3 for t in row.times],
+            )
+        )
     by = {r["name"]: r for r in out_rows}
 
     def check(key: str, met: Optional[bool], detail: str, names: tuple[str, ...] = (), **extra) -> None:
@@ -86,32 +114,53 @@ def evaluate(s: Settings, rows: dict[str, Row], memory: list[dict], peak: float)
         r = by["lightning"]["ratio"]
         check("lightning", r >= TARGETS["lightning"].bound, f"{(1 / r - 1) * 100:+.1f}% step time over the bare loop")
     r = by["preln R=1"]["ratio"]
-    check("nanogpt", r >= TARGETS["nanogpt"].bound if not s.cuda else None,
-          f"loopnet's step {r:.2f}× as fast as nanoGPT's at d={s.d_model}, {K} layers, T={s.seq_len}, vocabulary "
-          f"{s.vocab_size} (median of {len(rows['nanoGPT'].times)} paired turns)", ("preln R=1",))
+    check(
+        "nanogpt",
+        r >= TARGETS["nanogpt"].bound if not s.cuda else None,
+        f"loopnet's step {r:.2f}× as fast as nanoGPT's at d={s.d_model}, {K} layers, T={s.seq_len}, vocabulary "
+        f"{s.vocab_size} (median of {len(rows['nanoGPT'].times)} paired turns)",
+        ("preln R=1",),
+    )
     if "diagnostics@50" in by:
         r = by["diagnostics@50"]["ratio"]
-        check("diagnostics@50", r >= TARGETS["diagnostics@50"].bound, f"{(1 / r - 1) * 100:+.1f}% step time over lightning")
+        check(
+            "diagnostics@50",
+            r >= TARGETS["diagnostics@50"].bound,
+            f"{(1 / r - 1) * 100:+.1f}% step time over lightning",
+        )
     if "compile" in by:
         r, e = by["compile"]["ratio"], by["compile"]["extra"]
-        detail = (f"{r:.2f}× eager; {e['graphs']} compiled graphs serve all {R}×{K} block visits, "
-                  f"{e['new_graphs_other_R']} new at R'={max(1, R // 2)}; first step (compiling) "
-                  f"{e['first_step_s']:.1f} s")
+        detail = (
+            f"{r:.2f}× eager; {e['graphs']} compiled graphs serve all {R}×{K} block visits, "
+            f"{e['new_graphs_other_R']} new at R'={max(1, R // 2)}; first step (compiling) "
+            f"{e['first_step_s']:.1f} s"
+        )
         b = e.get("eager_breakdown")
         if b:
-            detail += (f"; the eager step is {b['matmul'] * 100:.0f}% matmul and {b['attention'] * 100:.0f}% "
-                       f"attention kernels, which compile does not change (at best "
-                       f"{1 / (b['matmul'] + b['attention']):.2f}×)")
+            detail += (
+                f"; the eager step is {b['matmul'] * 100:.0f}% matmul and {b['attention'] * 100:.0f}% "
+                f"attention kernels, which compile does not change (at best "
+                f"{1 / (b['matmul'] + b['attention']):.2f}×)"
+            )
         check("compile", (r >= TARGETS["compile"].bound) if not s.cuda else None, detail)
     # Rounds: step time = a + b·R; the block time per round b should explain every point.
     points = sorted((rows[n].config.n_rounds, by[n]["step_ms"]) for n in by if n == "bare" or n.startswith("R="))
     if len(points) >= 2:
         a, b = linear_fit([p[0] for p in points], [p[1] for p in points])
         worst = max(abs(t - (a + b * x)) / t for x, t in points)
-        detail = (f"{b:.1f} ms per round (K={K} blocks) + {a:.1f} ms per step outside the rounds; worst point "
-                  f"{worst * 100:.1f}% off the line")
-        check("rounds", worst <= TARGETS["rounds"].bound and b > 0, detail, tuple(n for n in by if n.startswith("R=")),
-              ms_per_round=b, fixed_ms=a, points=points)
+        detail = (
+            f"{b:.1f} ms per round (K={K} blocks) + {a:.1f} ms per step outside the rounds; worst point "
+            f"{worst * 100:.1f}% off the line"
+        )
+        check(
+            "rounds",
+            worst <= TARGETS["rounds"].bound and b > 0,
+            detail,
+            tuple(n for n in by if n.startswith("R=")),
+            ms_per_round=b,
+            fixed_ms=a,
+            points=points,
+        )
     if memory:
         value = lambda m: m["peak"] if m["peak"] is not None else m["saved"]  # noqa: E731
         ok = [e for e in memory if value(e["plain"]) is not None and value(e["ckpt"]) is not None]
@@ -121,15 +170,30 @@ def evaluate(s: Settings, rows: dict[str, Row], memory: list[dict], peak: float)
             sp = linear_fit([x for x, _ in plain], [m for _, m in plain])[1]
             sc = linear_fit([x for x, _ in ckpt], [m for _, m in ckpt])[1]
             ks = sorted((e["K"], value(e["plain"]), value(e["ckpt"])) for e in ok if e["R"] == R)
-            detail = (f"peak per extra round {fmt_bytes(sc)} with checkpointing vs {fmt_bytes(sp)} without "
-                      f"({sc / sp * 100:.0f}%); at R={R}, K = " + ", ".join(str(k) for k, _, _ in ks)
-                      + ": " + " / ".join(fmt_bytes(p) for _, p, _ in ks) + " without, "
-                      + " / ".join(fmt_bytes(c) for _, _, c in ks) + " with")
-            check("checkpoint", sp > 0 and sc <= TARGETS["checkpoint"].bound * sp, detail, bytes_per_round_ckpt=sc, bytes_per_round=sp)
+            detail = (
+                f"peak per extra round {fmt_bytes(sc)} with checkpointing vs {fmt_bytes(sp)} without "
+                f"({sc / sp * 100:.0f}%); at R={R}, K = "
+                + ", ".join(str(k) for k, _, _ in ks)
+                + ": "
+                + " / ".join(fmt_bytes(p) for _, p, _ in ks)
+                + " without, "
+                + " / ".join(fmt_bytes(c) for _, _, c in ks)
+                + " with"
+            )
+            check(
+                "checkpoint",
+                sp > 0 and sc <= TARGETS["checkpoint"].bound * sp,
+                detail,
+                bytes_per_round_ckpt=sc,
+                bytes_per_round=sp,
+            )
     if "data" in by:
         e = by["data"]["extra"]
-        check("data", e["wait_frac"] <= TARGETS["data"].bound, f"{e['wait_ms']:.2f} ms waiting for the loader per step, "
-              f"{e['wait_frac'] * 100:.1f}% of the step")
+        check(
+            "data",
+            e["wait_frac"] <= TARGETS["data"].bound,
+            f"{e['wait_ms']:.2f} ms waiting for the loader per step, {e['wait_frac'] * 100:.1f}% of the step",
+        )
     if s.cuda:
         best = max((r for r in out_rows if not r["derived"]), key=lambda r: r["mfu"])
         name = torch.cuda.get_device_name(s.device)

@@ -101,8 +101,11 @@ class NanoGPTStep(Bare):
 
         torch.manual_seed(0)
         self.s, self.source, self.first_step_s = s, source, None
-        self.model = GPT(GPTConfig(vocab_size=s.vocab_size, block_size=s.seq_len, n_layer=s.n_blocks,
-                                   n_head=s.n_heads, n_embd=s.d_model)).to(s.device)
+        self.model = GPT(
+            GPTConfig(
+                vocab_size=s.vocab_size, block_size=s.seq_len, n_layer=s.n_blocks, n_head=s.n_heads, n_embd=s.d_model
+            )
+        ).to(s.device)
         self.opt = self.model.optimizer(lr=6e-4, weight_decay=0.1, fused=s.cuda)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.autocast = s.autocast()
@@ -158,13 +161,19 @@ class Lit:
                     marks[batch_idx] = time.perf_counter()
 
         trainer = L.Trainer(
-            accelerator="gpu" if self.s.cuda else "cpu", devices=1,
+            accelerator="gpu" if self.s.cuda else "cpu",
+            devices=1,
             precision="bf16-mixed" if self.s.bf16 else "32-true",
-            max_steps=warmup + steps + 1, limit_val_batches=0, num_sanity_val_steps=0,
-            gradient_clip_val=TRAINER_DEFAULTS["gradient_clip_val"], log_every_n_steps=TRAINER_DEFAULTS["log_every_n_steps"],
+            max_steps=warmup + steps + 1,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            gradient_clip_val=TRAINER_DEFAULTS["gradient_clip_val"],
+            log_every_n_steps=TRAINER_DEFAULTS["log_every_n_steps"],
             logger=TensorBoardLogger(self.root, name=self.name),
             callbacks=[*self.callbacks(), WindowTimer()],
-            enable_progress_bar=False, enable_model_summary=False, default_root_dir=self.root,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=self.root,
         )
         trainer.fit(self.lm, train_dataloaders=source)
         return (marks[warmup + steps] - marks[warmup]) / steps
@@ -185,7 +194,10 @@ class SystemMallocChild:
 
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from loopnet.bench.variants import system_malloc_child; system_malloc_child()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._send({"settings": asdict(s) | {"keep_freed_memory": False}, "threads": torch.get_num_threads()})
 
     def _send(self, msg: dict) -> dict:
@@ -195,12 +207,17 @@ class SystemMallocChild:
             self.proc.stdin.write(json.dumps(msg) + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise RuntimeError(f"the system-malloc child exited with {self.proc.wait()} (its stderr is above)") from None
+            raise RuntimeError(
+                f"the system-malloc child exited with {self.proc.wait()} (its stderr is above)"
+            ) from None
         ready, _, _ = select.select([self.proc.stdout], [], [], self.TIMEOUT_S)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
-            raise RuntimeError("the system-malloc child " + (f"exited with {self.proc.poll()}" if ready else
-                               f"gave no answer in {self.TIMEOUT_S:.0f} s") + " (its stderr is above)")
+            raise RuntimeError(
+                "the system-malloc child "
+                + (f"exited with {self.proc.poll()}" if ready else f"gave no answer in {self.TIMEOUT_S:.0f} s")
+                + " (its stderr is above)"
+            )
         return json.loads(line)
 
     def run(self, source, warmup: int, steps: int) -> float:
@@ -231,8 +248,10 @@ def system_malloc_child() -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        print(json.dumps({"seconds_per_step": runner.run(memory_loader(batches), req["warmup"], req["steps"])}),
-              flush=True)
+        print(
+            json.dumps({"seconds_per_step": runner.run(memory_loader(batches), req["warmup"], req["steps"])}),
+            flush=True,
+        )
 
 
 def step_breakdown(runner: Bare) -> Optional[dict]:
@@ -246,8 +265,13 @@ def step_breakdown(runner: Bare) -> Optional[dict]:
         runner.step(x, y)
     parts = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
     for e in prof.key_averages():
-        part = ("matmul" if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-                else "attention" if "scaled_dot_product" in e.key else "other")
+        part = (
+            "matmul"
+            if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+            else "attention"
+            if "scaled_dot_product" in e.key
+            else "other"
+        )
         parts[part] += e.self_cpu_time_total
     total = sum(parts.values()) or 1.0
     return {k: v / total for k, v in parts.items()}

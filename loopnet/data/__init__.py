@@ -6,7 +6,11 @@ stays light to import."""
 
 from loopnet.lazy import lazy_attributes
 
-_WHERE = {"TokenStreamDataModule": "loopnet.data.datamodule", "DataConfigError": "loopnet.data.errors",
-          "EOT_ID": "loopnet.data.token_ids", "gpt2_encoding": "loopnet.data.tokenizer"}
+_WHERE = {
+    "TokenStreamDataModule": "loopnet.data.datamodule",
+    "DataConfigError": "loopnet.data.errors",
+    "EOT_ID": "loopnet.data.token_ids",
+    "gpt2_encoding": "loopnet.data.tokenizer",
+}
 
 __getattr__, __dir__, __all__ = lazy_attributes(__name__, _WHERE)

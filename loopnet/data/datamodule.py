@@ -155,11 +155,15 @@ class TokenStreamDataModule(L.LightningDataModule):
         if vocab not in VOCABULARIES:
             raise DataConfigError(f"data.vocab={vocab!r} is not known; choose {', '.join(VOCABULARIES)}")
         if (vocab == "tokenizer") != (tokenizer is not None):
-            raise DataConfigError("data.vocab: tokenizer and data.tokenizer go together; fix: give both (data.tokenizer: "
-                                  "an imported model's folder or its tokenizer.json), or neither")
+            raise DataConfigError(
+                "data.vocab: tokenizer and data.tokenizer go together; fix: give both (data.tokenizer: "
+                "an imported model's folder or its tokenizer.json), or neither"
+            )
         if VOCABULARIES[vocab].reads_corpus and source == "hub":
-            raise DataConfigError(f"data.vocab: {vocab} reads the whole corpus to find its tokens, so it needs a "
-                                  f"local corpus; fix: use source shakespeare or files, or vocab: {DEFAULT_VOCAB}")
+            raise DataConfigError(
+                f"data.vocab: {vocab} reads the whole corpus to find its tokens, so it needs a "
+                f"local corpus; fix: use source shakespeare or files, or vocab: {DEFAULT_VOCAB}"
+            )
         if val_fraction is None:
             val_fraction = SHAKESPEARE_VAL_FRACTION if source == "shakespeare" else HUB_VAL_FRACTION
         self.val = ValSelector(val_fraction)
@@ -175,8 +179,12 @@ class TokenStreamDataModule(L.LightningDataModule):
         self.vocab = vocab
         # Built here, or from the corpus in setup() (compact).
         self._vocabulary: Vocabulary | None = (
-            TokenizerVocab(tokenizer) if tokenizer is not None
-            else None if VOCABULARIES[vocab].reads_corpus else VOCABULARIES[vocab]())
+            TokenizerVocab(tokenizer)
+            if tokenizer is not None
+            else None
+            if VOCABULARIES[vocab].reads_corpus
+            else VOCABULARIES[vocab]()
+        )
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -196,9 +204,16 @@ class TokenStreamDataModule(L.LightningDataModule):
                 check_documents(resolve_files(path if path is not None else []), hp.sample_by)
             # The commit streamed (hub datasets only): part of the stream identity checked on resume.
             self.revision = hub_revision(path, hp.revision) if is_hub_id(self.source, path) else None
-            self.docs, self.layout = open_corpus(self.source, path, text_column=self.text_column, name=hp.name,
-                                                 split=hp.split, sample_by=hp.sample_by, revision=self.revision,
-                                                 asked=hp.revision)
+            self.docs, self.layout = open_corpus(
+                self.source,
+                path,
+                text_column=self.text_column,
+                name=hp.name,
+                split=hp.split,
+                sample_by=hp.sample_by,
+                revision=self.revision,
+                asked=hp.revision,
+            )
             if self.layout is not None and self.layout.partial and self._rank_world()[0] == 0:
                 print(f"loopnet: warning: {self.partial_note()}", file=sys.stderr)
             if self._vocabulary is None:
@@ -213,8 +228,10 @@ class TokenStreamDataModule(L.LightningDataModule):
         try:
             return CompactVocab.of_texts(texts)
         except UnicodeDecodeError as e:  # named as the GPT-2 path names it (stream.documents)
-            raise DataConfigError(f"A data file of data.path {self.path!r} is not valid UTF-8 ({e}). "
-                                  "Fix: re-encode it as UTF-8 (e.g. with iconv)") from e
+            raise DataConfigError(
+                f"A data file of data.path {self.path!r} is not valid UTF-8 ({e}). "
+                "Fix: re-encode it as UTF-8 (e.g. with iconv)"
+            ) from e
 
     @property
     def vocabulary(self) -> Vocabulary:
@@ -285,19 +302,28 @@ class TokenStreamDataModule(L.LightningDataModule):
     def partial_note(self) -> str:
         """What a partial parquet conversion holds (the warning and summary.json say it)."""
         lay, docs, path = self.layout, self.docs, self.path or OPENWEBTEXT
-        where = (f"{path} at revision {self.hparams.revision or 'main'} is" if is_hub_id(self.source, path)
-                 else f"the folder {path} holds")
-        return (f"{where} a partial parquet conversion: {lay.folder} holds {docs.n_docs:,} documents in "
-                f"{len(lay.files)} shard(s), the first part of split {lay.split!r} only (the converter stops at "
-                f"~5 GB); training and validation use those alone. For the whole corpus: the repository's own parquet "
-                f"files where it has them (data.revision: main), or data.path a local folder of all its parquet files")
+        where = (
+            f"{path} at revision {self.hparams.revision or 'main'} is"
+            if is_hub_id(self.source, path)
+            else f"the folder {path} holds"
+        )
+        return (
+            f"{where} a partial parquet conversion: {lay.folder} holds {docs.n_docs:,} documents in "
+            f"{len(lay.files)} shard(s), the first part of split {lay.split!r} only (the converter stops at "
+            f"~5 GB); training and validation use those alone. For the whole corpus: the repository's own parquet "
+            f"files where it has them (data.revision: main), or data.path a local folder of all its parquet files"
+        )
 
     def summary(self) -> dict:
         """What was read, for the run's summary.json: source, commit, files, documents and split rule."""
         out: dict[str, Any] = {"source": self.source, "path": self.path, "revision": self.revision}
         if isinstance(self.docs, ParquetCorpus):
-            out |= {"files": len(self.docs.files), "documents": self.docs.n_docs, "val_rule": self._config()["val_rule"],
-                    "val_cache": self.val_cache}
+            out |= {
+                "files": len(self.docs.files),
+                "documents": self.docs.n_docs,
+                "val_rule": self._config()["val_rule"],
+                "val_cache": self.val_cache,
+            }
         if self.layout is not None:
             out |= {"folder": self.layout.folder, "partial": self.layout.partial}
             if self.layout.partial:
@@ -324,7 +350,8 @@ class TokenStreamDataModule(L.LightningDataModule):
             raise DataConfigError(
                 f"{where} was trained on another data stream (checkpoint, now): {diff}; fix: resume with the data "
                 "settings it was trained with (config.yaml beside it; num_workers counts too), or leave out "
-                "--ckpt_path to start a new run")
+                "--ckpt_path to start a new run"
+            )
 
     # -- loaders -------------------------------------------------------------------------------
 
@@ -394,13 +421,19 @@ class TokenStreamDataModule(L.LightningDataModule):
         """A parquet corpus's held-out range, packed into windows once and kept on disk; this rank's share."""
         docs, n_val = self.docs, self.n_held_out
         max_tokens = self.hparams.val_max_tokens
-        key = {"corpus": docs.identity, "text_column": self.text_column, "split_rule": self._config()["val_rule"],
-               "tokenizer": self.vocabulary.cache_key,
-               "seq_len": self.seq_len, "max_tokens": max_tokens}
+        key = {
+            "corpus": docs.identity,
+            "text_column": self.text_column,
+            "split_rule": self._config()["val_rule"],
+            "tokenizer": self.vocabulary.cache_key,
+            "seq_len": self.seq_len,
+            "max_tokens": max_tokens,
+        }
 
         def build() -> np.ndarray:
-            rows = pack_windows(docs.texts(docs.range_pieces(docs.n_docs - n_val, docs.n_docs)), self.seq_len,
-                                max_tokens, self._table)
+            rows = pack_windows(
+                docs.texts(docs.range_pieces(docs.n_docs - n_val, docs.n_docs)), self.seq_len, max_tokens, self._table
+            )
             return np.stack(rows) if rows else np.zeros((0, self.seq_len + 1), dtype=np.int32)
 
         windows, path = cached_windows(key, build, cache_root(self.hparams.cache_dir))
@@ -410,7 +443,8 @@ class TokenStreamDataModule(L.LightningDataModule):
             raise DataConfigError(
                 f"The validation split holds {len(windows)} windows of seq_len + 1 = {self.seq_len + 1} tokens "
                 f"(the last {n_val} of {docs.n_docs} documents), fewer than the {world_size} device(s). "
-                "Fix: raise val_fraction, lower seq_len, or add data")
+                "Fix: raise val_fraction, lower seq_len, or add data"
+            )
         return torch.from_numpy(windows[rank:n:world_size]).long()
 
     def check(self, rank: int = 0, world_size: int = 1, train: bool = True) -> None:

@@ -60,16 +60,19 @@ def hub_listing(repo: str, revision: str, timeout: float = 10.0) -> list[str]:
     try:
         return sorted(HfApi().list_repo_files(repo, repo_type="dataset", revision=revision))
     except Exception as e:  # network errors, 404, 401: all mean we cannot read it
-        raise DataConfigError(f"Cannot list the files of {repo!r} at {revision} on the Hugging Face hub "
-                              f"({type(e).__name__}: {e}). {LOCAL_ALTERNATIVES}") from e
+        raise DataConfigError(
+            f"Cannot list the files of {repo!r} at {revision} on the Hugging Face hub "
+            f"({type(e).__name__}: {e}). {LOCAL_ALTERNATIVES}"
+        ) from e
 
 
 def _words(path: str) -> set[str]:
     return set(re.split(r"[-._ 0-9/]+", path.lower()))
 
 
-def parquet_layout(listing: list[str], *, name: str | None, split: str, where: str, local: bool,
-                   script: str | None = None) -> ParquetLayout | None:
+def parquet_layout(
+    listing: list[str], *, name: str | None, split: str, where: str, local: bool, script: str | None = None
+) -> ParquetLayout | None:
     """The parquet files to read for `name`/`split` from a repository's `listing`; None when it holds
     other data files only (read by `datasets`); a `DataConfigError` naming the fix otherwise.
 
@@ -84,23 +87,30 @@ def parquet_layout(listing: list[str], *, name: str | None, split: str, where: s
             return None
         if scripts:
             scripts = [script] if script in listing else scripts
-            fix = ("point `data.path` at a folder of its parquet files (e.g. `huggingface-cli download <id> "
-                   f"--repo-type dataset --revision {CONVERSION} --local-dir <folder>`), or use `data.source: files` "
-                   "with `data.path: '<folder>/**/*.parquet'`" if local else
-                   f"read the hub's parquet conversion with `data.revision: {CONVERSION}` (configs/base.yaml pins it), "
-                   "or point `data.path` at a local folder of its parquet files")
-            raise DataConfigError(f"{where} holds only the loading script {scripts[0]}, which `datasets` ≥ 4 no longer "
-                                  f"runs; fix: {fix}")
-        raise DataConfigError(f"{where} holds no data files (parquet, json, csv, txt); fix: check `data.path` "
-                              f"(and `data.revision`)")
+            fix = (
+                "point `data.path` at a folder of its parquet files (e.g. `huggingface-cli download <id> "
+                f"--repo-type dataset --revision {CONVERSION} --local-dir <folder>`), or use `data.source: files` "
+                "with `data.path: '<folder>/**/*.parquet'`"
+                if local
+                else f"read the hub's parquet conversion with `data.revision: {CONVERSION}` (configs/base.yaml pins it), "
+                "or point `data.path` at a local folder of its parquet files"
+            )
+            raise DataConfigError(
+                f"{where} holds only the loading script {scripts[0]}, which `datasets` ≥ 4 no longer runs; fix: {fix}"
+            )
+        raise DataConfigError(
+            f"{where} holds no data files (parquet, json, csv, txt); fix: check `data.path` (and `data.revision`)"
+        )
     # Config folders: the conversion's <config>/<split>/, or the repository's own <config>/... .
     configs = sorted({p.split("/")[0] for p in parquet if "/" in p})
     root_files = [p for p in parquet if "/" not in p]
     if name is not None:
         if name not in configs:
-            raise DataConfigError(f"{where} has no config {name!r} with parquet files (configs: "
-                                  f"{', '.join(configs) or 'none, files at the top level'}); fix: set `data.name` to "
-                                  f"one of them" + (" or to null" if not configs or root_files else ""))
+            raise DataConfigError(
+                f"{where} has no config {name!r} with parquet files (configs: "
+                f"{', '.join(configs) or 'none, files at the top level'}); fix: set `data.name` to "
+                f"one of them" + (" or to null" if not configs or root_files else "")
+            )
         config = name
     elif root_files or not configs:
         config = None
@@ -111,7 +121,7 @@ def parquet_layout(listing: list[str], *, name: str | None, split: str, where: s
     else:
         raise DataConfigError(f"{where} holds several configs ({', '.join(configs)}); fix: choose one with `data.name`")
     chosen = root_files if config is None else [p for p in parquet if p.startswith(config + "/")]
-    rel = {p: p if config is None else p[len(config) + 1:] for p in chosen}
+    rel = {p: p if config is None else p[len(config) + 1 :] for p in chosen}
     base = f"{config}/" if config else ""
     for folder, partial in ((split, False), (f"partial-{split}", True)):  # the conversion's layout
         files = [p for p in chosen if rel[p].startswith(folder + "/")]
@@ -125,6 +135,8 @@ def parquet_layout(listing: list[str], *, name: str | None, split: str, where: s
         files = chosen
     if not files:
         splits = sorted({s for w in named.values() for s in w} | {d.split("/")[0] for d in rel.values() if "/" in d})
-        raise DataConfigError(f"{where} has no split {split!r} in {base or 'its parquet files'} (found: "
-                              f"{', '.join(splits) or 'none'}); fix: set `data.split`")
+        raise DataConfigError(
+            f"{where} has no split {split!r} in {base or 'its parquet files'} (found: "
+            f"{', '.join(splits) or 'none'}); fix: set `data.split`"
+        )
     return ParquetLayout(tuple(files), config, split, base.rstrip("/") or ".", False)

@@ -14,9 +14,11 @@ from loopnet.data.errors import DataConfigError
 
 OVERLAY = "add `--config configs/cpu.yaml` after the method config (a CPU run on the embedded corpus)"
 EMBEDDED = "read the embedded corpus with `--data.source shakespeare`"
-LOCAL = ("read a local copy with `--data.path <folder of its parquet files>` (laid out as the hub serves them, e.g. by "
-         "`huggingface-cli download Skylion007/openwebtext --repo-type dataset --revision refs/convert/parquet "
-         "--local-dir <folder>`)")
+LOCAL = (
+    "read a local copy with `--data.path <folder of its parquet files>` (laid out as the hub serves them, e.g. by "
+    "`huggingface-cli download Skylion007/openwebtext --repo-type dataset --revision refs/convert/parquet "
+    "--local-dir <folder>`)"
+)
 
 
 def check_hub(data, argv: list[str]) -> None:
@@ -35,5 +37,6 @@ def check_hub(data, argv: list[str]) -> None:
         hub_revision(path, data.get("revision"), timeout=5.0)
     except DataConfigError as e:
         reason = str(e).split(" Offline alternatives:")[0].rstrip(". ")
-        raise DataConfigError(f"{reason}; fix: {EMBEDDED if overlaid else 'on a machine without the hub ' + OVERLAY}, "
-                              f"or {LOCAL}") from None
+        raise DataConfigError(
+            f"{reason}; fix: {EMBEDDED if overlaid else 'on a machine without the hub ' + OVERLAY}, or {LOCAL}"
+        ) from None

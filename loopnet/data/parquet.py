@@ -49,12 +49,34 @@ BACKOFF_S = 1.0  # the first retry's wait; doubled at each retry, up to BACKOFF_
 BACKOFF_CAP_S = 60.0
 
 # Errors of a connection, not of the data: retried. HTTP errors are judged by their status instead.
-_TRANSIENT_ERRNOS = {errno.EIO, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
-                     errno.ECONNABORTED, errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EPIPE,
-                     errno.ESTALE, errno.EBUSY}
-_TRANSIENT_TYPES = {"TransportError", "TimeoutException", "Timeout", "ConnectTimeout", "ReadTimeout",
-                    "ChunkedEncodingError", "ProtocolError", "IncompleteRead", "ClientConnectionError",
-                    "ClientPayloadError", "ServerDisconnectedError"}  # httpx, requests, urllib3, aiohttp
+_TRANSIENT_ERRNOS = {
+    errno.EIO,
+    errno.EAGAIN,
+    errno.EINTR,
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.ENETDOWN,
+    errno.ENETUNREACH,
+    errno.EHOSTUNREACH,
+    errno.EPIPE,
+    errno.ESTALE,
+    errno.EBUSY,
+}
+_TRANSIENT_TYPES = {
+    "TransportError",
+    "TimeoutException",
+    "Timeout",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "ChunkedEncodingError",
+    "ProtocolError",
+    "IncompleteRead",
+    "ClientConnectionError",
+    "ClientPayloadError",
+    "ServerDisconnectedError",
+}  # httpx, requests, urllib3, aiohttp
 _TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
@@ -108,8 +130,11 @@ class ParquetCorpus:
         self.group_rows = np.array([r for _, _, r in groups], dtype=np.int64)
         self.group_start = np.concatenate([[0], np.cumsum(self.group_rows)])  # first row of each group
         self.n_docs = int(self.group_start[-1])
-        self.identity = identity if identity is not None else [
-            (os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
+        self.identity = (
+            identity
+            if identity is not None
+            else [(os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in self.files]
+        )
 
     def __getstate__(self) -> dict:  # to spawned workers: no open file travels
         return {**self.__dict__, "_open": (-1, {})}
@@ -142,9 +167,14 @@ class ParquetCorpus:
                         f"Cannot read {what} of {self.files[f]}: {RETRIES + 1} attempts failed over "
                         f"~{sum(min(BACKOFF_CAP_S, BACKOFF_S * 2**k) for k in range(RETRIES)) * 0.75:.0f} s "
                         f"({_first_line(e)}); fix: "
-                        + ("check the connection or the hub's rate limit (log in with `hf auth login`, or fewer "
-                           "readers: data.num_workers)" if self.fs is not None else "check the disk or the network "
-                           "filesystem it is on") + ", then resume with --ckpt_path last") from e
+                        + (
+                            "check the connection or the hub's rate limit (log in with `hf auth login`, or fewer "
+                            "readers: data.num_workers)"
+                            if self.fs is not None
+                            else "check the disk or the network filesystem it is on"
+                        )
+                        + ", then resume with --ckpt_path last"
+                    ) from e
                 time.sleep(backoff(attempt))
 
     def _footer(self, f: int) -> list[int]:
@@ -153,19 +183,24 @@ class ParquetCorpus:
 
         path = self.files[f]
         try:
-            pf = self._retrying(f, "the footer", lambda: pq.ParquetFile(
-                self.fs.open(path, "rb") if self.fs is not None else path))
+            pf = self._retrying(
+                f, "the footer", lambda: pq.ParquetFile(self.fs.open(path, "rb") if self.fs is not None else path)
+            )
         except (OSError, pa.ArrowInvalid) as e:
-            raise DataConfigError(f"{path} is not a readable parquet file ({e}); fix: replace it, or leave it "
-                                  f"out of `data.path`") from e
+            raise DataConfigError(
+                f"{path} is not a readable parquet file ({e}); fix: replace it, or leave it out of `data.path`"
+            ) from e
         schema = pf.schema_arrow
         if self.text_column not in schema.names:
-            raise DataConfigError(f"No text column {self.text_column!r} in {path}; its columns are "
-                                  f"{sorted(schema.names)}. Fix: set `text_column:` to one of them")
+            raise DataConfigError(
+                f"No text column {self.text_column!r} in {path}; its columns are "
+                f"{sorted(schema.names)}. Fix: set `text_column:` to one of them"
+            )
         kind = schema.field(self.text_column).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            raise DataConfigError(f"Column {self.text_column!r} of {path} holds {kind} values, not text. "
-                                  "Fix: set `text_column:`")
+            raise DataConfigError(
+                f"Column {self.text_column!r} of {path} holds {kind} values, not text. Fix: set `text_column:`"
+            )
         return [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
 
     # -- reading ---------------------------------------------------------------------------------
@@ -187,7 +222,8 @@ class ParquetCorpus:
             raise DataConfigError(
                 f"Row group {g} of {self.files[f]} (its rows {first}-{first + int(self.group_rows[group]) - 1}) "
                 f"cannot be read ({_first_line(e)}); fix: replace the file (download it again), or leave it out "
-                f"of `data.path`") from e
+                f"of `data.path`"
+            ) from e
 
     def texts(self, pieces: list[tuple[int, int, int]], start: int = 0) -> Iterator[str | None]:
         """The texts of `pieces` [(group, first row, end row) in the group], skipping the first `start`."""
@@ -235,8 +271,9 @@ class ParquetCorpus:
                 out.append((g, lo + a, lo + b))
         return out
 
-    def part_texts(self, part: int, parts: int, n_train: int, seed: int, epoch: int,
-                   start: int = 0) -> Iterator[tuple[dict, str | None]]:
+    def part_texts(
+        self, part: int, parts: int, n_train: int, seed: int, epoch: int, start: int = 0
+    ) -> Iterator[tuple[dict, str | None]]:
         """(position, text) of the part's documents in `epoch`, from its `start`-th document."""
         for i, text in enumerate(self.texts(self.part_pieces(part, parts, n_train, seed, epoch), start), start):
             yield {"epoch": epoch, "row": i}, text

@@ -76,18 +76,23 @@ def resolve_files(path: str | list[str]) -> list[str]:
 def folder_given(folder: str) -> str:
     """What is wrong with a folder given to `source: files` (which reads files), and the glob that reads its files."""
     root = os.path.expanduser(folder)
-    found = [os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*"), recursive=True)
-             if os.path.isfile(p)]
+    found = [
+        os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*"), recursive=True) if os.path.isfile(p)
+    ]
     kinds = Counter(ext for ext in (os.path.splitext(f)[1].lower() for f in found) if ext in _BUILDERS)
     if not kinds:
-        return (f"data.path {folder!r} is a folder holding no {', '.join(sorted(_BUILDERS))} file, and `source: files` "
-                f"reads files. Fix: give the files to read (a path, a glob or a list)")
+        return (
+            f"data.path {folder!r} is a folder holding no {', '.join(sorted(_BUILDERS))} file, and `source: files` "
+            f"reads files. Fix: give the files to read (a path, a glob or a list)"
+        )
     ext = kinds.most_common(1)[0][0]
     nested = any(os.sep in f for f in found if f.lower().endswith(ext))
     glob_ = os.path.join(folder, "**" if nested else "", f"*{ext}")
     hub = " or read it as a dataset folder with --data.source hub" if ext == ".parquet" else ""
-    return (f"data.path {folder!r} is a folder ({sum(kinds.values())} data file(s) in it), and `source: files` reads "
-            f"files. Fix: give its files with a glob, --data.path '{glob_}'{hub}")
+    return (
+        f"data.path {folder!r} is a folder ({sum(kinds.values())} data file(s) in it), and `source: files` reads "
+        f"files. Fix: give its files with a glob, --data.path '{glob_}'{hub}"
+    )
 
 
 def builder_for(files: list[str]) -> str:
@@ -118,8 +123,10 @@ def check_revision(source: str, path: str | list[str] | None, revision: str | No
     if revision is None or is_hub_id(source, path):
         return
     where = f"source is {source!r}" if source != "hub" else f"{path!r} is a local folder"
-    raise DataConfigError(f"`revision: {revision}` pins a hub dataset, but {where}; fix: remove `revision:` "
-                          f"(`--data.revision null`: configs/base.yaml pins OpenWebText's parquet conversion)")
+    raise DataConfigError(
+        f"`revision: {revision}` pins a hub dataset, but {where}; fix: remove `revision:` "
+        f"(`--data.revision null`: configs/base.yaml pins OpenWebText's parquet conversion)"
+    )
 
 
 # (dataset id, revision asked for) -> the commit it resolved to, for this process.
@@ -207,8 +214,9 @@ def load_documents(
     raise DataConfigError(f"Unknown source {source!r}; choose shakespeare, files or hub")
 
 
-def hub_parquet(path: str, name: str | None, split: str, revision: str | None,
-                asked: str | None = None) -> tuple[list[str], ParquetLayout, object] | None:
+def hub_parquet(
+    path: str, name: str | None, split: str, revision: str | None, asked: str | None = None
+) -> tuple[list[str], ParquetLayout, object] | None:
     """(files, layout, filesystem) of the parquet files of hub dataset (or local folder) `path` for
     `name`/`split`; None when it holds other data files only. `revision`: the commit (resolved, see
     `hub_revision`); `asked`: the revision as given, for messages. Files on the hub are
@@ -217,14 +225,25 @@ def hub_parquet(path: str, name: str | None, split: str, revision: str | None,
     if os.path.isdir(path):
         if not any(Path(path).iterdir()):
             raise DataConfigError(f"The dataset folder {path!r} is empty")
-        layout = parquet_layout(local_listing(path), name=name, split=split, where=f"The dataset folder {path}",
-                                local=True, script=os.path.basename(os.path.normpath(path)) + ".py")
+        layout = parquet_layout(
+            local_listing(path),
+            name=name,
+            split=split,
+            where=f"The dataset folder {path}",
+            local=True,
+            script=os.path.basename(os.path.normpath(path)) + ".py",
+        )
         return None if layout is None else ([os.path.join(path, f) for f in layout.files], layout, None)
     revision = revision or hub_revision(path, asked)
     at = f"revision {asked}" if asked else "its latest commit"
-    layout = parquet_layout(hub_listing(path, revision), name=name, split=split,
-                            where=f"{path!r} at {at} ({revision[:12]})", local=False,
-                            script=path.rsplit("/", 1)[-1] + ".py")
+    layout = parquet_layout(
+        hub_listing(path, revision),
+        name=name,
+        split=split,
+        where=f"{path!r} at {at} ({revision[:12]})",
+        local=False,
+        script=path.rsplit("/", 1)[-1] + ".py",
+    )
     if layout is None:
         return None
     from huggingface_hub import HfFileSystem

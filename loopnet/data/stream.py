@@ -260,9 +260,11 @@ def val_windows(
     if n == 0:
         few = ""
         if n_held == 0 and n_docs * val.fraction < 1:  # the hold-out is drawn per document
-            few = (f"; the hold-out is chosen per document and this corpus is {n_docs} document(s) "
-                   f"(a .txt/.md file is one), so val_fraction {val.fraction:g} selects none. Fix: cut the files "
-                   f"into documents with data.sample_by: paragraph (or line), or raise val_fraction")
+            few = (
+                f"; the hold-out is chosen per document and this corpus is {n_docs} document(s) "
+                f"(a .txt/.md file is one), so val_fraction {val.fraction:g} selects none. Fix: cut the files "
+                f"into documents with data.sample_by: paragraph (or line), or raise val_fraction"
+            )
         raise DataConfigError(
             f"The validation split holds {len(rows)} windows of seq_len + 1 = {seq_len + 1} tokens "
             f"({n_held} held-out document(s)), fewer than the {world_size} device(s)"
@@ -271,8 +273,9 @@ def val_windows(
     return torch.from_numpy(np.stack(rows[rank:n:world_size])).long()
 
 
-def pack_windows(texts: Iterator[str | None], seq_len: int, max_tokens: int | None = None,
-                 table: np.ndarray | None = None) -> list[np.ndarray]:
+def pack_windows(
+    texts: Iterator[str | None], seq_len: int, max_tokens: int | None = None, table: np.ndarray | None = None
+) -> list[np.ndarray]:
     """The windows of seq_len + 1 tokens packed from `texts` in order (the final partial window dropped),
     stopping once they hold `max_tokens` (None: all); empty documents are skipped."""
     packer, rows = Packer(seq_len), []

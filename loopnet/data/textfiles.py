@@ -65,8 +65,10 @@ def check_documents(files: list[str], sample_by: str) -> None:
     document over MAX_DOCUMENT_BYTES."""
     for path in files:
         if path.lower().endswith(_UTF8) and (where := utf8_error(path)):
-            raise DataConfigError(f"{path} is not valid UTF-8 ({where}). Fix: re-encode it as UTF-8, e.g. with "
-                                  f"`iconv -f <its encoding, e.g. latin1> -t UTF-8`")
+            raise DataConfigError(
+                f"{path} is not valid UTF-8 ({where}). Fix: re-encode it as UTF-8, e.g. with "
+                f"`iconv -f <its encoding, e.g. latin1> -t UTF-8`"
+            )
         if not path.lower().endswith(_TEXT):
             continue
         at = largest_document_start(path, sample_by)
@@ -74,9 +76,13 @@ def check_documents(files: list[str], sample_by: str) -> None:
             continue
         limit = f"{MAX_DOCUMENT_BYTES / 2**20:g} MiB"
         if sample_by == "document":
-            raise DataConfigError(f"{path} is {os.path.getsize(path) / 2**20:.0f} MiB, read and tokenized as one "
-                                  f"document (data.sample_by: document), over the {limit} a document may hold; fix: "
-                                  f"data.sample_by: paragraph (or line)")
-        raise DataConfigError(f"{path} holds a {sample_by} of more than {limit} (from byte {at:,}), read and "
-                              f"tokenized whole (data.sample_by: {sample_by}); fix: cut it into shorter lines, e.g. "
-                              f"`fold -s -w 1000 {path} > cut.txt`, and read that with data.sample_by: line")
+            raise DataConfigError(
+                f"{path} is {os.path.getsize(path) / 2**20:.0f} MiB, read and tokenized as one "
+                f"document (data.sample_by: document), over the {limit} a document may hold; fix: "
+                f"data.sample_by: paragraph (or line)"
+            )
+        raise DataConfigError(
+            f"{path} holds a {sample_by} of more than {limit} (from byte {at:,}), read and "
+            f"tokenized whole (data.sample_by: {sample_by}); fix: cut it into shorter lines, e.g. "
+            f"`fold -s -w 1000 {path} > cut.txt`, and read that with data.sample_by: line"
+        )

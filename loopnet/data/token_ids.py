@@ -11,14 +11,18 @@ N_VOCAB = 50257  # GPT-2 BPE's token ids; LoopConfig.vocab_size pads it to a mul
 EOT_ID = 50256  # <|endoftext|>, appended after every document
 EOT_TEXT = "<|endoftext|>"
 
-VocabName = Literal["gpt2", "compact", "bytes", "tokenizer"]  # `data.vocab`: the data module's signature takes this type
+VocabName = Literal[
+    "gpt2", "compact", "bytes", "tokenizer"
+]  # `data.vocab`: the data module's signature takes this type
 DEFAULT: VocabName = "gpt2"
 
 
 def check_fits(model_vocab: int, data_vocab: int, name: str) -> None:
     """The data's token ids must fit the model's embedding (else an IndexError in the first step)."""
     if model_vocab < data_vocab:
-        raise ValueError(f"model.config.vocab_size={model_vocab} is smaller than the data's {data_vocab} token ids "
-                         f"(data.vocab: {name}); fix: set model.config.vocab_size to at least {data_vocab} "
-                         f"(a multiple of 64 is fastest, e.g. {-(-data_vocab // 64) * 64})"
-                         + ("" if name == "compact" else ", or use data.vocab: compact"))
+        raise ValueError(
+            f"model.config.vocab_size={model_vocab} is smaller than the data's {data_vocab} token ids "
+            f"(data.vocab: {name}); fix: set model.config.vocab_size to at least {data_vocab} "
+            f"(a multiple of 64 is fastest, e.g. {-(-data_vocab // 64) * 64})"
+            + ("" if name == "compact" else ", or use data.vocab: compact")
+        )

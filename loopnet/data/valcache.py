@@ -68,8 +68,9 @@ def cached_windows(key: dict, build: Callable[[], np.ndarray], root: Path) -> tu
             return np.load(path), path
         windows = build()
         try:
-            atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(key, indent=1, default=str)),
-                         binary=False)
+            atomic_write(
+                path.with_suffix(".json"), lambda f: f.write(json.dumps(key, indent=1, default=str)), binary=False
+            )
             atomic_write(path, lambda f: np.save(f, windows))
         except OSError as e:  # atomic_write left no temporary file; its key file goes too
             with contextlib.suppress(OSError):
@@ -87,8 +88,11 @@ def cached_windows(key: dict, build: Callable[[], np.ndarray], root: Path) -> tu
 
 
 def _warn(path: Path, err: OSError) -> None:
-    print(f"loopnet: warning: cannot use the validation cache {path.parent} ({err}); building the held-out "
-          f"windows in memory (set data.cache_dir to a writable folder with free space to keep them)", file=sys.stderr)
+    print(
+        f"loopnet: warning: cannot use the validation cache {path.parent} ({err}); building the held-out "
+        f"windows in memory (set data.cache_dir to a writable folder with free space to keep them)",
+        file=sys.stderr,
+    )
 
 
 def _forget(lock_file: Path, made: list[Path]) -> None:

@@ -182,8 +182,9 @@ class TokenizerVocab(Vocabulary):
         return self.table.decode(ids)
 
 
-VOCABULARIES: dict[str, type[Vocabulary]] = {cls.name: cls for cls in (GPT2Vocab, CompactVocab, BytesVocab,
-                                                                        TokenizerVocab)}
+VOCABULARIES: dict[str, type[Vocabulary]] = {
+    cls.name: cls for cls in (GPT2Vocab, CompactVocab, BytesVocab, TokenizerVocab)
+}
 assert tuple(VOCABULARIES) == get_args(VocabName)
 
 

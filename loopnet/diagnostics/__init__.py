@@ -21,10 +21,18 @@ from loopnet.lazy import lazy_attributes
 # Imported on first use (PEP 562): `loopnet sweep` and `loopnet report` read summaries and tags without
 # importing Lightning, which the callbacks need (most of a command's start-up).
 _WHERE = {
-    "VisitDiagnostics": ".callback", "DivergenceGuard": ".divergence", "RunSummary": ".summary",
-    "VisitProbe": ".visit_probe", "alignment": ".visit_probe", "kappas": ".visit_probe",
-    "SUMMARY_NAME": ".summary", "read_summary": ".summary", "write_summary": ".summary",
-    "custom_scalars_layout": ".tags", "expected_scalar_tags": ".tags", "parse_tag": ".tags",
+    "VisitDiagnostics": ".callback",
+    "DivergenceGuard": ".divergence",
+    "RunSummary": ".summary",
+    "VisitProbe": ".visit_probe",
+    "alignment": ".visit_probe",
+    "kappas": ".visit_probe",
+    "SUMMARY_NAME": ".summary",
+    "read_summary": ".summary",
+    "write_summary": ".summary",
+    "custom_scalars_layout": ".tags",
+    "expected_scalar_tags": ".tags",
+    "parse_tag": ".tags",
 }
 
 __getattr__, __dir__, __all__ = lazy_attributes(__name__, _WHERE)

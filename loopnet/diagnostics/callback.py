@@ -36,8 +36,16 @@ from loopnet.model import SUBLAYERS, Visit
 
 from .visit_probe import VisitProbe, kappas
 from .summary import RunSummary
-from .tags import (HIST_QUANTITIES, OUTPUT_QUANTITIES, custom_scalars_layout, hist_tag, output_tag, sublayer_tag,
-                   visit_quantities, visit_tag)
+from .tags import (
+    HIST_QUANTITIES,
+    OUTPUT_QUANTITIES,
+    custom_scalars_layout,
+    hist_tag,
+    output_tag,
+    sublayer_tag,
+    visit_quantities,
+    visit_tag,
+)
 from .update_size import relative_changes, round_outputs
 
 
@@ -57,10 +65,17 @@ def physical_sublayers(model) -> dict[str, dict[str, torch.nn.Parameter]]:
     """Physical sublayer j (named by ``Visit.physical``) -> its parameters, by the names the
     model's visits use in ``VisitTrace.params``: the loop's tied sublayers, then the prelude's and the
     coda's untied ones (visited once each, so their κ̂ is 1 by definition)."""
-    parts = [("loop", 1, model.blocks), ("prelude", 0, getattr(model, "prelude_blocks", [])),
-             ("coda", 0, getattr(model, "coda_blocks", []))]
-    return {Visit(r, k, s, part).physical: dict(getattr(block, s).named_parameters())
-            for part, r, blocks in parts for k, block in enumerate(blocks, start=1) for s in SUBLAYERS}
+    parts = [
+        ("loop", 1, model.blocks),
+        ("prelude", 0, getattr(model, "prelude_blocks", [])),
+        ("coda", 0, getattr(model, "coda_blocks", [])),
+    ]
+    return {
+        Visit(r, k, s, part).physical: dict(getattr(block, s).named_parameters())
+        for part, r, blocks in parts
+        for k, block in enumerate(blocks, start=1)
+        for s in SUBLAYERS
+    }
 
 
 def step_draw(pl_module, step: int):
@@ -126,9 +141,17 @@ def write_histogram(writer, tag: str, values: torch.Tensor, step: int, bins: int
     else:
         counts, limits = [float(v.numel())], [hi]
     v64 = v.double()
-    writer.add_histogram_raw(tag, min=lo, max=hi, num=v.numel(), sum=v64.sum().item(),
-                             sum_squares=v64.square().sum().item(), bucket_limits=limits,
-                             bucket_counts=counts, global_step=step)
+    writer.add_histogram_raw(
+        tag,
+        min=lo,
+        max=hi,
+        num=v.numel(),
+        sum=v64.sum().item(),
+        sum_squares=v64.square().sum().item(),
+        bucket_limits=limits,
+        bucket_counts=counts,
+        global_step=step,
+    )
 
 
 class VisitDiagnostics(Callback):
@@ -154,8 +177,14 @@ class VisitDiagnostics(Callback):
             matplotlib).
     """
 
-    def __init__(self, every_n_steps: int = 50, histograms: bool = True, hist_samples: int = 16384,
-                 update_size: bool = True, profile: bool = True):
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        histograms: bool = True,
+        hist_samples: int = 16384,
+        update_size: bool = True,
+        profile: bool = True,
+    ):
         if every_n_steps < 0:
             raise ValueError(f"diagnostics.every_n_steps must be >= 0 (0 turns it off), got {every_n_steps}")
         if hist_samples < 1:
@@ -276,10 +305,20 @@ class VisitDiagnostics(Callback):
             named[output_tag(q)] = value
         num, kappa = side["num"], kappas(side["num"], side["den"])
         # ‖ΔW‖² and ‖W‖² per sublayer; under FSDP each rank holds a shard of W: summed over the ranks.
-        squares = sum_over_shards(trainer, torch.stack([
-            total_norm(t).square().to(device) for j, params in physical.items() for t in (
-                [p.detach() - b for p, b in zip(params.values(), self._weights_before[j])], self._weights_before[j])
-        ]), device).view(-1, 2)
+        squares = sum_over_shards(
+            trainer,
+            torch.stack(
+                [
+                    total_norm(t).square().to(device)
+                    for j, params in physical.items()
+                    for t in (
+                        [p.detach() - b for p, b in zip(params.values(), self._weights_before[j])],
+                        self._weights_before[j],
+                    )
+                ]
+            ),
+            device,
+        ).view(-1, 2)
         for j, (delta_sq, weight_sq) in zip(physical, squares):
             named[sublayer_tag("kappa", j)] = kappa[j]
             named[sublayer_tag("grad_norm", j)] = num[j].sqrt()
@@ -306,17 +345,19 @@ class VisitDiagnostics(Callback):
 
         self.last_stats = {
             "step": step,
-            "visits": {v.tag: {q: scalars[visit_tag(q, v)] for q in visit_quantities(v) if visit_tag(q, v) in scalars}
-                       for v in probe.visits},
+            "visits": {
+                v.tag: {q: scalars[visit_tag(q, v)] for q in visit_quantities(v) if visit_tag(q, v) in scalars}
+                for v in probe.visits
+            },
             "output": {q: scalars[output_tag(q)] for q in OUTPUT_QUANTITIES if output_tag(q) in scalars},
-            "kappa": {**{j: scalars[sublayer_tag("kappa", j)] for j in physical},
-                      "model": scalars["grad/kappa_model"]},
+            "kappa": {**{j: scalars[sublayer_tag("kappa", j)] for j in physical}, "model": scalars["grad/kappa_model"]},
             "update_ratio": {j: scalars[sublayer_tag("update_ratio", j)] for j in physical},
             "global_grad_norm": scalars["grad/global_norm"],
             "update": {t.removeprefix("update/"): v for t, v in scalars.items() if t.startswith("update/")},
         }
-        RunSummary.of(trainer).record_diagnostics(step, self.last_stats["visits"], self.last_stats["kappa"],
-                                                  self.last_stats["output"])
+        RunSummary.of(trainer).record_diagnostics(
+            step, self.last_stats["visits"], self.last_stats["kappa"], self.last_stats["output"]
+        )
         self._reset()
 
     def _write_profile(self, logger, scalars: dict[str, float], visits: list[Visit], step: int) -> None:
@@ -324,7 +365,9 @@ class VisitDiagnostics(Callback):
 
         from .profile import profile_pngs, round_pngs, write_png
 
-        per_round = sorted((int(t.rsplit("/r", 1)[1]), v) for t, v in scalars.items() if t.startswith("update/output_change/"))
+        per_round = sorted(
+            (int(t.rsplit("/r", 1)[1]), v) for t, v in scalars.items() if t.startswith("update/output_change/")
+        )
 
         # Drawn on a short-lived thread, which allocates from its own malloc arena: on the main thread
         # matplotlib's long-lived objects landed between a CPU step's large blocks, which HostMemory keeps
@@ -335,8 +378,9 @@ class VisitDiagnostics(Callback):
             try:
                 out["pngs"] = profile_pngs(scalars, visits, self._profile_ylims)
                 if per_round:  # update/output_change/rNN as one image against r (`profile.ROUND_VIEWS`)
-                    out["pngs"] |= round_pngs({"output_change": [v for _, v in per_round]}, "update/per_round",
-                                              ylims=self._profile_ylims)
+                    out["pngs"] |= round_pngs(
+                        {"output_change": [v for _, v in per_round]}, "update/per_round", ylims=self._profile_ylims
+                    )
             except BaseException as err:  # noqa: BLE001  raised again on the calling thread
                 out["error"] = err
 
@@ -345,8 +389,9 @@ class VisitDiagnostics(Callback):
         thread.join()
         error = out.get("error")
         if isinstance(error, ImportError):  # matplotlib missing: the scalars are logged all the same
-            rank_zero_warn(f"VisitDiagnostics: no depth profile ({error}); install matplotlib, or set "
-                           "--diagnostics.profile false")
+            rank_zero_warn(
+                f"VisitDiagnostics: no depth profile ({error}); install matplotlib, or set --diagnostics.profile false"
+            )
             self.profile = False
             return
         if error is not None:

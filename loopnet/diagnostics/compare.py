@@ -35,8 +35,10 @@ def event_dir(path: str) -> Path:
         raise FileNotFoundError(f"{path}: no such folder; fix: give a run's log folder (e.g. runs/NAME/version_0)")
     folders = sorted({f.parent for f in root.rglob("events.out.tfevents.*")})
     if not folders:
-        raise FileNotFoundError(f"{path} holds no TensorBoard event files; fix: give a run's log folder "
-                                f"(e.g. runs/NAME/version_0) of a fit with diagnostics on")
+        raise FileNotFoundError(
+            f"{path} holds no TensorBoard event files; fix: give a run's log folder "
+            f"(e.g. runs/NAME/version_0) of a fit with diagnostics on"
+        )
     if root in folders or len(folders) == 1:
         return root if root in folders else folders[0]
     names = ", ".join(str(f) for f in folders[:4])
@@ -51,8 +53,10 @@ def read_visits(path: Path) -> tuple[list[Visit], dict[int, dict[str, float]]]:
     acc.Reload()
     tags = [t for t in acc.Tags().get("scalars", []) if t.startswith("visits/")]
     if not tags:
-        raise ValueError(f"{path} has no per-visit scalars (visits/...); fix: train with diagnostics on "
-                         f"(--diagnostics.every_n_steps N, N > 0)")
+        raise ValueError(
+            f"{path} has no per-visit scalars (visits/...); fix: train with diagnostics on "
+            f"(--diagnostics.every_n_steps N, N > 0)"
+        )
     visits = {parse_tag(t)[2] for t in tags}
     count = lambda part, field: max((getattr(v, field) for v in visits if v.part == part), default=0)  # noqa: E731
     # With sampled rounds, steps ran different R: the order covers the most; a step's missing rounds are nan.
@@ -73,8 +77,11 @@ def compare_figure(runs: list[tuple[str, list[Visit], dict[int, dict[str, float]
     (label, visits, {step: scalars}) each."""
     from .profile import LABELS, VIEWS, figure, depth_profile, draw_depth
 
-    panels = [(q, title if len(quantities) == 1 else f"{title.split()[0]}: {LABELS[q]}", log)
-              for _, (title, quantities, log) in VIEWS.items() for q in quantities]
+    panels = [
+        (q, title if len(quantities) == 1 else f"{title.split()[0]}: {LABELS[q]}", log)
+        for _, (title, quantities, log) in VIEWS.items()
+        for q in quantities
+    ]
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig = figure(size=(4.2 * cols, 3.0 * rows + 0.5), dpi=100)
@@ -85,8 +92,11 @@ def compare_figure(runs: list[tuple[str, list[Visit], dict[int, dict[str, float]
         chosen = [nearest(s, logged) for s in steps] if steps else [logged[-1]]
         for j, step in enumerate(dict.fromkeys(chosen)):  # each step once, in the order asked
             profile = depth_profile(by_step[step], visits)
-            style = {"color": RUN_COLORS[i % len(RUN_COLORS)], "linestyle": STEP_STYLES[j % len(STEP_STYLES)],
-                     "label": f"{label}  step {step}"}
+            style = {
+                "color": RUN_COLORS[i % len(RUN_COLORS)],
+                "linestyle": STEP_STYLES[j % len(STEP_STYLES)],
+                "label": f"{label}  step {step}",
+            }
             for q in lines:
                 lines[q].append((profile[q] + [math.nan] * (len(longest) - len(visits)), style))
     for n, (q, title, log) in enumerate(panels, start=1):
@@ -101,24 +111,41 @@ def compare_figure(runs: list[tuple[str, list[Visit], dict[int, dict[str, float]
     legend_in = 0.25 * math.ceil(len(labels) / ncol) + 0.2
     fig.set_size_inches(width, 3.0 * rows + legend_in)
     fig.legend(handles, labels, loc="upper center", ncol=ncol, fontsize=10, frameon=False)
-    fig.text(0.5, 0.005, "visit in forward order (each round: block 1 attn, ffn, block 2 attn, ...)",
-             ha="center", va="bottom", fontsize=10)
-    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=1 - (legend_in + 0.3) / (3.0 * rows + legend_in),
-                        hspace=0.35, wspace=0.25)
+    fig.text(
+        0.5,
+        0.005,
+        "visit in forward order (each round: block 1 attn, ffn, block 2 attn, ...)",
+        ha="center",
+        va="bottom",
+        fontsize=10,
+    )
+    fig.subplots_adjust(
+        left=0.06,
+        right=0.98,
+        bottom=0.08,
+        top=1 - (legend_in + 0.3) / (3.0 * rows + legend_in),
+        hspace=0.35,
+        wspace=0.25,
+    )
     return fig
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loopnet compare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="loopnet compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run log folders (2 to 4), e.g. runs/NAME/version_0")
-    p.add_argument("--steps", type=int, nargs="+", help="logging steps to draw (each run's nearest); "
-                   "default: each run's last")
+    p.add_argument(
+        "--steps", type=int, nargs="+", help="logging steps to draw (each run's nearest); default: each run's last"
+    )
     p.add_argument("--labels", nargs="+", help="a legend label per run (default: the folder names)")
     p.add_argument("--out", default="compare.png", help="the PNG to write (default: compare.png)")
-    p.add_argument("--frontier", action="store_true",
-                   help="overlay the runs' exit frontiers (loss against mean rounds per token, from the "
-                        "frontier.json that `loopnet test` with --model.frontier.* writes) instead of depth profiles")
+    p.add_argument(
+        "--frontier",
+        action="store_true",
+        help="overlay the runs' exit frontiers (loss against mean rounds per token, from the "
+        "frontier.json that `loopnet test` with --model.frontier.* writes) instead of depth profiles",
+    )
     return p
 
 
@@ -143,8 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.frontier:
         frontier_figure(list(zip(labels, frontiers))).savefig(out, format="png")
         for label, f in zip(labels, frontiers):
-            print(f"{label}: exit {f['exit']}, " + ", ".join(
-                f"{p['threshold']:g} → loss {p['loss']:.4f} at {p['mean_rounds']:.2f} rounds" for p in f["points"]))
+            print(
+                f"{label}: exit {f['exit']}, "
+                + ", ".join(
+                    f"{p['threshold']:g} → loss {p['loss']:.4f} at {p['mean_rounds']:.2f} rounds" for p in f["points"]
+                )
+            )
         print(f"wrote {out}")
         return
     with one_line_errors(prog):
@@ -157,9 +188,10 @@ def main(argv: list[str] | None = None) -> None:
         logged = sorted(by_step)
         chosen = [nearest(s, logged) for s in args.steps] if args.steps else [logged[-1]]
         moved = [f"{asked} -> {got}" for asked, got in zip(args.steps or [], chosen) if asked != got]
-        print(f"{label}: steps {', '.join(map(str, dict.fromkeys(chosen)))} (logged: {logged[0]}..{logged[-1]}, "
-              f"{len(logged)} steps" + (f"; not logged, drawn at the nearest: {', '.join(moved)}" if moved else "")
-              + ")")
+        print(
+            f"{label}: steps {', '.join(map(str, dict.fromkeys(chosen)))} (logged: {logged[0]}..{logged[-1]}, "
+            f"{len(logged)} steps" + (f"; not logged, drawn at the nearest: {', '.join(moved)}" if moved else "") + ")"
+        )
     print(f"wrote {out}")
 
 

@@ -82,11 +82,20 @@ def mean_abs_attention_logit(q, k) -> float:
 def arm_config(base, parametrization: str, width: int, rounds: int, base_width: int, base_depth: int | None):
     """The config of one cell: `base` at width d and R rounds under `parametrization`. CompleteP needs Pre-LN with
     branch_scale one (its own ε): the arm sets them; the others keep the config's residual scheme."""
-    extra = {"mup_base_width": None if parametrization == "standard" else base_width, "completep_base_depth": None,
-             "completep_alpha": 1.0}
+    extra = {
+        "mup_base_width": None if parametrization == "standard" else base_width,
+        "completep_base_depth": None,
+        "completep_alpha": 1.0,
+    }
     if parametrization == "completep":
-        extra |= {"residual": "preln", "p": None, "branch_scale": "one", "branch_lambda": 1.0, "sandwich": False,
-                  "completep_base_depth": base_depth}
+        extra |= {
+            "residual": "preln",
+            "p": None,
+            "branch_scale": "one",
+            "branch_lambda": 1.0,
+            "sandwich": False,
+            "completep_base_depth": base_depth,
+        }
     return replace(base, d_model=width, n_rounds=rounds, dropout=0.0, parametrization=parametrization, **extra)
 
 
@@ -116,8 +125,19 @@ def measure_cell(cfg, optim, batches, seed: int, clip) -> list[dict[str, float]]
     return steps
 
 
-def run(base, optim, batches, parametrizations, widths, rounds, seeds, clip, base_width: int | None = None,
-        base_depth: int | None = None, log=print) -> list[dict]:
+def run(
+    base,
+    optim,
+    batches,
+    parametrizations,
+    widths,
+    rounds,
+    seeds,
+    clip,
+    base_width: int | None = None,
+    base_depth: int | None = None,
+    log=print,
+) -> list[dict]:
     """Every cell's measurements as rows {parametrization, width, rounds, seed, step, quantity, value}; d₀ and N₀
     default to the smallest width and the depth at the smallest R."""
     base_width = base_width or min(widths)
@@ -129,10 +149,22 @@ def run(base, optim, batches, parametrizations, widths, rounds, seeds, clip, bas
                 cfg = arm_config(base, param, d, R, base_width, base_depth)
                 for seed in seeds:
                     for step, values in enumerate(measure_cell(cfg, optim, batches, seed, clip), start=1):
-                        rows += [{"parametrization": param, "width": d, "rounds": R, "seed": seed, "step": step,
-                                  "quantity": q, "value": v} for q, v in values.items()]
-                    log(f"{param:>9} R={R:<3} d={d:<5} seed {seed}: logits {values['logits']:.4g}, "
-                        f"loss {values['loss']:.4g}")
+                        rows += [
+                            {
+                                "parametrization": param,
+                                "width": d,
+                                "rounds": R,
+                                "seed": seed,
+                                "step": step,
+                                "quantity": q,
+                                "value": v,
+                            }
+                            for q, v in values.items()
+                        ]
+                    log(
+                        f"{param:>9} R={R:<3} d={d:<5} seed {seed}: logits {values['logits']:.4g}, "
+                        f"loss {values['loss']:.4g}"
+                    )
     return rows
 
 
@@ -154,14 +186,25 @@ def slopes(rows: list[dict]) -> list[dict]:
         cells.setdefault(key, {}).setdefault(r["seed"], {})[r["width"]] = r["value"]
     out = []
     for (param, R, step, q), by_seed in cells.items():
-        per_seed = [slope(sorted(w), [w[d] for d in sorted(w)]) for w in by_seed.values()
-                    if len(w) > 1 and min(w.values()) > 0]
+        per_seed = [
+            slope(sorted(w), [w[d] for d in sorted(w)]) for w in by_seed.values() if len(w) > 1 and min(w.values()) > 0
+        ]
         if not per_seed:
             continue
         n = len(per_seed)
         half = t_quantile(0.975, n - 1) * statistics.stdev(per_seed) / math.sqrt(n) if n > 1 else None
-        out.append({"parametrization": param, "rounds": R, "step": step, "quantity": q, "seeds": n,
-                    "slope": statistics.fmean(per_seed), "half_width": half, "per_seed": per_seed})
+        out.append(
+            {
+                "parametrization": param,
+                "rounds": R,
+                "step": step,
+                "quantity": q,
+                "seeds": n,
+                "slope": statistics.fmean(per_seed),
+                "half_width": half,
+                "per_seed": per_seed,
+            }
+        )
     return out
 
 
@@ -190,11 +233,13 @@ def plot_width(rows: list[dict], path: Path, kinds=("branch", "attn_logits")):
     from loopnet.study.plotting import pyplot
 
     plt = pyplot()
-    arms = sorted({(r["parametrization"], r["rounds"]) for r in rows},
-                  key=lambda a: (PARAMETRIZATIONS.index(a[0]), a[1]))
+    arms = sorted(
+        {(r["parametrization"], r["rounds"]) for r in rows}, key=lambda a: (PARAMETRIZATIONS.index(a[0]), a[1])
+    )
     steps = sorted({r["step"] for r in rows})
-    fig, axes = plt.subplots(len(arms), len(steps), figsize=(3.2 * len(steps), 2.8 * len(arms)), squeeze=False,
-                             sharex=True)
+    fig, axes = plt.subplots(
+        len(arms), len(steps), figsize=(3.2 * len(steps), 2.8 * len(arms)), squeeze=False, sharex=True
+    )
     for row, (param, R) in enumerate(arms):
         for col, step in enumerate(steps):
             ax = axes[row][col]
@@ -204,8 +249,16 @@ def plot_width(rows: list[dict], path: Path, kinds=("branch", "attn_logits")):
                 if "/" in q and q.split("/", 1)[0] not in kinds:
                     continue
                 colour, ls, label = _style(plt, q, order)
-                ax.plot(list(by), list(by.values()), color=colour, ls=ls, lw=1.4 if label else 0.8, label=label,
-                        marker="o" if label else None, ms=3)
+                ax.plot(
+                    list(by),
+                    list(by.values()),
+                    color=colour,
+                    ls=ls,
+                    lw=1.4 if label else 0.8,
+                    label=label,
+                    marker="o" if label else None,
+                    ms=3,
+                )
             ax.set(xscale="log", yscale="log", title=f"{param}, R = {R}, step {step}")
             ax.set_xticks(sorted({r["width"] for r in rows}), [str(d) for d in sorted({r["width"] for r in rows})])
             ax.minorticks_off()
@@ -249,8 +302,15 @@ def plot_rounds(rows: list[dict], path: Path):
                 rs = sorted(by)
                 fallback = (f"C{i % 10}", "--" if q.startswith("attn") else "-")
                 style = {"logits": ("black", "-"), "embedding": ("0.5", "-")}.get(q, fallback)
-                ax.plot(rs, [statistics.fmean(by[x]) for x in rs], color=style[0], ls=style[1], marker="o", ms=3,
-                        label=q.replace("branch/", "last round's f: ").replace("attn_logits/", "last round's attn: "))
+                ax.plot(
+                    rs,
+                    [statistics.fmean(by[x]) for x in rs],
+                    color=style[0],
+                    ls=style[1],
+                    marker="o",
+                    ms=3,
+                    label=q.replace("branch/", "last round's f: ").replace("attn_logits/", "last round's attn: "),
+                )
             ax.set(xscale="log", yscale="log", title=f"{param}, d = {width}, step {step}")
             rounds = sorted({r["rounds"] for r in rows})
             ax.set_xticks(rounds, [str(x) for x in rounds])
@@ -276,39 +336,60 @@ def save_figure(fig, plt, path: Path, writer=None, tag: str | None = None) -> No
 
 
 def markdown(summary: list[dict], meta: dict) -> str:
-    lines = [f"# {meta['title']}", "", "![mean |x| against width](coord_width.png)", "",
-             "![mean |x| against R](coord_rounds.png)", "", "## How this was produced", "", "```bash",
-             meta["command"], "```", "",
-             f"- widths {meta['widths']}, R {meta['rounds']}, seeds {meta['seeds']}, {meta['steps']} AdamW step(s) "
-             f"at a constant rate {meta['lr']:g} from the initialisation, gradient clipping {meta['clip']}; base "
-             f"width d₀ = {meta['base_width']}; K = {meta['n_blocks']}, {meta['n_heads']} heads, sequence "
-             f"{meta['seq_len']}, batch {meta['batch_size']}",
-             f"- machine: {meta['machine']}; {meta['seconds']:.0f} s in all; loopnet @ {meta['commit']}", "",
-             "## Slopes of log mean|x| against log d", "",
-             "Mean over seeds, ± the 95% t half-width; the largest over visits of each kind.", "",
-             "| parametrization | R | step | logits | embedding | branch (max over visits) | attention logits (max) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# {meta['title']}",
+        "",
+        "![mean |x| against width](coord_width.png)",
+        "",
+        "![mean |x| against R](coord_rounds.png)",
+        "",
+        "## How this was produced",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+        f"- widths {meta['widths']}, R {meta['rounds']}, seeds {meta['seeds']}, {meta['steps']} AdamW step(s) "
+        f"at a constant rate {meta['lr']:g} from the initialisation, gradient clipping {meta['clip']}; base "
+        f"width d₀ = {meta['base_width']}; K = {meta['n_blocks']}, {meta['n_heads']} heads, sequence "
+        f"{meta['seq_len']}, batch {meta['batch_size']}",
+        f"- machine: {meta['machine']}; {meta['seconds']:.0f} s in all; loopnet @ {meta['commit']}",
+        "",
+        "## Slopes of log mean|x| against log d",
+        "",
+        "Mean over seeds, ± the 95% t half-width; the largest over visits of each kind.",
+        "",
+        "| parametrization | R | step | logits | embedding | branch (max over visits) | attention logits (max) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
 
     def fmt(s):
         if s is None:
             return "—"
         return f"{s['slope']:+.2f}" + ("" if s["half_width"] is None else f" ± {s['half_width']:.2f}")
 
-    keys = sorted({(s["parametrization"], s["rounds"], s["step"]) for s in summary},
-                  key=lambda k: (PARAMETRIZATIONS.index(k[0]), k[1], k[2]))
+    keys = sorted(
+        {(s["parametrization"], s["rounds"], s["step"]) for s in summary},
+        key=lambda k: (PARAMETRIZATIONS.index(k[0]), k[1], k[2]),
+    )
     for key in keys:
         cell = [s for s in summary if (s["parametrization"], s["rounds"], s["step"]) == key]
         pick = {q: next((s for s in cell if s["quantity"] == q), None) for q in ("logits", "embedding")}
-        top = {k: max((s for s in cell if s["quantity"].startswith(k + "/")), key=lambda s: s["slope"], default=None)
-               for k in ("branch", "attn_logits")}
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {fmt(pick['logits'])} | {fmt(pick['embedding'])} | "
-                     f"{fmt(top['branch'])} | {fmt(top['attn_logits'])} |")
+        top = {
+            k: max((s for s in cell if s["quantity"].startswith(k + "/")), key=lambda s: s["slope"], default=None)
+            for k in ("branch", "attn_logits")
+        }
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {fmt(pick['logits'])} | {fmt(pick['embedding'])} | "
+            f"{fmt(top['branch'])} | {fmt(top['attn_logits'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loopnet coordcheck", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="loopnet coordcheck", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512], help="widths d (n_heads divides each)")
     p.add_argument("--rounds", type=int, nargs="+", default=[2], help="R values")
     p.add_argument("--parametrizations", nargs="+", default=list(PARAMETRIZATIONS), choices=PARAMETRIZATIONS)
@@ -358,8 +439,18 @@ def main(argv: list[str] | None = None) -> None:
     loader = iter(data.train_dataloader())
     batches = [tuple(t.long() for t in next(loader)) for _ in range(args.steps)]
     start = time.perf_counter()
-    rows = run(base, optim, batches, args.parametrizations, sorted(set(args.widths)), sorted(set(args.rounds)),
-               args.seeds, clip, base_width, base_depth)
+    rows = run(
+        base,
+        optim,
+        batches,
+        args.parametrizations,
+        sorted(set(args.widths)),
+        sorted(set(args.rounds)),
+        args.seeds,
+        clip,
+        base_width,
+        base_depth,
+    )
     seconds = time.perf_counter() - start
     summary = slopes(rows)
     write_csvs(rows, summary, out)
@@ -368,12 +459,24 @@ def main(argv: list[str] | None = None) -> None:
     save_figure(*plot_rounds(rows, out / "coord_rounds.png"), out / "coord_rounds.png", writer, "coordcheck/rounds")
     writer.close()
     info = machine()
-    meta = {"title": args.title, "command": "loopnet coordcheck " + " ".join(shlex.quote(a) for a in argv),
-            "widths": sorted(set(args.widths)), "rounds": sorted(set(args.rounds)), "seeds": args.seeds,
-            "steps": args.steps, "lr": optim.lr, "clip": clip, "base_width": base_width, "n_blocks": base.n_blocks,
-            "n_heads": base.n_heads, "seq_len": batches[0][0].shape[1], "batch_size": batches[0][0].shape[0],
-            "seconds": seconds, "commit": git_commit() or "?",
-            "machine": f"{info['cpus']} CPU(s), {info['platform']}, torch {info['torch']}"}
+    meta = {
+        "title": args.title,
+        "command": "loopnet coordcheck " + " ".join(shlex.quote(a) for a in argv),
+        "widths": sorted(set(args.widths)),
+        "rounds": sorted(set(args.rounds)),
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "lr": optim.lr,
+        "clip": clip,
+        "base_width": base_width,
+        "n_blocks": base.n_blocks,
+        "n_heads": base.n_heads,
+        "seq_len": batches[0][0].shape[1],
+        "batch_size": batches[0][0].shape[0],
+        "seconds": seconds,
+        "commit": git_commit() or "?",
+        "machine": f"{info['cpus']} CPU(s), {info['platform']}, torch {info['torch']}",
+    }
     (out / "report.md").write_text(markdown(summary, meta))
     print(f"loopnet coordcheck: {len(rows)} measurements in {seconds:.0f} s -> {out}/report.md")
 
@@ -387,8 +490,18 @@ def write_csvs(rows: list[dict], summary: list[dict], out: Path) -> None:
         w = csv.writer(f)
         w.writerow(["parametrization", "rounds", "step", "quantity", "seeds", "slope", "half_width", "per_seed"])
         for s in summary:
-            w.writerow([s["parametrization"], s["rounds"], s["step"], s["quantity"], s["seeds"], s["slope"],
-                        s["half_width"], " ".join(f"{x:.6g}" for x in s["per_seed"])])
+            w.writerow(
+                [
+                    s["parametrization"],
+                    s["rounds"],
+                    s["step"],
+                    s["quantity"],
+                    s["seeds"],
+                    s["slope"],
+                    s["half_width"],
+                    " ".join(f"{x:.6g}" for x in s["per_seed"]),
+                ]
+            )
 
 
 if __name__ == "__main__":

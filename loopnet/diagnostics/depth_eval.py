@@ -44,8 +44,12 @@ class JacobianProgress:
             return
         self.last = now
         done = "done" if r == max_rounds else f"round {r} of {max_rounds}"
-        print(f"loopnet: {self.stage}: σ_max of the round Jacobians (model.extrapolate_rounds): {done}, "
-              f"{now - self.start:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"loopnet: {self.stage}: σ_max of the round Jacobians (model.extrapolate_rounds): {done}, "
+            f"{now - self.start:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def fixed_point_prefix(stage: str) -> str:
@@ -61,10 +65,12 @@ class DepthEvaluation:
     """`jacobian_at_validation`: σ_max also at validation (always at test): it costs a validation seconds to
     minutes (docs/diagnostics.md)."""
 
-    def __init__(self, extrapolate_rounds: int | None, frontier=None, train_rounds: int = 1,
-                 jacobian_at_validation: bool = False):
-        self.profile = RoundProfileMeter(extrapolate_rounds, JACOBIAN_SEQUENCES, JACOBIAN_ITERS) \
-            if extrapolate_rounds else None
+    def __init__(
+        self, extrapolate_rounds: int | None, frontier=None, train_rounds: int = 1, jacobian_at_validation: bool = False
+    ):
+        self.profile = (
+            RoundProfileMeter(extrapolate_rounds, JACOBIAN_SEQUENCES, JACOBIAN_ITERS) if extrapolate_rounds else None
+        )
         self.jacobian_at_validation = jacobian_at_validation
         self.frontier_config = frontier
         self.frontier = None
@@ -89,6 +95,7 @@ class DepthEvaluation:
         trainer = module.trainer
         folder = Path(trainer.log_dir) if trainer.log_dir else None
         if trainer.world_size > 1:  # every rank saw its own batches: pool them (a collective on every rank)
+
             def reduce(t):
                 return trainer.strategy.reduce(t.to(module.device), reduce_op="sum").cpu()
 
@@ -115,8 +122,12 @@ class DepthEvaluation:
             for i, p in enumerate(points):
                 for key in ("loss", "ppl", "mean_rounds"):
                     module.log(f"test/frontier/{key}/t{i}", p[key], sync_dist=False)
-            frontier = {"exit": self.frontier.exit, "max_rounds": self.frontier.max_rounds, "points": points,
-                        "fixed": {str(r): loss for r, loss in sorted(fixed_losses.items())}}
+            frontier = {
+                "exit": self.frontier.exit,
+                "max_rounds": self.frontier.max_rounds,
+                "points": points,
+                "fixed": {str(r): loss for r, loss in sorted(fixed_losses.items())},
+            }
             self.last_frontier = frontier
             if folder is not None and trainer.is_global_zero:
                 _, png, fig = write_frontier(folder, frontier, label=folder.name)
@@ -145,8 +156,12 @@ class DepthEvaluation:
 def _print_frontier(frontier: dict) -> None:
     from lightning.pytorch.utilities import rank_zero_info
 
-    lines = [f"loopnet: exit frontier ({frontier['exit']}, at most {frontier['max_rounds']} rounds)",
-             "  threshold      loss       ppl   mean rounds"]
-    lines += [f"  {p['threshold']:>9g}  {p['loss']:8.4f}  {p['ppl']:8.2f}  {p['mean_rounds']:12.3f}"
-              for p in frontier["points"]]
+    lines = [
+        f"loopnet: exit frontier ({frontier['exit']}, at most {frontier['max_rounds']} rounds)",
+        "  threshold      loss       ppl   mean rounds",
+    ]
+    lines += [
+        f"  {p['threshold']:>9g}  {p['loss']:8.4f}  {p['ppl']:8.2f}  {p['mean_rounds']:12.3f}"
+        for p in frontier["points"]
+    ]
     rank_zero_info("\n".join(lines))

@@ -173,8 +173,9 @@ class DivergenceGuard(Callback):
                 # A resume that failed before its first step (also before Lightning sets trainer.ckpt_path, e.g. the
                 # ranks disagreeing on --ckpt_path last): the run's record stays as it was. The summary is written
                 # only when a fit ends, so one that exists now is an earlier fit's.
-                rank_zero_warn(f"loopnet: the resumed run stopped before its first step ({exception!r}); "
-                               f"{path} is kept as it was")
+                rank_zero_warn(
+                    f"loopnet: the resumed run stopped before its first step ({exception!r}); {path} is kept as it was"
+                )
                 return
             status = self.record.record_failure(exception)  # "failed" for a full disk, its file named
             self._write(trainer, pl_module, "diverged" if self.diverged else status, error=repr(exception))

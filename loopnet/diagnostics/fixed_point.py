@@ -45,8 +45,9 @@ def round_map(model, idx: torch.Tensor, r: int):
     return step
 
 
-def round_jacobian_norm(model, idx: torch.Tensor, x_prev: torch.Tensor, r: int, iters: int = 10,
-                        generator: torch.Generator | None = None) -> float:
+def round_jacobian_norm(
+    model, idx: torch.Tensor, x_prev: torch.Tensor, r: int, iters: int = 10, generator: torch.Generator | None = None
+) -> float:
     """σ_max of J = ∂x_r/∂x_{r−1} at x_prev, by power iteration on JᵀJ with one jvp and one vjp per step
     (torch.func). From a random unit v_0, v_i = JᵀJ v_{i−1} / ‖JᵀJ v_{i−1}‖, and the estimate is ‖J v_iters‖
     (the square root of JᵀJ's Rayleigh quotient): it approaches σ_max from below, with an error of order
@@ -89,8 +90,9 @@ def round_profile(model, idx: torch.Tensor, targets: torch.Tensor, max_rounds: i
     return out
 
 
-def jacobian_profile(model, idx: torch.Tensor, max_rounds: int, iters: int = 10, seed: int = 0,
-                     progress=None) -> list[float | None]:
+def jacobian_profile(
+    model, idx: torch.Tensor, max_rounds: int, iters: int = 10, seed: int = 0, progress=None
+) -> list[float | None]:
     """[σ_max of round r's Jacobian for r = 1..max_rounds] (None at round 1) on sequences `idx`, each at the
     trajectory's own x_{r−1}; `progress(r, max_rounds)` is called before (r = 1) and after each round. Runs
     with grad enabled for the jvp/vjp; eval mode is the caller's."""
@@ -130,8 +132,9 @@ class RoundProfileMeter:
                 acc[i] += (v if v is not None else math.nan) * n
         self.weight += n
         if jacobian and self.sigma is None and self.jacobian_sequences > 0:
-            self.sigma = jacobian_profile(model, idx[: self.jacobian_sequences], self.max_rounds, self.jacobian_iters,
-                                          progress=progress)
+            self.sigma = jacobian_profile(
+                model, idx[: self.jacobian_sequences], self.max_rounds, self.jacobian_iters, progress=progress
+            )
 
     def sync(self, reduce) -> None:
         """Pool the processes' batches (DDP ranks each see their own): the token-weighted sums and weights
@@ -142,15 +145,19 @@ class RoundProfileMeter:
         sums = torch.tensor([self.sums.get(q, [0.0] * M) for q in TOKEN_WEIGHTED], dtype=torch.float64)  # [Q, M]
         sigma = torch.tensor([math.nan if v is None else v for v in (self.sigma or [None] * M)], dtype=torch.float64)
         measured = ~sigma.isnan()
-        packed = torch.cat([sums.flatten(), torch.tensor([self.weight], dtype=torch.float64), sigma.nan_to_num(0.0),
-                            measured.double()])
+        packed = torch.cat(
+            [sums.flatten(), torch.tensor([self.weight], dtype=torch.float64), sigma.nan_to_num(0.0), measured.double()]
+        )
         sums, weight, sigma_sum, counts = reduce(packed).split([Q * M, 1, M, M])
         sums = sums.view(Q, M)
         # a quantity another process measured counts here too (nan, a round without it, is not 0)
         self.sums = {q: row.tolist() for q, row in zip(TOKEN_WEIGHTED, sums) if q in self.sums or bool(row.ne(0).any())}
         self.weight = float(weight)
-        self.sigma = None if not bool(counts.any()) else [s / c if c else None for s, c in
-                                                         zip(sigma_sum.tolist(), counts.tolist())]
+        self.sigma = (
+            None
+            if not bool(counts.any())
+            else [s / c if c else None for s, c in zip(sigma_sum.tolist(), counts.tolist())]
+        )
 
     def compute(self) -> dict[str, list[float | None]]:
         out = {q: [None if math.isnan(s) else s / self.weight for s in acc] for q, acc in self.sums.items()}
@@ -173,11 +180,14 @@ def fixed_point_table(runs: list[tuple[str, dict | None]]) -> str | None:
         cells = []
         for q in QUANTITIES:
             values = profile.get(q) or []
-            cells.append(" / ".join("–" if r > len(values) or values[r - 1] is None else f"{values[r - 1]:.3g}"
-                                    for r in picks))
+            cells.append(
+                " / ".join("–" if r > len(values) or values[r - 1] is None else f"{values[r - 1]:.3g}" for r in picks)
+            )
         rows.append(f"| {name} | {', '.join(map(str, picks))} | " + " | ".join(cells) + " |")
     if not rows:
         return None
-    head = ["| run | rounds r | loss | ‖x_r − x_{r−1}‖/‖x_r‖ | KL(p_{r−1}‖p_r) | σ_max of round r's Jacobian |",
-            "|---|---|---|---|---|---|"]
+    head = [
+        "| run | rounds r | loss | ‖x_r − x_{r−1}‖/‖x_r‖ | KL(p_{r−1}‖p_r) | σ_max of round r's Jacobian |",
+        "|---|---|---|---|---|---|",
+    ]
     return "\n".join(head + rows)

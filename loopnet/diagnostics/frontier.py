@@ -48,7 +48,9 @@ class FrontierMeter:
                     c.start(x)
                 continue
             logits = model.head(x)[0].float()
-            ce = F.cross_entropy(logits.flatten(0, 1), targets.clamp_min(0).flatten(), reduction="none").view_as(targets)
+            ce = F.cross_entropy(logits.flatten(0, 1), targets.clamp_min(0).flatten(), reduction="none").view_as(
+                targets
+            )
             for i, c in enumerate(criteria):
                 exits, _ = c.step(x, logits)
                 newly = exits & ~done[i] if r < self.max_rounds else ~done[i]
@@ -67,15 +69,21 @@ class FrontierMeter:
         tensor over them (`Strategy.reduce(..., reduce_op="sum")`), a collective every rank must call."""
         n = len(self.thresholds)
         total = reduce(torch.tensor([*self.loss, *self.rounds, self.tokens], dtype=torch.float64)).tolist()
-        self.loss, self.rounds, self.tokens = total[:n], total[n:2 * n], total[2 * n]
+        self.loss, self.rounds, self.tokens = total[:n], total[n : 2 * n], total[2 * n]
 
     def compute(self) -> list[dict]:
         """[{threshold, loss, ppl, mean_rounds}] in the order of the thresholds."""
         points = []
         for t, loss, rounds in zip(self.thresholds, self.loss, self.rounds):
             mean = loss / self.tokens if self.tokens else math.nan
-            points.append({"threshold": t, "loss": mean, "ppl": math.exp(mean) if mean < 700 else math.inf,
-                           "mean_rounds": rounds / self.tokens if self.tokens else math.nan})
+            points.append(
+                {
+                    "threshold": t,
+                    "loss": mean,
+                    "ppl": math.exp(mean) if mean < 700 else math.inf,
+                    "mean_rounds": rounds / self.tokens if self.tokens else math.nan,
+                }
+            )
         return points
 
 
@@ -89,11 +97,22 @@ def frontier_figure(runs: list[tuple[str, dict]]):
     for i, (label, frontier) in enumerate(runs):
         color = f"C{[0, 3, 2, 4][i % 4]}"
         points = sorted(frontier["points"], key=lambda p: p["mean_rounds"])
-        ax.plot([p["mean_rounds"] for p in points], [p["loss"] for p in points], "o-", color=color,
-                label=f"{label}: exit {frontier['exit']}")
+        ax.plot(
+            [p["mean_rounds"] for p in points],
+            [p["loss"] for p in points],
+            "o-",
+            color=color,
+            label=f"{label}: exit {frontier['exit']}",
+        )
         for p in points:
-            ax.annotate(f"{p['threshold']:g}", (p["mean_rounds"], p["loss"]), fontsize=7, color=color,
-                        textcoords="offset points", xytext=(3, 3))
+            ax.annotate(
+                f"{p['threshold']:g}",
+                (p["mean_rounds"], p["loss"]),
+                fontsize=7,
+                color=color,
+                textcoords="offset points",
+                xytext=(3, 3),
+            )
         fixed = frontier.get("fixed") or {}
         if fixed:
             ax.plot([int(r) for r in fixed], list(fixed.values()), "x", color=color, label=f"{label}: fixed R'")
@@ -121,7 +140,9 @@ def read_frontier(folder: str | Path) -> dict:
     if not path.is_file():
         found = sorted(Path(folder).rglob(FRONTIER_NAME)) if Path(folder).is_dir() else []
         if len(found) != 1:
-            raise FileNotFoundError(f"{folder} holds no {FRONTIER_NAME}; fix: run `loopnet test` with "
-                                    f"--model.frontier.exit and --model.frontier.thresholds on that run")
+            raise FileNotFoundError(
+                f"{folder} holds no {FRONTIER_NAME}; fix: run `loopnet test` with "
+                f"--model.frontier.exit and --model.frontier.thresholds on that run"
+            )
         path = found[0]
     return json.loads(path.read_text(encoding="utf-8"))

@@ -38,8 +38,14 @@ LABELS = {  # short: they label lines on a 270 px card
     "attn_logit_max": "max q·k/√d",
     "attn_log_z": "mean log Z",
 }
-COLORS = {"resid_norm": "C0", "branch_ratio": "C4", "act_grad_norm": "C3", "param_grad_norm": "C2",
-          "attn_logit_max": "C1", "attn_log_z": "C9"}
+COLORS = {
+    "resid_norm": "C0",
+    "branch_ratio": "C4",
+    "act_grad_norm": "C3",
+    "param_grad_norm": "C2",
+    "attn_logit_max": "C1",
+    "attn_log_z": "C9",
+}
 SIZE_IN, DPI, FONT = (3.6, 2.4), 100, 13  # 360 × 240 px: TensorBoard shrinks it to ~270 px, type stays ≥ 9 px
 
 
@@ -54,8 +60,14 @@ def depth_profile(scalars: dict[str, float], visits: list[Visit]) -> dict[str, l
     return {q: [scalars.get(visit_tag(q, v), math.nan) for v in visits] for q in PROFILE_QUANTITIES}
 
 
-def draw_depth(ax, visits: list[Visit], lines: list[tuple[list[float], dict]], log: bool, font: int = FONT,
-               ylim: tuple[float, float] | None = None) -> tuple[float, float]:
+def draw_depth(
+    ax,
+    visits: list[Visit],
+    lines: list[tuple[list[float], dict]],
+    log: bool,
+    font: int = FONT,
+    ylim: tuple[float, float] | None = None,
+) -> tuple[float, float]:
     """Draw `lines` ((values per visit, matplotlib kwargs)) against the visit index 1 … 2·K·R on `ax`;
     visits without a finite (and, on a log axis, positive) value are left out, so that the attention
     quantities join their attention visits. Rounds are marked by light lines and labelled r1, r2, … (a
@@ -129,8 +141,9 @@ def figure(size=SIZE_IN, dpi=DPI):
     return fig
 
 
-def view_figure(view: str, profile: dict[str, list[float]], visits: list[Visit],
-                ylims: dict[str, tuple[float, float]] | None = None):
+def view_figure(
+    view: str, profile: dict[str, list[float]], visits: list[Visit], ylims: dict[str, tuple[float, float]] | None = None
+):
     """One view of the depth profile (`VIEWS`) as a matplotlib Figure (Agg canvas), 360 × 240 px: the
     title names the quantity, a compact legend the lines when there are two. With `ylims`, the y-axis also
     covers `ylims[view]` (where present), and `ylims[view]` becomes the axis's range."""
@@ -154,13 +167,17 @@ def png(fig) -> bytes:
     return buf.getvalue()
 
 
-def profile_pngs(scalars: dict[str, float], visits: list[Visit],
-                 ylims: dict[str, tuple[float, float]] | None = None) -> dict[str, bytes]:
+def profile_pngs(
+    scalars: dict[str, float], visits: list[Visit], ylims: dict[str, tuple[float, float]] | None = None
+) -> dict[str, bytes]:
     """{image tag: PNG} of every view with something to draw at this step (``depth/gradients``, ...).
     `ylims` ({view: y range}, updated in place): the run's axes so far, kept by the caller across steps."""
     profile = depth_profile(scalars, visits)
-    return {view_tag(view): png(view_figure(view, profile, visits, ylims)) for view, (_, quantities, _) in VIEWS.items()
-            if any(math.isfinite(y) for q in quantities for y in profile[q])}
+    return {
+        view_tag(view): png(view_figure(view, profile, visits, ylims))
+        for view, (_, quantities, _) in VIEWS.items()
+        if any(math.isfinite(y) for q in quantities for y in profile[q])
+    }
 
 
 def write_png(writer, tag: str, png_bytes: bytes, step: int) -> None:
@@ -188,8 +205,9 @@ ROUND_VIEWS = {
 }
 
 
-def round_figure(quantity: str, values: list[float | None], train_rounds: int | None = None,
-                 ylim: tuple[float, float] | None = None):
+def round_figure(
+    quantity: str, values: list[float | None], train_rounds: int | None = None, ylim: tuple[float, float] | None = None
+):
     """One per-round quantity (`ROUND_VIEWS`) against r = 1 … len(values), 360 × 240 px like the depth
     profile: the x-axis is labelled "round r", a dashed line marks the training R (rounds past it are
     extrapolation), σ_max gets a line at 1 (below it the round contracts). Missing values (None, nan;
@@ -198,8 +216,9 @@ def round_figure(quantity: str, values: list[float | None], train_rounds: int | 
     title, log = ROUND_VIEWS[quantity]
     fig = figure()
     ax = fig.add_subplot()
-    points = [(r, y) for r, y in enumerate(values, start=1)
-              if y is not None and math.isfinite(y) and (y > 0 or not log)]
+    points = [
+        (r, y) for r, y in enumerate(values, start=1) if y is not None and math.isfinite(y) and (y > 0 or not log)
+    ]
     if points:
         ax.plot(*zip(*points), marker=".", linewidth=1.6, markersize=5, color="C0")
     if log and points:
@@ -211,8 +230,15 @@ def round_figure(quantity: str, values: list[float | None], train_rounds: int | 
     n = len(values)
     if train_rounds and train_rounds < n:
         ax.axvline(train_rounds, color="0.5", linewidth=1.0, linestyle="--")
-        ax.text(train_rounds, 0.98, f" R={train_rounds}", transform=ax.get_xaxis_transform(), va="top",
-                fontsize=FONT - 3, color="0.4")
+        ax.text(
+            train_rounds,
+            0.98,
+            f" R={train_rounds}",
+            transform=ax.get_xaxis_transform(),
+            va="top",
+            fontsize=FONT - 3,
+            color="0.4",
+        )
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
@@ -225,8 +251,12 @@ def round_figure(quantity: str, values: list[float | None], train_rounds: int | 
     return fig
 
 
-def round_pngs(per_round: dict[str, list[float | None]], prefix: str, train_rounds: int | None = None,
-               ylims: dict[str, tuple[float, float]] | None = None) -> dict[str, bytes]:
+def round_pngs(
+    per_round: dict[str, list[float | None]],
+    prefix: str,
+    train_rounds: int | None = None,
+    ylims: dict[str, tuple[float, float]] | None = None,
+) -> dict[str, bytes]:
     """{``<prefix>/<quantity>``: PNG} of each per-round quantity with a value to draw. `ylims` ({tag: y
     range}, updated in place): the run's axes so far, as `profile_pngs` keeps them."""
     out = {}

@@ -157,9 +157,11 @@ def name_disk_full(exception: BaseException) -> bool:
     # An error with a filename names it already (`[Errno 28] ...: 'path'`), as do atomic_write's.
     file = None if exception.filename is not None else _written_file(exception)
     if file is not None:
-        exception.strerror = (f"{os.strerror(exception.errno)} while writing {file}; fix: free space there (or log "
-                              f"to another disk with --trainer.logger.init_args.save_dir), then run it again "
-                              f"(`--ckpt_path last` continues from its last checkpoint)")
+        exception.strerror = (
+            f"{os.strerror(exception.errno)} while writing {file}; fix: free space there (or log "
+            f"to another disk with --trainer.logger.init_args.save_dir), then run it again "
+            f"(`--ckpt_path last` continues from its last checkpoint)"
+        )
         exception.args = (exception.errno, exception.strerror)
     return True
 
@@ -237,8 +239,11 @@ class RunSummary:
         return self._earlier_wall_s + time.monotonic() - self._t0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"val_history": [list(v) for v in self.val_history], "train_loss": self.train_loss,
-                "wall_time_s": self.wall_time_s}
+        return {
+            "val_history": [list(v) for v in self.val_history],
+            "train_loss": self.train_loss,
+            "wall_time_s": self.wall_time_s,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.val_history = [list(v) for v in state_dict.get("val_history", [])]

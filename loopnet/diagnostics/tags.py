@@ -115,19 +115,27 @@ def parse_tag(tag: str) -> tuple[str, str, Visit | str | None]:
     raise ValueError(f"{tag!r} is not a loopnet diagnostics tag (see loopnet.diagnostics.tags)")
 
 
-def expected_scalar_tags(n_blocks: int, n_rounds: int, update_size: bool = True, n_prelude: int = 0,
-                         n_coda: int = 0) -> list[str]:
+def expected_scalar_tags(
+    n_blocks: int, n_rounds: int, update_size: bool = True, n_prelude: int = 0, n_coda: int = 0
+) -> list[str]:
     """Every scalar tag one logging step writes for a K-block model that runs R rounds (with P prelude and
     C coda blocks)."""
     from loopnet.model import visit_order
 
     visits = visit_order(n_blocks, n_rounds, n_prelude, n_coda)
     physical = sorted({v.physical for v in visits})
-    return ([visit_tag(q, v) for v in visits for q in visit_quantities(v)]
-            + [sublayer_tag(q, j) for q in SUBLAYER_QUANTITIES for j in physical]
-            + list(GLOBAL_TAGS) + [output_tag(q) for q in OUTPUT_QUANTITIES]
-            + ([update_tag(q) for q in UPDATE_QUANTITIES]
-               + [update_tag("output_change", r) for r in range(1, n_rounds + 1)] if update_size else []))
+    return (
+        [visit_tag(q, v) for v in visits for q in visit_quantities(v)]
+        + [sublayer_tag(q, j) for q in SUBLAYER_QUANTITIES for j in physical]
+        + list(GLOBAL_TAGS)
+        + [output_tag(q) for q in OUTPUT_QUANTITIES]
+        + (
+            [update_tag(q) for q in UPDATE_QUANTITIES]
+            + [update_tag("output_change", r) for r in range(1, n_rounds + 1)]
+            if update_size
+            else []
+        )
+    )
 
 
 def round_category(round_: int) -> str:
@@ -158,8 +166,10 @@ def custom_scalars_layout(n_rounds: int, untied: bool = False) -> dict:
         "update size (output change of the step)": ["Multiline", [r"^update/output_change$", r"^update/logit_change$"]],
     }
     quantities = VISIT_QUANTITIES + ATTN_QUANTITIES
-    rounds = {round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"^visits/{q}/r{r:02d}_"]] for q in quantities}
-              for r in range(1, n_rounds + 1)}
+    rounds = {
+        round_category(r): {f"{q} r{r:02d}": ["Multiline", [rf"^visits/{q}/r{r:02d}_"]] for q in quantities}
+        for r in range(1, n_rounds + 1)
+    }
     extra = {}
     if untied:
         extra["prelude and coda"] = {q: ["Multiline", [rf"^visits/{q}/[pc]\d+_"]] for q in quantities}

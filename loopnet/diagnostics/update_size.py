@@ -23,8 +23,9 @@ from .tags import update_tag
 
 
 @torch.no_grad()
-def round_outputs(model, idx: torch.Tensor, rounds: int | None = None, alpha: float | None = None
-                  ) -> list[torch.Tensor]:
+def round_outputs(
+    model, idx: torch.Tensor, rounds: int | None = None, alpha: float | None = None
+) -> list[torch.Tensor]:
     """[x_end of round 1, ..., x_end of round R, logits] of `model` (a `LoopedTransformer`) on
     token ids `idx` at R = `rounds` (default the training R) and skip scale `alpha` (default the model's):
     a step with sampled rounds passes its draw. Without grad and in eval mode; the logits come after the
@@ -41,8 +42,10 @@ def round_outputs(model, idx: torch.Tensor, rounds: int | None = None, alpha: fl
 
 def relative_changes(before: list[torch.Tensor], after: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """{tag: 0-d tensor} of the relative changes between two `round_outputs` of the same batch."""
-    rel = [torch.linalg.vector_norm((a - b).float()) / torch.linalg.vector_norm(b.float()).clamp_min(1e-30)
-           for b, a in zip(before, after)]
+    rel = [
+        torch.linalg.vector_norm((a - b).float()) / torch.linalg.vector_norm(b.float()).clamp_min(1e-30)
+        for b, a in zip(before, after)
+    ]
     *rounds, logits = rel
     out = {update_tag("output_change"): rounds[-1], update_tag("logit_change"): logits}
     out.update({update_tag("output_change", r): value for r, value in enumerate(rounds, start=1)})

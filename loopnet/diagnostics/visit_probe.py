@@ -71,13 +71,19 @@ def attention_logit_stats(q: torch.Tensor, k: torch.Tensor, chunk: int = 1 << 22
     rows = max(1, chunk // (H * T * T))
     top, top_abs, log_z = [], [], []
     for b in range(0, B, rows):
-        logits = q[b:b + rows].float() @ k[b:b + rows].float().transpose(-1, -2) / d_h ** 0.5
+        logits = q[b : b + rows].float() @ k[b : b + rows].float().transpose(-1, -2) / d_h**0.5
         logits = logits.masked_fill(~allowed, -torch.inf)
         top.append(logits.amax())
         top_abs.append(logits.abs().masked_fill(~allowed, 0).amax())  # masked: |−inf| would win
         log_z.append(torch.logsumexp(logits, dim=-1).sum())
-    return torch.stack([torch.stack(top).amax(), torch.stack(top_abs).amax(), torch.stack(log_z).sum(),
-                        torch.tensor(float(B * H * T), device=q.device)])
+    return torch.stack(
+        [
+            torch.stack(top).amax(),
+            torch.stack(top_abs).amax(),
+            torch.stack(log_z).sum(),
+            torch.tensor(float(B * H * T), device=q.device),
+        ]
+    )
 
 
 @torch.no_grad()
@@ -89,11 +95,12 @@ def output_logit_stats(logits: torch.Tensor, chunk: int = 1 << 24) -> torch.Tens
     rows = max(1, chunk // z.size(-1))
     log_z, top_abs = [], []
     for i in range(0, z.size(0), rows):
-        part = z[i:i + rows].float()
+        part = z[i : i + rows].float()
         log_z.append(torch.logsumexp(part, dim=-1).sum())
         top_abs.append(part.abs().amax())
-    return torch.stack([torch.stack(log_z).sum(), torch.stack(top_abs).amax(),
-                        torch.tensor(float(z.size(0)), device=z.device)])
+    return torch.stack(
+        [torch.stack(log_z).sum(), torch.stack(top_abs).amax(), torch.tensor(float(z.size(0)), device=z.device)]
+    )
 
 
 def _combine(before: torch.Tensor | None, new: torch.Tensor, maxima: tuple[int, ...]) -> torch.Tensor:
@@ -138,11 +145,13 @@ class VisitProbe:
         with torch.no_grad():
             stream, state = trace.stream.detach().float(), trace.state.detach().float()
             skip = trace.alpha * torch.linalg.vector_norm(trace.x.detach().float())
-            stats = torch.stack([  # in the order of FORWARD_QUANTITIES
-                stream.square().mean().sqrt(),  # resid_norm
-                state.square().mean().sqrt() - 1,  # state_norm_dev: ≈ 0 after a Norm, so its deviation
-                torch.linalg.vector_norm(trace.branch.detach().float()) / skip.clamp_min(1e-30),  # branch_ratio
-            ])
+            stats = torch.stack(
+                [  # in the order of FORWARD_QUANTITIES
+                    stream.square().mean().sqrt(),  # resid_norm
+                    state.square().mean().sqrt() - 1,  # state_norm_dev: ≈ 0 after a Norm, so its deviation
+                    torch.linalg.vector_norm(trace.branch.detach().float()) / skip.clamp_min(1e-30),  # branch_ratio
+                ]
+            )
             self.fwd[visit] = self.fwd[visit] + stats if visit in self.fwd else stats
             self.n_fwd[visit] += 1
             if self.hist_samples and visit.looped:  # histograms are per round of the loop
@@ -241,8 +250,10 @@ class VisitProbe:
             else:
                 grads = [p.grad for p in params.values() if p.grad is not None]
             num[j] = torch.stack([_sq(g) for g in grads]).sum() if grads else torch.tensor(0.0)
-            den[j] = sum((self.visit_grad_sq(v).to(num[j].device) for v in self.visits if v.physical == j),
-                         torch.zeros((), device=num[j].device))
+            den[j] = sum(
+                (self.visit_grad_sq(v).to(num[j].device) for v in self.visits if v.physical == j),
+                torch.zeros((), device=num[j].device),
+            )
         return num, den
 
     def kappa(self, physical_params: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

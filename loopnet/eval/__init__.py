@@ -12,7 +12,13 @@ is cheap and works without it.
 from loopnet.lazy import lazy_attributes
 
 # Imported on first use: the adapter imports lm_eval, which takes a second and may not be installed.
-_WHERE = {"DEEPLOOP_TASKS": ".tasks", "PRESETS": ".tasks", "LoopnetLM": ".adapter", "load_checkpoint": ".adapter",
-          "main": ".cli", "run_eval": ".cli"}
+_WHERE = {
+    "DEEPLOOP_TASKS": ".tasks",
+    "PRESETS": ".tasks",
+    "LoopnetLM": ".adapter",
+    "load_checkpoint": ".adapter",
+    "main": ".cli",
+    "run_eval": ".cli",
+}
 
 __getattr__, __dir__, __all__ = lazy_attributes(__name__, _WHERE)

@@ -214,8 +214,9 @@ class LoopnetLM(TemplateLM):
         batch = torch.full((len(sequences), width), self.eot_token_id, dtype=torch.long)
         for i, seq in enumerate(sequences):
             batch[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        logits, rounds = exit_logits(self.model, batch.to(self._device), self.exit, self.exit_threshold,
-                                     self.rounds, n_vocab=self.vocab_size)
+        logits, rounds = exit_logits(
+            self.model, batch.to(self._device), self.exit, self.exit_threshold, self.rounds, n_vocab=self.vocab_size
+        )
         self._last_rounds = rounds
         return logits[..., : self.vocab_size].float()
 
@@ -272,13 +273,14 @@ class LoopnetLM(TemplateLM):
                         f"of {self.max_length}"
                     )
                 # Left truncation: keep the last max_length + 1 tokens; the last is only a target.
-                inputs.append((context + continuation)[-(self.max_length + 1):][:-1])
+                inputs.append((context + continuation)[-(self.max_length + 1) :][:-1])
             logits = self._logits(inputs)
-            for (key, context, continuation), inp, row, rounds in zip(chunk, inputs, logits, self._last_rounds,
-                                                                      strict=True):
+            for (key, context, continuation), inp, row, rounds in zip(
+                chunk, inputs, logits, self._last_rounds, strict=True
+            ):
                 # Position t predicts token t + 1, so the continuation is read off the last len(cont)
                 # positions of the unpadded input.
-                logprobs = F.log_softmax(row[len(inp) - len(continuation): len(inp)], dim=-1).unsqueeze(0)
+                logprobs = F.log_softmax(row[len(inp) - len(continuation) : len(inp)], dim=-1).unsqueeze(0)
                 greedy = logprobs.argmax(dim=-1)
                 # Requests sharing context + continuation[:-1] are all answered from these logprobs.
                 for key_i, cont_i, logprobs_i in reorder.get_cache(
@@ -289,7 +291,7 @@ class LoopnetLM(TemplateLM):
                     token_logprobs = torch.gather(logprobs_i[:, -n:], 2, target.unsqueeze(-1)).squeeze(-1)
                     answer = (float(token_logprobs.sum()), bool((greedy[:, -n:] == target).all()))
                     results.append(answer)
-                    used.append((float(rounds[len(inp) - n: len(inp)].sum()), n))
+                    used.append((float(rounds[len(inp) - n : len(inp)].sum()), n))
                     if key_i is not None:  # rolling windows are cached per document instead
                         self.cache_hook.add_partial("loglikelihood", key_i, answer)
                     pbar.update(1)
@@ -339,7 +341,9 @@ class LoopnetLM(TemplateLM):
         def by_length(args):
             return -len(self.tok_encode(args[0])), args[0]
 
-        reorder = Collator([r.args for r in requests], sort_fn=by_length, group_by="gen_kwargs", group_fn=lambda a: a[1])
+        reorder = Collator(
+            [r.args for r in requests], sort_fn=by_length, group_by="gen_kwargs", group_fn=lambda a: a[1]
+        )
         eos = self.tok_decode(self.eot_token_id)
         results: list[str] = []
         used: list[tuple[float, int]] = []
@@ -376,7 +380,15 @@ class LoopnetLM(TemplateLM):
             return new[-1] == self.eot_token_id or any(s and s in text for s in until)
 
         return generate(
-            self.model, prompts, max_new, rounds=self.rounds, temperature=temperature if do_sample else 0.0,
-            top_k=top_k, n_vocab=self.vocab_size, window=self.max_length, stop=stop, exit=self.exit,
+            self.model,
+            prompts,
+            max_new,
+            rounds=self.rounds,
+            temperature=temperature if do_sample else 0.0,
+            top_k=top_k,
+            n_vocab=self.vocab_size,
+            window=self.max_length,
+            stop=stop,
+            exit=self.exit,
             exit_threshold=self.exit_threshold,
         )

@@ -21,7 +21,7 @@ from loopnet.eval.tasks import PRESETS, TaskSetupError, check_datasets, expand_t
 
 
 def parse_rounds(text: str) -> list[int]:
-    """"1,3,6" -> [1, 3, 6] (order kept, duplicates dropped); each R' must be >= 1."""
+    """ "1,3,6" -> [1, 3, 6] (order kept, duplicates dropped); each R' must be >= 1."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -45,29 +45,54 @@ def parse_limit(text: str) -> int | float:
 def build_parser() -> argparse.ArgumentParser:
     presets = "; ".join(f"{k} = {','.join(v)}" for k, v in PRESETS.items())
     parser = argparse.ArgumentParser(
-        prog="loopnet eval", allow_abbrev=False,
+        prog="loopnet eval",
+        allow_abbrev=False,
         description="Evaluate a loopnet checkpoint with lm-evaluation-harness at one or more round counts R'.",
     )
-    parser.add_argument("--ckpt_path", required=True, help="LoopedLM checkpoint (.ckpt) to evaluate, or a model "
-                        "folder of `loopnet import` / `loopnet retrofit` (its own tokenizer.json, when present)")
     parser.add_argument(
-        "--tasks", required=True,
+        "--ckpt_path",
+        required=True,
+        help="LoopedLM checkpoint (.ckpt) to evaluate, or a model "
+        "folder of `loopnet import` / `loopnet retrofit` (its own tokenizer.json, when present)",
+    )
+    parser.add_argument(
+        "--tasks",
+        required=True,
         help=f"comma-separated lm-eval task, group or tag names, or presets ({presets})",
     )
-    parser.add_argument("--rounds", type=parse_rounds, default=None,
-                        help="comma-separated round counts R' (default: the training R)")
+    parser.add_argument(
+        "--rounds", type=parse_rounds, default=None, help="comma-separated round counts R' (default: the training R)"
+    )
     parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass (default 16)")
-    parser.add_argument("--limit", type=parse_limit, default=None,
-                        help="examples per task (or a fraction < 1); for quick checks only")
-    parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: the task's, 0 for the preset)")
-    parser.add_argument("--include_path", action="append", default=None, metavar="DIR",
-                        help="folder of extra task YAMLs, e.g. tasks on local JSON lines (repeatable)")
-    parser.add_argument("--output_dir", default=None, help="where to write the results (default: beside the checkpoint)")
+    parser.add_argument(
+        "--limit", type=parse_limit, default=None, help="examples per task (or a fraction < 1); for quick checks only"
+    )
+    parser.add_argument(
+        "--num_fewshot", type=int, default=None, help="few-shot examples (default: the task's, 0 for the preset)"
+    )
+    parser.add_argument(
+        "--include_path",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="folder of extra task YAMLs, e.g. tasks on local JSON lines (repeatable)",
+    )
+    parser.add_argument(
+        "--output_dir", default=None, help="where to write the results (default: beside the checkpoint)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
-    parser.add_argument("--exit", default="none", choices=("none", "kl", "latent", "entropy", "argmax"),
-                        help="adaptive exit per token (each R' is then the most rounds a token runs); default none")
-    parser.add_argument("--exit_threshold", type=float, default=None,
-                        help="the exit criterion's threshold (default: its own, e.g. kl 1e-3)")
+    parser.add_argument(
+        "--exit",
+        default="none",
+        choices=("none", "kl", "latent", "entropy", "argmax"),
+        help="adaptive exit per token (each R' is then the most rounds a token runs); default none",
+    )
+    parser.add_argument(
+        "--exit_threshold",
+        type=float,
+        default=None,
+        help="the exit criterion's threshold (default: its own, e.g. kl 1e-3)",
+    )
     return parser
 
 
@@ -92,8 +117,10 @@ def run_eval(
     """
     ckpt = Path(ckpt_path).expanduser()
     if not ckpt.exists():  # before importing the harness, which takes seconds
-        raise FileNotFoundError(f"checkpoint not found: {ckpt}; fix: give the .ckpt file with --ckpt_path "
-                                f"(e.g. runs/<run>/version_N/checkpoints/last.ckpt)")
+        raise FileNotFoundError(
+            f"checkpoint not found: {ckpt}; fix: give the .ckpt file with --ckpt_path "
+            f"(e.g. runs/<run>/version_N/checkpoints/last.ckpt)"
+        )
     from loopnet.checkpoints import check_checkpoint_file
 
     imported = ckpt.is_dir() and (ckpt / "config.json").is_file()  # a folder of `loopnet import` or `retrofit`
@@ -126,7 +153,9 @@ def run_eval(
         import lm_eval
         import torch
     except ImportError as err:
-        raise ImportError(f"loopnet eval needs lm-evaluation-harness ({err}); install it with: pip install lm-eval") from None
+        raise ImportError(
+            f"loopnet eval needs lm-evaluation-harness ({err}); install it with: pip install lm-eval"
+        ) from None
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device} requested but CUDA is not available; use --device cpu")
 
@@ -143,11 +172,25 @@ def run_eval(
     mean_rounds: dict[str, dict[str, float]] = {}
     for r in rounds:
         print(f"loopnet eval: R'={r} on {', '.join(names)}", file=sys.stderr)
-        lm = LoopnetLM(ckpt_path=str(ckpt), model=model, rounds=r, batch_size=batch_size, device=device,
-                       exit=exit, exit_threshold=exit_threshold, tokenizer=tokenizer)
+        lm = LoopnetLM(
+            ckpt_path=str(ckpt),
+            model=model,
+            rounds=r,
+            batch_size=batch_size,
+            device=device,
+            exit=exit,
+            exit_threshold=exit_threshold,
+            tokenizer=tokenizer,
+        )
         outputs[r] = lm_eval.simple_evaluate(
-            model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
-            batch_size=batch_size, device=device, log_samples=False,
+            model=lm,
+            tasks=names,
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            batch_size=batch_size,
+            device=device,
+            log_samples=False,
         )
         mean_rounds[str(r)] = lm.mean_rounds_by_task()
 
@@ -184,9 +227,17 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(take_flag(sys.argv[1:] if argv is None else list(argv)))
     with one_line_errors("loopnet eval", (TaskSetupError, ValueError, FileNotFoundError, ImportError), debug=True):
         report = run_eval(
-            ckpt_path=args.ckpt_path, tasks=args.tasks, rounds=args.rounds, batch_size=args.batch_size,
-            limit=args.limit, num_fewshot=args.num_fewshot, include_path=args.include_path,
-            output_dir=args.output_dir, device=args.device, exit=args.exit, exit_threshold=args.exit_threshold,
+            ckpt_path=args.ckpt_path,
+            tasks=args.tasks,
+            rounds=args.rounds,
+            batch_size=args.batch_size,
+            limit=args.limit,
+            num_fewshot=args.num_fewshot,
+            include_path=args.include_path,
+            output_dir=args.output_dir,
+            device=args.device,
+            exit=args.exit,
+            exit_threshold=args.exit_threshold,
         )
     print(Path(report["files"]["markdown"]).read_text(encoding="utf-8"))
     print(f"loopnet eval: wrote {report['files']['json']} and {report['files']['markdown']}", file=sys.stderr)

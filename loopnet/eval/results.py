@@ -62,7 +62,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"few-shot: {report['num_fewshot'] if report['num_fewshot'] is not None else 'task default'}; "
         f"limit: {report['limit'] if report['limit'] is not None else 'none'}; "
         f"exit: {report.get('exit', 'none')}"
-        + (f" (threshold {report['exit_threshold']})" if report.get("exit_threshold") is not None else "") + ".",
+        + (f" (threshold {report['exit_threshold']})" if report.get("exit_threshold") is not None else "")
+        + ".",
         "",
         "| task | metric | " + " | ".join(heads) + " |",
         "|---|---|" + "---|" * len(rounds),
@@ -74,8 +75,9 @@ def to_markdown(report: dict[str, Any]) -> str:
     rounds_used = report.get("mean_rounds") or {}
     for task in sorted({t for cells in rounds_used.values() for t in cells}):
         cells = [rounds_used.get(str(r), {}).get(task) for r in rounds]
-        lines.append(f"| {task} | mean rounds per token | "
-                     + " | ".join("–" if c is None else f"{c:.3f}" for c in cells) + " |")
+        lines.append(
+            f"| {task} | mean rounds per token | " + " | ".join("–" if c is None else f"{c:.3f}" for c in cells) + " |"
+        )
     with_acc = [m["acc"] for m in table.values() if "acc" in m]
     if len(with_acc) > 1:  # DeepLoop's summary number: mean acc over the tasks
         means = []

@@ -24,7 +24,14 @@ if TYPE_CHECKING:
 
 # DeepLoop's zero-shot suite (lm-evaluation-harness task names), scored with `acc`.
 DEEPLOOP_TASKS = (
-    "arc_challenge", "arc_easy", "hellaswag", "openbookqa", "piqa", "sciq", "social_iqa", "winogrande",
+    "arc_challenge",
+    "arc_easy",
+    "hellaswag",
+    "openbookqa",
+    "piqa",
+    "sciq",
+    "social_iqa",
+    "winogrande",
 )
 PRESETS: dict[str, tuple[str, ...]] = {"deeploop": DEEPLOOP_TASKS}
 
@@ -240,7 +247,8 @@ def refuse_task_code(folder: Path) -> None:
                 raise TaskSetupError(
                     f"{file} (line {node.start_mark.line + 1}) names the function {node.value}, which the harness "
                     f"would import from a Python file and run; fix: if you trust these tasks and their author, rerun "
-                    f"with {FLAG} (or {ENV}=1), or use tasks without !function")
+                    f"with {FLAG} (or {ENV}=1), or use tasks without !function"
+                )
             if isinstance(node, yaml.MappingNode):
                 for key, value in node.value:
                     if key.value == "include" and isinstance(value, yaml.ScalarNode):

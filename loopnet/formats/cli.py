@@ -24,9 +24,13 @@ def _source(folder: Path, src: str) -> dict:
 
 
 def import_main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="loopnet import", description=(
-        "Read a released looped LM (Huginn: config.json with model_type huginn_raven, safetensors weights, "
-        "tokenizer.json) and write it as a loopnet folder. Example: " + IMPORT_EXAMPLE))
+    parser = argparse.ArgumentParser(
+        prog="loopnet import",
+        description=(
+            "Read a released looped LM (Huginn: config.json with model_type huginn_raven, safetensors weights, "
+            "tokenizer.json) and write it as a loopnet folder. Example: " + IMPORT_EXAMPLE
+        ),
+    )
     parser.add_argument("src", help="a local folder laid out as the hub serves the model, or hf://org/name[@revision]")
     parser.add_argument("out", help="the folder to write (must not exist, or be empty)")
     args = parser.parse_args(argv)
@@ -42,30 +46,44 @@ def import_main(argv: list[str]) -> None:
             hint = "; a non-looped GPT-2 becomes a looped model with `loopnet retrofit`" if kind == "gpt2" else ""
             raise ValueError(f"{args.src}: model_type {kind!r} is not one loopnet imports (huginn_raven){hint}")
         config, state, meta = huginn.read_huginn(src)
-        written = out_folder.write_folder(args.out, config, state, {**_source(src, args.src), "format": meta["format"],
-                                                                    "dtype": meta["dtype"]}, tokenizer_dir=src)
+        written = out_folder.write_folder(
+            args.out,
+            config,
+            state,
+            {**_source(src, args.src), "format": meta["format"], "dtype": meta["dtype"]},
+            tokenizer_dir=src,
+        )
     n = sum(v.numel() for k, v in state.items() if k != "lm_head.weight" or not config.tie_embeddings)
-    print(f"wrote {written}: {meta['format']} as loopnet, {n:,} parameters ({meta['dtype']}), "
-          f"P={config.n_prelude} K={config.n_blocks} C={config.n_coda}, R={config.n_rounds} by default")
+    print(
+        f"wrote {written}: {meta['format']} as loopnet, {n:,} parameters ({meta['dtype']}), "
+        f"P={config.n_prelude} K={config.n_blocks} C={config.n_coda}, R={config.n_rounds} by default"
+    )
 
 
 def retrofit_main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="loopnet retrofit", description=(
-        "Make a pretrained GPT-2 or Llama-family model (a transformers folder: config.json with model_type gpt2 "
-        "or llama, safetensors weights) a looped model by layer selection: the first P layers become the prelude, "
-        "the last C the coda, the K layers before the coda the core (the retrofitting-recurrence recipe); the "
-        "adapter starts as "
-        "[0 | I], so that at R = 1 with no dropped layers the model computes what the original does. "
-        "Example: loopnet retrofit hf://openai-community/gpt2@<commit> models/gpt2-2-4-2 "
-        "--prelude 2 --core 4 --coda 2"))
+    parser = argparse.ArgumentParser(
+        prog="loopnet retrofit",
+        description=(
+            "Make a pretrained GPT-2 or Llama-family model (a transformers folder: config.json with model_type gpt2 "
+            "or llama, safetensors weights) a looped model by layer selection: the first P layers become the prelude, "
+            "the last C the coda, the K layers before the coda the core (the retrofitting-recurrence recipe); the "
+            "adapter starts as "
+            "[0 | I], so that at R = 1 with no dropped layers the model computes what the original does. "
+            "Example: loopnet retrofit hf://openai-community/gpt2@<commit> models/gpt2-2-4-2 "
+            "--prelude 2 --core 4 --coda 2"
+        ),
+    )
     parser.add_argument("src", help="a local GPT-2 or Llama folder, or hf://org/name[@revision]")
     parser.add_argument("out", help="the folder to write (must not exist, or be empty)")
     parser.add_argument("--prelude", type=int, default=None, help="P, layers before the loop (default: a sixth)")
     parser.add_argument("--core", type=int, default=None, help="K, layers in the loop (default: a third)")
     parser.add_argument("--coda", type=int, default=None, help="C, layers after the loop (default: a sixth)")
     parser.add_argument("--rounds", type=int, default=4, help="R, the mean rounds the model trains with (default 4)")
-    parser.add_argument("--plain", action="store_true",
-                        help="every layer in the loop at R = 1, without injection: the original model exactly")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="every layer in the loop at R = 1, without injection: the original model exactly",
+    )
     args = parser.parse_args(argv)
     from loopnet.formats import folder as out_folder
     from loopnet.formats import retrofit, source
@@ -73,26 +91,36 @@ def retrofit_main(argv: list[str]) -> None:
     with one_line_errors("loopnet retrofit", (ValueError, FileNotFoundError, FileExistsError)):
         out_folder.check_out(Path(args.out))
         src = source.resolve(args.src)
-        config, state, split = retrofit.retrofit(src, prelude=args.prelude, core=args.core, coda=args.coda,
-                                                 rounds=args.rounds, plain=args.plain)
+        config, state, split = retrofit.retrofit(
+            src, prelude=args.prelude, core=args.core, coda=args.coda, rounds=args.rounds, plain=args.plain
+        )
         family = source.read_json(src, "config.json").get("model_type")
-        written = out_folder.write_folder(args.out, config, state, {**_source(src, args.src), "format": family,
-                                                                    "layers": split}, tokenizer_dir=src)
-    print(f"wrote {written}: prelude layers {split['prelude']}, core {split['core']} (R={config.n_rounds}), "
-          f"coda {split['coda']}")
+        written = out_folder.write_folder(
+            args.out, config, state, {**_source(src, args.src), "format": family, "layers": split}, tokenizer_dir=src
+        )
+    print(
+        f"wrote {written}: prelude layers {split['prelude']}, core {split['core']} (R={config.n_rounds}), "
+        f"coda {split['coda']}"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
     from loopnet.formats.hf import DTYPES, MAX_SHARD_SIZE
 
-    p = argparse.ArgumentParser(prog="loopnet export", description="a checkpoint's model in the Hugging Face layout (loopnet.formats.hf)",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="loopnet export",
+        description="a checkpoint's model in the Hugging Face layout (loopnet.formats.hf)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("ckpt", help="a loopnet checkpoint: a .ckpt file, or a sharded (FSDP) checkpoint folder")
     p.add_argument("out", help="the folder to write (new or empty, unless --overwrite)")
     p.add_argument("--dtype", default="float32", help=f"the weights' dtype: {', '.join(DTYPES)} (default float32)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists and is not empty")
-    p.add_argument("--max_shard_size", default=MAX_SHARD_SIZE,
-                   help=f"largest safetensors file before the weights are sharded (default {MAX_SHARD_SIZE})")
+    p.add_argument(
+        "--max_shard_size",
+        default=MAX_SHARD_SIZE,
+        help=f"largest safetensors file before the weights are sharded (default {MAX_SHARD_SIZE})",
+    )
     return p
 
 
@@ -101,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parser().parse_args(argv)
     with one_line_errors("loopnet export", (ValueError, FileNotFoundError)):
-        out = hf.export(args.ckpt, args.out, dtype=args.dtype, overwrite=args.overwrite,
-                        max_shard_size=args.max_shard_size)
+        out = hf.export(
+            args.ckpt, args.out, dtype=args.dtype, overwrite=args.overwrite, max_shard_size=args.max_shard_size
+        )
     print(f"exported {args.ckpt} to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")

@@ -21,8 +21,9 @@ class LoopnetConfig(PretrainedConfig):
 
     model_type = "loopnet"
 
-    def __init__(self, tie_embeddings: bool = True, loopnet_vocab: str = "gpt2", loopnet_n_vocab: int | None = None,
-                 **kwargs):
+    def __init__(
+        self, tie_embeddings: bool = True, loopnet_vocab: str = "gpt2", loopnet_n_vocab: int | None = None, **kwargs
+    ):
         self.tie_embeddings = tie_embeddings
         self.loopnet_vocab = loopnet_vocab
         self.loopnet_n_vocab = loopnet_n_vocab

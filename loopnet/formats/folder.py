@@ -31,8 +31,9 @@ def check_out(out: Path) -> None:
         raise FileExistsError(f"{out} already exists and is not empty; fix: give a new folder (nothing is overwritten)")
 
 
-def write_folder(out: str | Path, config: LoopConfig, state: dict[str, torch.Tensor], source: dict,
-                 tokenizer_dir: Path | None = None) -> Path:
+def write_folder(
+    out: str | Path, config: LoopConfig, state: dict[str, torch.Tensor], source: dict, tokenizer_dir: Path | None = None
+) -> Path:
     """Write the folder at `out` (written beside it under a temporary name, then renamed: an interrupted
     write leaves no half folder at `out`)."""
     from safetensors.torch import save_file
@@ -42,8 +43,7 @@ def write_folder(out: str | Path, config: LoopConfig, state: dict[str, torch.Ten
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        tensors = {k: v.contiguous() for k, v in state.items()
-                   if not (config.tie_embeddings and k == "lm_head.weight")}
+        tensors = {k: v.contiguous() for k, v in state.items() if not (config.tie_embeddings and k == "lm_head.weight")}
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         meta = {"format": "loopnet", "config": dataclasses.asdict(config), "source": source}
         (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
@@ -66,10 +66,14 @@ def model_yaml(out: Path, config: LoopConfig) -> str:
     and leave the rest of `model` (optim, eval_rounds...) to the configs given before it."""
     import yaml
 
-    values = {"model.init_weights": str(out.resolve()),
-              **{f"model.config.{k}": v for k, v in dataclasses.asdict(config).items()}}
-    return "# loopnet fit --config configs/base.yaml --config <this file> [--data.vocab tokenizer --data.tokenizer " \
-           "<this folder>]\n" + yaml.safe_dump(values, sort_keys=False)
+    values = {
+        "model.init_weights": str(out.resolve()),
+        **{f"model.config.{k}": v for k, v in dataclasses.asdict(config).items()},
+    }
+    return (
+        "# loopnet fit --config configs/base.yaml --config <this file> [--data.vocab tokenizer --data.tokenizer "
+        "<this folder>]\n" + yaml.safe_dump(values, sort_keys=False)
+    )
 
 
 def read_folder(folder: str | Path) -> tuple[LoopConfig, dict[str, torch.Tensor], dict]:
@@ -114,10 +118,13 @@ def load_weights(model, folder: str | Path) -> None:
     may differ."""
     config, state, _ = read_folder(folder)
     theirs = config.architecture()
-    diff = [f"{k}: folder {theirs[k]!r} vs config {v!r}" for k, v in model.config.architecture().items()
-            if theirs[k] != v]
+    diff = [
+        f"{k}: folder {theirs[k]!r} vs config {v!r}" for k, v in model.config.architecture().items() if theirs[k] != v
+    ]
     if diff:
-        raise ValueError(f"model.init_weights {folder} holds another architecture ({'; '.join(diff)}); fix: set "
-                         f"model.config to the \"config\" fields of {Path(folder) / 'config.json'}")
+        raise ValueError(
+            f"model.init_weights {folder} holds another architecture ({'; '.join(diff)}); fix: set "
+            f'model.config to the "config" fields of {Path(folder) / "config.json"}'
+        )
     with torch.no_grad():
         model.load_state_dict(state)

@@ -63,8 +63,10 @@ def read_exported(folder: str | Path) -> tuple[Any, dict, dict]:
     for file in weight_files(folder):
         for key, tensor in load_file(folder / file).items():  # safetensors memory-maps the file
             if not key.startswith(PREFIX):
-                raise ValueError(f"{folder / file} holds {key!r}, not a loopnet weight ({PREFIX}...); "
-                                 f"fix: give a folder written by loopnet export")
+                raise ValueError(
+                    f"{folder / file} holds {key!r}, not a loopnet weight ({PREFIX}...); "
+                    f"fix: give a folder written by loopnet export"
+                )
             state[key.removeprefix(PREFIX)] = tensor
     if loop_config.tie_embeddings and "wte.weight" in state:
         state.setdefault("lm_head.weight", state["wte.weight"])  # stored once
@@ -84,12 +86,16 @@ def is_exported(folder: str | Path) -> bool:
 def read_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
-        raise ValueError(f"{folder} holds no config.json, so it is not an exported model; fix: give a folder "
-                         f"written by loopnet export")
+        raise ValueError(
+            f"{folder} holds no config.json, so it is not an exported model; fix: give a folder "
+            f"written by loopnet export"
+        )
     config = json.loads(path.read_text())
     if config.get("model_type") != MODEL_TYPE:
-        raise ValueError(f"{path} is of model_type {config.get('model_type')!r}, not {MODEL_TYPE!r}; fix: give a "
-                         f"folder written by loopnet export")
+        raise ValueError(
+            f"{path} is of model_type {config.get('model_type')!r}, not {MODEL_TYPE!r}; fix: give a "
+            f"folder written by loopnet export"
+        )
     return config
 
 
@@ -122,15 +128,19 @@ def checkpoint_contents(path: str | Path) -> tuple[dict, dict, dict]:
     ckpt = load_checkpoint_meta(str(path))  # restricted unpickler; one line for a corrupt or foreign file
     vocab = (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2")
     if vocab not in ("gpt2", "bytes"):
-        raise ExportError(f"{path} was trained with data.vocab: {vocab} (ids of its own corpus, which no tokenizer "
-                          f"file describes); fix: export a model trained with data.vocab: gpt2 or bytes")
+        raise ExportError(
+            f"{path} was trained with data.vocab: {vocab} (ids of its own corpus, which no tokenizer "
+            f"file describes); fix: export a model trained with data.vocab: gpt2 or bytes"
+        )
     if not is_sharded_checkpoint(path):
         config, weights = model_weights({**ckpt, "datamodule_hyper_parameters": None}, path)
         return config, weights, ckpt
     config = (ckpt.get("hyper_parameters") or {}).get("config")
     if config is None:
-        raise ExportError(f"{path} is not a loopnet checkpoint (its meta.pt has no hyper_parameters.config, as "
-                          f"loopnet fit saves); fix: give a checkpoint written by loopnet fit")
+        raise ExportError(
+            f"{path} is not a loopnet checkpoint (its meta.pt has no hyper_parameters.config, as "
+            f"loopnet fit saves); fix: give a checkpoint written by loopnet fit"
+        )
     return config, sharded_model_weights(path), ckpt
 
 
@@ -143,8 +153,9 @@ def sharded_model_weights(folder: Path) -> dict:
 
     wanted = [k for k in FileSystemReader(folder).read_metadata().state_dict_metadata if k.startswith("model.model.")]
     state: dict = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(keys=wanted),
-                     no_dist=True)
+    _load_state_dict(
+        state, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(keys=wanted), no_dist=True
+    )
     flat: dict = {}
 
     def walk(prefix: str, value) -> None:  # the planner nests the loaded keys by their dots
@@ -171,8 +182,13 @@ def check_dtype(dtype: str) -> None:
         raise ExportError(f"--dtype {dtype} is not supported; fix: give one of {', '.join(DTYPES)}")
 
 
-def export(ckpt_path: str | Path, out: str | Path, dtype: str = "float32", overwrite: bool = False,
-           max_shard_size: int | str = MAX_SHARD_SIZE) -> Path:
+def export(
+    ckpt_path: str | Path,
+    out: str | Path,
+    dtype: str = "float32",
+    overwrite: bool = False,
+    max_shard_size: int | str = MAX_SHARD_SIZE,
+) -> Path:
     """Write the model of loopnet checkpoint `ckpt_path` into folder `out` in the Hugging Face layout (the
     module docstring), its weights in `dtype`. The folder is written into a temporary sibling and renamed
     into place at the end: a failure leaves `out` as it was (absent, empty, or the previous export)."""
@@ -199,8 +215,9 @@ def export(ckpt_path: str | Path, out: str | Path, dtype: str = "float32", overw
     return out
 
 
-def write_folder(folder: Path, config: dict, weights: dict, ckpt: dict, source: Path, dtype: str,
-                 max_shard_size: int | str) -> None:
+def write_folder(
+    folder: Path, config: dict, weights: dict, ckpt: dict, source: Path, dtype: str, max_shard_size: int | str
+) -> None:
     import torch
 
     from loopnet.data.token_ids import EOT_ID
@@ -229,8 +246,9 @@ def write_weights(folder: Path, state: dict, max_shard_size: int | str) -> None:
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    split = split_torch_state_dict_into_shards(state, filename_pattern="model{suffix}.safetensors",
-                                               max_shard_size=max_shard_size)
+    split = split_torch_state_dict_into_shards(
+        state, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+    )
     for file, keys in split.filename_to_tensors.items():
         save_file({k: state[k] for k in keys}, folder / file, metadata={"format": "pt"})
     if split.is_sharded:
@@ -240,9 +258,13 @@ def write_weights(folder: Path, state: dict, max_shard_size: int | str) -> None:
 def export_record(ckpt: dict, source: Path, model) -> dict:
     """What config.json records of the checkpoint (read_exported returns it)."""
     data = ckpt.get("datamodule_hyper_parameters") or {}
-    return {"checkpoint": source.name, "global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch"),
-            "parameters": model.num_params(non_embedding=False),
-            "data": {k: data.get(k) for k in ("source", "path", "name", "vocab", "seq_len") if k in data}}
+    return {
+        "checkpoint": source.name,
+        "global_step": ckpt.get("global_step"),
+        "epoch": ckpt.get("epoch"),
+        "parameters": model.num_params(non_embedding=False),
+        "data": {k: data.get(k) for k in ("source", "path", "name", "vocab", "seq_len") if k in data},
+    }
 
 
 def hf_config(cfg, vocab: str, dtype: str, meta: dict) -> dict:
@@ -253,14 +275,18 @@ def hf_config(cfg, vocab: str, dtype: str, meta: dict) -> dict:
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
-        "auto_map": {"AutoConfig": "configuration_loopnet.LoopnetConfig",
-                     "AutoModelForCausalLM": "modeling_loopnet.LoopnetForCausalLM"},
+        "auto_map": {
+            "AutoConfig": "configuration_loopnet.LoopnetConfig",
+            "AutoModelForCausalLM": "modeling_loopnet.LoopnetForCausalLM",
+        },
         **dataclasses.asdict(cfg),
         "loopnet_vocab": vocab,
         "loopnet_n_vocab": min(known_size(vocab), cfg.vocab_size),  # the real ids: the logits' width, as loopnet's
         "tie_word_embeddings": cfg.tie_embeddings,
         # the usual names, for tools that read them (lm-eval's window: max_position_embeddings)
-        "hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads, "max_position_embeddings": cfg.seq_len,
+        "hidden_size": cfg.d_model,
+        "num_attention_heads": cfg.n_heads,
+        "max_position_embeddings": cfg.seq_len,
         **({"bos_token_id": eot, "eos_token_id": eot} if eot < cfg.vocab_size else {}),
         "dtype": dtype,
         EXPORT_KEY: meta,
@@ -282,8 +308,7 @@ def write_tokenizer(folder: Path, vocab: str, seq_len: int) -> None:
 
     if vocab == "gpt2":
         files = _check_files(_default_data_dir())  # the digests tiktoken checks
-        tokenizer = GPT2TokenizerFast(vocab=files["encoder.json"], merges=files["vocab.bpe"],
-                                      model_max_length=seq_len)
+        tokenizer = GPT2TokenizerFast(vocab=files["encoder.json"], merges=files["vocab.bpe"], model_max_length=seq_len)
     else:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
         from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -293,8 +318,9 @@ def write_tokenizer(folder: Path, vocab: str, seq_len: int) -> None:
         core = Tokenizer(models.BPE(vocab=table, merges=[]))
         core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         core.decoder = decoders.ByteLevel()
-        tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOT_TEXT, bos_token=EOT_TEXT,
-                                            unk_token=EOT_TEXT, model_max_length=seq_len)
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=core, eos_token=EOT_TEXT, bos_token=EOT_TEXT, unk_token=EOT_TEXT, model_max_length=seq_len
+        )
     tokenizer.save_pretrained(folder)
 
 
@@ -314,14 +340,20 @@ def model_card(cfg, vocab: str, dtype: str, meta: dict, summary: dict) -> str:
     corpus = data.get("name") or data.get("path") or data.get("source") or (summary.get("data") or {}).get("source")
     loss = summary.get("best_val_loss", summary.get("final_val_loss"))
     depth = f"P={cfg.n_prelude} + K={cfg.n_blocks}·R={cfg.n_rounds} + C={cfg.n_coda}"
-    rows = [("blocks × rounds", f"{depth} (N = {cfg.n_unrolled} block visits)"),
-            ("width, heads", f"d={cfg.d_model}, {cfg.n_heads} heads, FFN ×{cfg.mlp_ratio:g}"),
-            ("residual scheme", scheme_label(cfg.residual, cfg.p)), ("wiring", cfg.wiring),
-            ("positions, norm", f"{cfg.positions}, {cfg.norm}"), ("parameters", f"{meta.get('parameters'):,}"),
-            ("vocabulary", f"{vocab} ({cfg.vocab_size} ids)"), ("context", f"{cfg.seq_len} tokens"),
-            ("trained on", corpus or "not recorded"), ("steps", meta.get("global_step")),
-            ("validation loss", "not recorded" if loss is None else f"{loss:.4f} (nats per token at R={cfg.n_rounds})"),
-            ("weights", f"{dtype} safetensors")]
+    rows = [
+        ("blocks × rounds", f"{depth} (N = {cfg.n_unrolled} block visits)"),
+        ("width, heads", f"d={cfg.d_model}, {cfg.n_heads} heads, FFN ×{cfg.mlp_ratio:g}"),
+        ("residual scheme", scheme_label(cfg.residual, cfg.p)),
+        ("wiring", cfg.wiring),
+        ("positions, norm", f"{cfg.positions}, {cfg.norm}"),
+        ("parameters", f"{meta.get('parameters'):,}"),
+        ("vocabulary", f"{vocab} ({cfg.vocab_size} ids)"),
+        ("context", f"{cfg.seq_len} tokens"),
+        ("trained on", corpus or "not recorded"),
+        ("steps", meta.get("global_step")),
+        ("validation loss", "not recorded" if loss is None else f"{loss:.4f} (nats per token at R={cfg.n_rounds})"),
+        ("weights", f"{dtype} safetensors"),
+    ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return f"""---
 library_name: transformers
@@ -331,7 +363,7 @@ tags: [loopnet, looped-transformer]
 
 # A looped Transformer trained with loopnet
 
-{cfg.n_blocks} physical blocks applied for {cfg.n_rounds} rounds, exported from `{meta.get('checkpoint')}`.
+{cfg.n_blocks} physical blocks applied for {cfg.n_rounds} rounds, exported from `{meta.get("checkpoint")}`.
 
 | | |
 |---|---|
@@ -404,8 +436,9 @@ def modeling_source() -> str:
         later: list[str] = []  # imported inside a function (read when called): may follow it
         for node in ast.walk(tree):
             if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "loopnet" for a in node.names):
-                raise ValueError(f"{module}: `import loopnet...` cannot be inlined; fix: import names with "
-                                 f"`from ... import`")
+                raise ValueError(
+                    f"{module}: `import loopnet...` cannot be inlined; fix: import names with `from ... import`"
+                )
             if not isinstance(node, ast.ImportFrom):
                 continue
             source = _resolve(module, node)
@@ -426,8 +459,10 @@ def modeling_source() -> str:
         for node in tree.body:  # what this module defines at top level (after its dependencies: their names first)
             for name, what in _defined(node):
                 if name in owner and owner[name][1] != what:
-                    raise ValueError(f"{module} and {owner[name][0]} both define {name!r}: inlined into one file they "
-                                     f"would clash; fix: rename one of them")
+                    raise ValueError(
+                        f"{module} and {owner[name][0]} both define {name!r}: inlined into one file they "
+                        f"would clash; fix: rename one of them"
+                    )
                 owner.setdefault(name, (module, what))
         order.append(module)
         for dep in later:
@@ -440,14 +475,16 @@ def modeling_source() -> str:
         lines = path.read_text().splitlines()
         for start, end, text in sorted(edits[module], reverse=True):
             indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
-            lines[start - 1: end] = [indent + text] if text else []
+            lines[start - 1 : end] = [indent + text] if text else []
         relative = module.replace(".", "/") + ".py"
         digests.append(f"#   {relative}  sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]}")
         parts.append(f"# {'-' * 40} {relative}\n" + "\n".join(lines).strip("\n") + "\n")
-    header = ('"""A loopnet model for transformers (trust_remote_code): loopnet\'s model modules inlined into one\n'
-              'file by `loopnet export`, followed by the transformers wrapper.\n'
-              'Generated: edit loopnet, not this file."""\n'
-              "# Inlined from:\n" + "\n".join(digests) + "\n\nfrom __future__ import annotations\n\n")
+    header = (
+        '"""A loopnet model for transformers (trust_remote_code): loopnet\'s model modules inlined into one\n'
+        "file by `loopnet export`, followed by the transformers wrapper.\n"
+        'Generated: edit loopnet, not this file."""\n'
+        "# Inlined from:\n" + "\n".join(digests) + "\n\nfrom __future__ import annotations\n\n"
+    )
     source = header + "\n\n".join(parts)
     compile(source, "modeling_loopnet.py", "exec")
     return source
@@ -463,7 +500,11 @@ def _defined(node: ast.stmt) -> list[tuple[str, str]]:
         return [(n.id, f"assign@{id(node)}") for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
     if isinstance(node, ast.Import):
         return [((a.asname or a.name).split(".")[0], f"import {a.name}") for a in node.names]
-    if isinstance(node, ast.ImportFrom) and node.module != "__future__" and not node.level \
-            and (node.module or "").split(".")[0] != "loopnet":
+    if (
+        isinstance(node, ast.ImportFrom)
+        and node.module != "__future__"
+        and not node.level
+        and (node.module or "").split(".")[0] != "loopnet"
+    ):
         return [(a.asname or a.name, f"from {node.module} import {a.name}") for a in node.names]
     return []

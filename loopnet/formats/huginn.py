@@ -40,13 +40,25 @@ from loopnet.model.config import LoopConfig
 
 MODEL_TYPE = "huginn_raven"
 # What loopnet computes as Huginn-0125 does; a config naming anything else is refused, not approximated.
-REQUIRED = {"block_class_name": "SandwichBlock", "mlp_class_name": "GatedMLP", "nonlin_name": "SiLU",
-            "norm_class_name": "RMSNorm_llama", "injection_type": "linear", "bias": False}
-BLOCK_NAMES = {"norm_1.weight": "attn.inner_norm.weight", "norm_2.weight": "attn.norm.weight",
-               "norm_3.weight": "ffn.inner_norm.weight", "norm_4.weight": "ffn.norm.weight",
-               "attn.Wqkv.weight": "attn.f.qkv_proj.weight", "attn.qk_bias": "attn.f.qk_bias",
-               "attn.proj.weight": "attn.f.o_proj.weight", "mlp.fc.weight": "ffn.f.fc1.weight",
-               "mlp.proj.weight": "ffn.f.fc2.weight"}
+REQUIRED = {
+    "block_class_name": "SandwichBlock",
+    "mlp_class_name": "GatedMLP",
+    "nonlin_name": "SiLU",
+    "norm_class_name": "RMSNorm_llama",
+    "injection_type": "linear",
+    "bias": False,
+}
+BLOCK_NAMES = {
+    "norm_1.weight": "attn.inner_norm.weight",
+    "norm_2.weight": "attn.norm.weight",
+    "norm_3.weight": "ffn.inner_norm.weight",
+    "norm_4.weight": "ffn.norm.weight",
+    "attn.Wqkv.weight": "attn.f.qkv_proj.weight",
+    "attn.qk_bias": "attn.f.qk_bias",
+    "attn.proj.weight": "attn.f.o_proj.weight",
+    "mlp.fc.weight": "ffn.f.fc1.weight",
+    "mlp.proj.weight": "ffn.f.fc2.weight",
+}
 PARTS = {"prelude": "prelude", "core_block": "blocks", "coda": "coda"}
 
 
@@ -59,31 +71,57 @@ def huginn_config(hf: dict, source: str = "config.json") -> LoopConfig:
     """The `LoopConfig` of a Huginn config.json (a dict). Inference settings follow Huginn's: R = its
     `mean_recurrence`; training ones too: Huginn's round draw with its mean backprop depth."""
     if hf.get("model_type") != MODEL_TYPE:
-        raise ImportFormatError(f"{source}: model_type is {hf.get('model_type')!r}, not {MODEL_TYPE!r}; fix: give a "
-                                f"Huginn folder (tomg-group-umd/huginn-0125) or the importer of its format")
+        raise ImportFormatError(
+            f"{source}: model_type is {hf.get('model_type')!r}, not {MODEL_TYPE!r}; fix: give a "
+            f"Huginn folder (tomg-group-umd/huginn-0125) or the importer of its format"
+        )
     for key, value in REQUIRED.items():
         if key in hf and hf[key] != value:
-            raise ImportFormatError(f"{source}: {key}={hf[key]!r}, but loopnet reads Huginn with {key}={value!r} only; "
-                                    f"fix: give a checkpoint of the released architecture")
+            raise ImportFormatError(
+                f"{source}: {key}={hf[key]!r}, but loopnet reads Huginn with {key}={value!r} only; "
+                f"fix: give a checkpoint of the released architecture"
+            )
     d = hf["n_embd"]
     heads = hf.get("n_heads", hf.get("num_attention_heads"))
     if hf.get("num_key_value_heads", heads) != heads:
-        raise ImportFormatError(f"{source}: num_key_value_heads={hf['num_key_value_heads']} differs from "
-                                f"n_heads={heads} "
-                                f"(grouped-query attention), which loopnet does not have; fix: give a checkpoint "
-                                f"without GQA")
+        raise ImportFormatError(
+            f"{source}: num_key_value_heads={hf['num_key_value_heads']} differs from "
+            f"n_heads={heads} "
+            f"(grouped-query attention), which loopnet does not have; fix: give a checkpoint "
+            f"without GQA"
+        )
     mean = hf.get("mean_recurrence", 32)
     return LoopConfig(
-        vocab_size=hf.get("padded_vocab_size", hf["vocab_size"]), seq_len=hf["block_size"], d_model=d,
-        n_heads=heads, n_blocks=hf["n_layers_in_recurrent_block"], n_rounds=mean,
-        n_prelude=hf["n_layers_in_prelude"], n_coda=hf["n_layers_in_coda"], mlp="swiglu",
-        ffn_width=hf["intermediate_size"], bias=False, tie_embeddings=hf.get("tie_embeddings", True),
-        positions="rope", rope_base=float(hf.get("rope_base", 50_000)), qk_bias=hf.get("qk_bias", True),
-        norm="rmsnorm", residual="postln", sandwich=True, wiring="inject", injection="linear", inject_into="first",
-        norm_eps=eps(hf.get("norm_eps", 1e-6), 1e-6), embed_scale=True, loop_norm=True,
+        vocab_size=hf.get("padded_vocab_size", hf["vocab_size"]),
+        seq_len=hf["block_size"],
+        d_model=d,
+        n_heads=heads,
+        n_blocks=hf["n_layers_in_recurrent_block"],
+        n_rounds=mean,
+        n_prelude=hf["n_layers_in_prelude"],
+        n_coda=hf["n_layers_in_coda"],
+        mlp="swiglu",
+        ffn_width=hf["intermediate_size"],
+        bias=False,
+        tie_embeddings=hf.get("tie_embeddings", True),
+        positions="rope",
+        rope_base=float(hf.get("rope_base", 50_000)),
+        qk_bias=hf.get("qk_bias", True),
+        norm="rmsnorm",
+        residual="postln",
+        sandwich=True,
+        wiring="inject",
+        injection="linear",
+        inject_into="first",
+        norm_eps=eps(hf.get("norm_eps", 1e-6), 1e-6),
+        embed_scale=True,
+        loop_norm=True,
         state_init="random",  # the reference draws it whatever config.json's state_init says
-        init="normal", init_std=math.sqrt(2 / (5 * d)),  # Huginn's "std": its init and its random state's
-        round_sampling="poisson_lognormal", backprop_rounds=min(hf.get("mean_backprop_depth", 8), mean))
+        init="normal",
+        init_std=math.sqrt(2 / (5 * d)),  # Huginn's "std": its init and its random state's
+        round_sampling="poisson_lognormal",
+        backprop_rounds=min(hf.get("mean_backprop_depth", 8), mean),
+    )
 
 
 def eps(value: float, default: float) -> float | None:
@@ -114,9 +152,11 @@ def _check_rope_table(source: str, table: torch.Tensor, cfg: LoopConfig) -> None
     want = torch.stack([ours.cos[0, 0], ours.sin[0, 0]], dim=-1)
     got = table.float().reshape(table.shape[1], -1, 2) if table.dim() == 5 else None
     # bf16 stores cos and sin to 2^-8 relative: a different base or pairing differs by far more.
-    if got is None or got.shape != want.shape or not torch.allclose(got, want, atol=2 ** -7, rtol=0):
-        raise ImportFormatError(f"{source}: freqs_cis is not the rotary table of rope_base={cfg.rope_base:g} and "
-                                f"block_size={cfg.seq_len}; fix: give the config.json that belongs to these weights")
+    if got is None or got.shape != want.shape or not torch.allclose(got, want, atol=2**-7, rtol=0):
+        raise ImportFormatError(
+            f"{source}: freqs_cis is not the rotary table of rope_base={cfg.rope_base:g} and "
+            f"block_size={cfg.seq_len}; fix: give the config.json that belongs to these weights"
+        )
 
 
 def huginn_state(tensors: dict[str, torch.Tensor], cfg: LoopConfig, source: str = "weights") -> dict[str, torch.Tensor]:
@@ -144,8 +184,10 @@ def huginn_state(tensors: dict[str, torch.Tensor], cfg: LoopConfig, source: str 
             state[f"{PARTS[parts[1]]}.{parts[2]}.{BLOCK_NAMES[leaf]}"] = tensor
     tied = remaining.pop("lm_head.weight", None) if cfg.tie_embeddings else None
     if tied is not None and "wte.weight" in state and not torch.equal(tied, state["wte.weight"]):
-        raise ImportFormatError(f"{source}: lm_head.weight differs from transformer.wte.weight although "
-                                f"tie_embeddings is true; fix: set tie_embeddings false in config.json")
+        raise ImportFormatError(
+            f"{source}: lm_head.weight differs from transformer.wte.weight although "
+            f"tie_embeddings is true; fix: set tie_embeddings false in config.json"
+        )
     if cfg.tie_embeddings and "wte.weight" in state:
         state["lm_head.weight"] = state["wte.weight"]
     check_keys(source, set(remaining), set(shapes), set(state))
@@ -161,6 +203,10 @@ def read_huginn(folder: str | Path) -> tuple[LoopConfig, dict[str, torch.Tensor]
     cfg = huginn_config(hf, str(folder / "config.json"))
     tensors = read_weights(folder)
     state = huginn_state(tensors, cfg, str(folder))
-    meta = {"format": MODEL_TYPE, "source_config": hf, "dtype": str(state["wte.weight"].dtype).removeprefix("torch."),
-            "tokenizer": "tokenizer.json" if (folder / "tokenizer.json").is_file() else None}
+    meta = {
+        "format": MODEL_TYPE,
+        "source_config": hf,
+        "dtype": str(state["wte.weight"].dtype).removeprefix("torch."),
+        "tokenizer": "tokenizer.json" if (folder / "tokenizer.json").is_file() else None,
+    }
     return cfg, state, meta

@@ -92,17 +92,26 @@ class LoopnetForCausalLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.model.lm_head
 
-    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                cache: LoopnetCache | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, rounds: int | None = None, return_dict: bool | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: LoopnetCache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        rounds: int | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
         """Logits [B, T, V] after R' = `rounds` rounds (default the training R), V the vocabulary's real ids
         (`loopnet_n_vocab`). Without a cache the whole sequence runs through `LoopedTransformer.forward`; with
         `use_cache` (generate sets it) or a `cache`, the new tokens run over their own positions and their keys
         and values join the cache."""
         if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("loopnet's model attends causally from position 0 and takes no padding mask; fix: pass "
-                             "prompts of equal length (or one at a time), or pad on the right and ignore the padding")
+            raise ValueError(
+                "loopnet's model attends causally from position 0 and takes no padding mask; fix: pass "
+                "prompts of equal length (or one at a time), or pad on the right and ignore the padding"
+            )
         model = self.model
         R = model.config.n_rounds if rounds is None else int(rounds)
         if cache is None and use_cache:
@@ -114,8 +123,10 @@ class LoopnetForCausalLM(PreTrainedModel, GenerationMixin):
             if cache.kv is None:
                 cache.kv, cache.rounds = KVCache(B, model.config.seq_len, input_ids.device), R
             elif cache.rounds != R:
-                raise ValueError(f"the cache holds keys and values of R'={cache.rounds} rounds, this call runs "
-                                 f"{R}; fix: pass the same rounds in every call that shares a cache")
+                raise ValueError(
+                    f"the cache holds keys and values of R'={cache.rounds} rounds, this call runs "
+                    f"{R}; fix: pass the same rounds in every call that shares a cache"
+                )
             kv = cache.kv
             positions = kv.lengths[:, None] + torch.arange(T, device=input_ids.device)
             kv.begin(positions)

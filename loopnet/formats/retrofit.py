@@ -36,35 +36,60 @@ from loopnet.formats.source import (
 from loopnet.model.config import LoopConfig
 
 # GPT-2 layer tensor -> (loopnet name in a block, transposed): Conv1D weights are [in, out].
-LAYER_NAMES = {"ln_1.weight": ("attn.norm.weight", False), "ln_1.bias": ("attn.norm.bias", False),
-               "attn.c_attn.weight": ("attn.f.qkv_proj.weight", True),
-               "attn.c_attn.bias": ("attn.f.qkv_proj.bias", False),
-               "attn.c_proj.weight": ("attn.f.o_proj.weight", True), "attn.c_proj.bias": ("attn.f.o_proj.bias", False),
-               "ln_2.weight": ("ffn.norm.weight", False), "ln_2.bias": ("ffn.norm.bias", False),
-               "mlp.c_fc.weight": ("ffn.f.fc1.weight", True), "mlp.c_fc.bias": ("ffn.f.fc1.bias", False),
-               "mlp.c_proj.weight": ("ffn.f.fc2.weight", True), "mlp.c_proj.bias": ("ffn.f.fc2.bias", False)}
+LAYER_NAMES = {
+    "ln_1.weight": ("attn.norm.weight", False),
+    "ln_1.bias": ("attn.norm.bias", False),
+    "attn.c_attn.weight": ("attn.f.qkv_proj.weight", True),
+    "attn.c_attn.bias": ("attn.f.qkv_proj.bias", False),
+    "attn.c_proj.weight": ("attn.f.o_proj.weight", True),
+    "attn.c_proj.bias": ("attn.f.o_proj.bias", False),
+    "ln_2.weight": ("ffn.norm.weight", False),
+    "ln_2.bias": ("ffn.norm.bias", False),
+    "mlp.c_fc.weight": ("ffn.f.fc1.weight", True),
+    "mlp.c_fc.bias": ("ffn.f.fc1.bias", False),
+    "mlp.c_proj.weight": ("ffn.f.fc2.weight", True),
+    "mlp.c_proj.bias": ("ffn.f.fc2.bias", False),
+}
 MASK_BUFFERS = ("attn.bias", "attn.masked_bias")  # older checkpoints store the causal mask: constants, not weights
 
 
 def gpt2_config(hf: dict, source: str = "config.json") -> LoopConfig:
     """The `LoopConfig` of a GPT-2 config.json with all L layers in the loop at R = 1 (the original model)."""
     if hf.get("model_type") != "gpt2":
-        raise ImportFormatError(f"{source}: model_type is {hf.get('model_type')!r}, not 'gpt2'; fix: give a GPT-2 "
-                                f"folder (transformers' GPT2LMHeadModel.save_pretrained)")
+        raise ImportFormatError(
+            f"{source}: model_type is {hf.get('model_type')!r}, not 'gpt2'; fix: give a GPT-2 "
+            f"folder (transformers' GPT2LMHeadModel.save_pretrained)"
+        )
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ImportFormatError(f"{source}: activation_function={hf['activation_function']!r}; loopnet's GPT-2 block "
-                                f"uses the tanh GELU (gelu_new); fix: give a checkpoint with that activation")
+        raise ImportFormatError(
+            f"{source}: activation_function={hf['activation_function']!r}; loopnet's GPT-2 block "
+            f"uses the tanh GELU (gelu_new); fix: give a checkpoint with that activation"
+        )
     unsupported = [k for k in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn") if hf.get(k)]
     if unsupported or not hf.get("scale_attn_weights", True):
-        raise ImportFormatError(f"{source}: attention options loopnet does not compute "
-                                f"({', '.join(unsupported) or 'scale_attn_weights false'}); fix: give a standard GPT-2")
+        raise ImportFormatError(
+            f"{source}: attention options loopnet does not compute "
+            f"({', '.join(unsupported) or 'scale_attn_weights false'}); fix: give a standard GPT-2"
+        )
     d = hf["n_embd"]
-    return LoopConfig(vocab_size=hf["vocab_size"], seq_len=hf["n_positions"], d_model=d, n_heads=hf["n_head"],
-                      n_blocks=hf["n_layer"], n_rounds=1, mlp="gelu_tanh", ffn_width=hf.get("n_inner") or 4 * d,
-                      bias=True, tie_embeddings=hf.get("tie_word_embeddings", True), positions="learned",
-                      norm="layernorm", norm_eps=eps(hf.get("layer_norm_epsilon", 1e-5), 1e-5), residual="preln",
-                      init="normal",
-                      init_std=hf.get("initializer_range", 0.02))
+    return LoopConfig(
+        vocab_size=hf["vocab_size"],
+        seq_len=hf["n_positions"],
+        d_model=d,
+        n_heads=hf["n_head"],
+        n_blocks=hf["n_layer"],
+        n_rounds=1,
+        mlp="gelu_tanh",
+        ffn_width=hf.get("n_inner") or 4 * d,
+        bias=True,
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        positions="learned",
+        norm="layernorm",
+        norm_eps=eps(hf.get("layer_norm_epsilon", 1e-5), 1e-5),
+        residual="preln",
+        init="normal",
+        init_std=hf.get("initializer_range", 0.02),
+    )
 
 
 def select_layers(n_layer: int, prelude: int | None, core: int | None, coda: int | None) -> dict[str, list[int]]:
@@ -74,18 +99,28 @@ def select_layers(n_layer: int, prelude: int | None, core: int | None, coda: int
     C = max(n_layer // 6, 1) if coda is None else coda
     K = max(n_layer // 3, 1) if core is None else core
     if P < 0 or C < 0 or K < 1 or P + K + C > n_layer:
-        raise ValueError(f"--prelude {P} --core {K} --coda {C} do not fit in the model's {n_layer} layers "
-                         f"(P, C >= 0, K >= 1, P + K + C <= {n_layer}); fix: give smaller counts")
-    return {"prelude": list(range(P)), "core": list(range(n_layer - C - K, n_layer - C)),
-            "coda": list(range(n_layer - C, n_layer))}
+        raise ValueError(
+            f"--prelude {P} --core {K} --coda {C} do not fit in the model's {n_layer} layers "
+            f"(P, C >= 0, K >= 1, P + K + C <= {n_layer}); fix: give smaller counts"
+        )
+    return {
+        "prelude": list(range(P)),
+        "core": list(range(n_layer - C - K, n_layer - C)),
+        "coda": list(range(n_layer - C, n_layer)),
+    }
 
 
-LLAMA_LAYER = {"input_layernorm.weight": "attn.norm.weight", "self_attn.o_proj.weight": "attn.f.o_proj.weight",
-               "post_attention_layernorm.weight": "ffn.norm.weight", "mlp.down_proj.weight": "ffn.f.fc2.weight"}
+LLAMA_LAYER = {
+    "input_layernorm.weight": "attn.norm.weight",
+    "self_attn.o_proj.weight": "attn.f.o_proj.weight",
+    "post_attention_layernorm.weight": "ffn.norm.weight",
+    "mlp.down_proj.weight": "ffn.f.fc2.weight",
+}
 # Separate Llama projections that loopnet stacks into one matrix, in the stacking order.
-LLAMA_STACKED = {"attn.f.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                            "self_attn.v_proj.weight"),
-                 "ffn.f.fc1.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+LLAMA_STACKED = {
+    "attn.f.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "ffn.f.fc1.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
 
 
 def llama_config(hf: dict, source: str = "config.json") -> LoopConfig:
@@ -102,32 +137,56 @@ def llama_config(hf: dict, source: str = "config.json") -> LoopConfig:
     if hf.get("hidden_act", "silu") != "silu":
         refused.append(f"hidden_act={hf['hidden_act']}")
     if refused:
-        raise ImportFormatError(f"{source}: {', '.join(refused)}: not in loopnet's blocks; fix: give a Llama without "
-                                f"them (no rope_scaling, no biases, SiLU)")
+        raise ImportFormatError(
+            f"{source}: {', '.join(refused)}: not in loopnet's blocks; fix: give a Llama without "
+            f"them (no rope_scaling, no biases, SiLU)"
+        )
     kv = hf.get("num_key_value_heads", heads)
-    return LoopConfig(vocab_size=hf["vocab_size"], seq_len=hf["max_position_embeddings"], d_model=d, n_heads=heads,
-                      n_kv_heads=None if kv == heads else kv,
-                      n_blocks=hf["num_hidden_layers"], n_rounds=1, mlp="swiglu", ffn_width=hf["intermediate_size"],
-                      bias=False, tie_embeddings=hf.get("tie_word_embeddings", False), positions="rope",
-                      rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), norm="rmsnorm",
-                      norm_eps=eps(hf.get("rms_norm_eps", 1e-6), 1e-6), residual="preln", init="normal",
-                      init_std=hf.get("initializer_range", 0.02))
+    return LoopConfig(
+        vocab_size=hf["vocab_size"],
+        seq_len=hf["max_position_embeddings"],
+        d_model=d,
+        n_heads=heads,
+        n_kv_heads=None if kv == heads else kv,
+        n_blocks=hf["num_hidden_layers"],
+        n_rounds=1,
+        mlp="swiglu",
+        ffn_width=hf["intermediate_size"],
+        bias=False,
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        positions="rope",
+        rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        norm="rmsnorm",
+        norm_eps=eps(hf.get("rms_norm_eps", 1e-6), 1e-6),
+        residual="preln",
+        init="normal",
+        init_std=hf.get("initializer_range", 0.02),
+    )
 
 
 FAMILIES = {"gpt2": gpt2_config, "llama": llama_config}
 
 
-def source_layers(tensors: dict[str, torch.Tensor], family: str,
-                  source: str) -> tuple[dict[str, torch.Tensor], dict[int, dict]]:
+def source_layers(
+    tensors: dict[str, torch.Tensor], family: str, source: str
+) -> tuple[dict[str, torch.Tensor], dict[int, dict]]:
     """(embeddings, final norm and head by loopnet name, each layer's block tensors by loopnet name), every source
     tensor used (GPT-2's stored mask buffers dropped: constants) or refused in one line."""
     if family == "gpt2":
-        top_names = {"wte.weight": "wte.weight", "wpe.weight": "wpe.weight", "ln_f.weight": "final_norm.weight",
-                     "ln_f.bias": "final_norm.bias", "lm_head.weight": "lm_head.weight"}
+        top_names = {
+            "wte.weight": "wte.weight",
+            "wpe.weight": "wpe.weight",
+            "ln_f.weight": "final_norm.weight",
+            "ln_f.bias": "final_norm.bias",
+            "lm_head.weight": "lm_head.weight",
+        }
         strip, layer_prefix = "transformer.", "h"
     else:
-        top_names = {"model.embed_tokens.weight": "wte.weight", "model.norm.weight": "final_norm.weight",
-                     "lm_head.weight": "lm_head.weight"}
+        top_names = {
+            "model.embed_tokens.weight": "wte.weight",
+            "model.norm.weight": "final_norm.weight",
+            "lm_head.weight": "lm_head.weight",
+        }
         strip, layer_prefix = "", "model.layers"
     depth = layer_prefix.count(".") + 1
     top, raw, unused = {}, {}, set()
@@ -137,7 +196,7 @@ def source_layers(tensors: dict[str, torch.Tensor], family: str,
         if name in top_names:
             top[top_names[name]] = tensor
         elif ".".join(parts[:depth]) == layer_prefix and len(parts) > depth + 1 and parts[depth].isdigit():
-            raw.setdefault(int(parts[depth]), {})[".".join(parts[depth + 1:])] = (key, tensor)
+            raw.setdefault(int(parts[depth]), {})[".".join(parts[depth + 1 :])] = (key, tensor)
         else:
             unused.add(key)
     layers = {}
@@ -166,15 +225,23 @@ def source_layers(tensors: dict[str, torch.Tensor], family: str,
     return top, layers
 
 
-def retrofit(folder: str | Path, prelude: int | None = None, core: int | None = None, coda: int | None = None,
-             rounds: int = 4, plain: bool = False) -> tuple[LoopConfig, dict[str, torch.Tensor], dict]:
+def retrofit(
+    folder: str | Path,
+    prelude: int | None = None,
+    core: int | None = None,
+    coda: int | None = None,
+    rounds: int = 4,
+    plain: bool = False,
+) -> tuple[LoopConfig, dict[str, torch.Tensor], dict]:
     """(LoopConfig, state dict, layer split) of the GPT-2 or Llama folder retrofitted as the module says."""
     folder = Path(folder)
     hf = read_json(folder, "config.json")
     family = hf.get("model_type")
     if family not in FAMILIES:
-        raise ImportFormatError(f"{folder / 'config.json'}: model_type {family!r}; loopnet retrofits "
-                                f"{' and '.join(FAMILIES)} models; fix: give such a folder (save_pretrained's)")
+        raise ImportFormatError(
+            f"{folder / 'config.json'}: model_type {family!r}; loopnet retrofits "
+            f"{' and '.join(FAMILIES)} models; fix: give such a folder (save_pretrained's)"
+        )
     base = FAMILIES[family](hf, str(folder / "config.json"))
     L = base.n_blocks
     if plain:
@@ -185,21 +252,34 @@ def retrofit(folder: str | Path, prelude: int | None = None, core: int | None = 
             raise ValueError(f"--rounds {rounds} must be >= 1; fix: give the mean rounds to train with, e.g. 4")
         split = select_layers(L, prelude, core, coda)
         # The recipe's noise initial state: the [0 | I] adapter ignores it at first; training may learn to read it.
-        config = LoopConfig(**{**base.architecture(), "n_prelude": len(split["prelude"]),
-                               "n_blocks": len(split["core"]), "n_coda": len(split["coda"]), "n_rounds": rounds,
-                               "wiring": "inject", "injection": "linear", "inject_into": "first",
-                               "state_init": "random"})
+        config = LoopConfig(
+            **{
+                **base.architecture(),
+                "n_prelude": len(split["prelude"]),
+                "n_blocks": len(split["core"]),
+                "n_coda": len(split["coda"]),
+                "n_rounds": rounds,
+                "wiring": "inject",
+                "injection": "linear",
+                "inject_into": "first",
+                "state_init": "random",
+            }
+        )
     top, layers = source_layers(read_weights(folder), family, str(folder))
     missing_layers = [i for i in range(L) if i not in layers]
     if missing_layers or max(layers, default=-1) >= L:
-        raise ImportFormatError(f"{folder}: config.json says n_layer={L} but the weights hold layers "
-                                f"{sorted(layers)}; fix: give the config.json that belongs to these weights")
+        raise ImportFormatError(
+            f"{folder}: config.json says n_layer={L} but the weights hold layers "
+            f"{sorted(layers)}; fix: give the config.json that belongs to these weights"
+        )
     state = dict(top)
     if config.tie_embeddings:
         tied = state.pop("lm_head.weight", None)
         if tied is not None and not torch.equal(tied, state["wte.weight"]):
-            raise ImportFormatError(f"{folder}: lm_head.weight differs from wte.weight although the head is tied; "
-                                    f"fix: set tie_word_embeddings false in config.json")
+            raise ImportFormatError(
+                f"{folder}: lm_head.weight differs from wte.weight although the head is tied; "
+                f"fix: set tie_word_embeddings false in config.json"
+            )
         state["lm_head.weight"] = state["wte.weight"]
     for part, prefix in (("prelude", "prelude"), ("core", "blocks"), ("coda", "coda")):
         for j, i in enumerate(split[part]):

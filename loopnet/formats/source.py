@@ -25,10 +25,11 @@ class ImportFormatError(ValueError):
 
 def parse_hf(src: str) -> tuple[str, str | None]:
     """`hf://org/name[@revision]` -> (repo id, revision or None)."""
-    repo, _, revision = src[len(HF_SCHEME):].partition("@")
+    repo, _, revision = src[len(HF_SCHEME) :].partition("@")
     if repo.count("/") != 1 or not all(repo.split("/")):
-        raise ImportFormatError(f"{src!r} is not hf://org/name[@revision]; fix: give e.g. "
-                                f"hf://tomg-group-umd/huginn-0125@<commit>")
+        raise ImportFormatError(
+            f"{src!r} is not hf://org/name[@revision]; fix: give e.g. hf://tomg-group-umd/huginn-0125@<commit>"
+        )
     return repo, revision or None
 
 
@@ -52,15 +53,18 @@ def resolve(src: str) -> Path:
     try:
         return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
     except HfHubHTTPError as err:  # the hub answered: no such repository or revision, or a gated one
-        raise ImportFormatError(f"{src}: the hub refused it ({str(err).splitlines()[0]}); fix: check the repository "
-                                f"name and revision, and log in (`huggingface-cli login`) for a gated model") from None
+        raise ImportFormatError(
+            f"{src}: the hub refused it ({str(err).splitlines()[0]}); fix: check the repository "
+            f"name and revision, and log in (`huggingface-cli login`) for a gated model"
+        ) from None
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, OSError) as err:
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
         why = "HF_HUB_OFFLINE is set" if offline else f"the hub is unreachable ({type(err).__name__})"
         raise ImportFormatError(
             f"{src}: not in the Hugging Face cache and {why}; fix: run with network and HF_HUB_OFFLINE unset, or "
             f"download it elsewhere (`huggingface-cli download {repo}"
-            f"{' --revision ' + revision if revision else ''} --local-dir DIR`) and give DIR") from None
+            f"{' --revision ' + revision if revision else ''} --local-dir DIR`) and give DIR"
+        ) from None
 
 
 def read_json(folder: Path, name: str) -> dict:
@@ -82,8 +86,10 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     elif (folder / "model.safetensors").is_file():
         weight_map, files = None, ["model.safetensors"]
     else:
-        raise ImportFormatError(f"{folder}: neither {INDEX} nor model.safetensors; fix: give a folder with the "
-                                f"model's safetensors weights (a PyTorch .bin checkpoint is not read)")
+        raise ImportFormatError(
+            f"{folder}: neither {INDEX} nor model.safetensors; fix: give a folder with the "
+            f"model's safetensors weights (a PyTorch .bin checkpoint is not read)"
+        )
     tensors = {}
     for name in files:
         if not (folder / name).is_file():
@@ -93,8 +99,9 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
                 tensors[key] = f.get_tensor(key)
     if weight_map is not None and set(weight_map) != set(tensors):
         missing = sorted(set(weight_map) - set(tensors))
-        raise ImportFormatError(f"{folder}: {INDEX} names tensors its files lack: {', '.join(missing[:5])}; "
-                                f"fix: download the weights again")
+        raise ImportFormatError(
+            f"{folder}: {INDEX} names tensors its files lack: {', '.join(missing[:5])}; fix: download the weights again"
+        )
     return tensors
 
 
@@ -111,8 +118,10 @@ def check_keys(source: str, unused: set[str], expected: set[str], produced: set[
             parts.append(f"missing tensors for {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
         if extra:
             parts.append(f"tensors loopnet's model lacks: {', '.join(extra[:6])}")
-        raise ImportFormatError(f"{source}: the weights do not match the config ({'; '.join(parts)}); fix: give an "
-                                f"unmodified checkpoint folder whose config.json describes its weights")
+        raise ImportFormatError(
+            f"{source}: the weights do not match the config ({'; '.join(parts)}); fix: give an "
+            f"unmodified checkpoint folder whose config.json describes its weights"
+        )
 
 
 def expected_keys(config) -> dict[str, torch.Size]:
@@ -127,6 +136,8 @@ def expected_keys(config) -> dict[str, torch.Size]:
 def check_shapes(source: str, state: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> None:
     wrong = [f"{k} {tuple(v.shape)} vs {tuple(shapes[k])}" for k, v in state.items() if v.shape != shapes[k]]
     if wrong:
-        raise ImportFormatError(f"{source}: tensor shapes differ from what config.json implies "
-                                f"({'; '.join(wrong[:4])}); "
-                                f"fix: give the config.json that belongs to these weights")
+        raise ImportFormatError(
+            f"{source}: tensor shapes differ from what config.json implies "
+            f"({'; '.join(wrong[:4])}); "
+            f"fix: give the config.json that belongs to these weights"
+        )

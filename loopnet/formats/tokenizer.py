@@ -34,8 +34,10 @@ def _eos(folder: Path, tokenizer) -> int:
             return tokenizer.token_to_id(token)
         if isinstance(meta.get("eos_token_id"), int):
             return meta["eos_token_id"]
-    raise TokenizerFileError(f"{folder}: no end-of-text token named (eos_token in tokenizer_config.json or "
-                             f"special_tokens_map.json); fix: give the model folder the tokenizer came with")
+    raise TokenizerFileError(
+        f"{folder}: no end-of-text token named (eos_token in tokenizer_config.json or "
+        f"special_tokens_map.json); fix: give the model folder the tokenizer came with"
+    )
 
 
 class HFTokenizer:
@@ -47,8 +49,9 @@ class HFTokenizer:
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
-            raise TokenizerFileError(f"{path}: no tokenizer.json; fix: give an imported model's folder or its "
-                                     f"tokenizer.json")
+            raise TokenizerFileError(
+                f"{path}: no tokenizer.json; fix: give an imported model's folder or its tokenizer.json"
+            )
         self.path = str(file)
         self.name = f"tokenizer:{file.parent.name or file.name}"
         self._tok = Tokenizer.from_file(self.path)

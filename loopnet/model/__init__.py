@@ -9,11 +9,21 @@ from loopnet.lazy import lazy_attributes
 # Imported on first use (PEP 562): the visit names (`Visit`, `SUBLAYERS`) need no torch, so `loopnet report`
 # and the diagnostics' tag scheme start without it.
 _WHERE = {
-    "LoopConfig": ".config", "Architecture": ".config", "RunSettings": ".config", "RUN_SETTINGS": ".config",
-    "BETA_SCALED": ".scales", "SCHEMES": ".scales", "residual_scales": ".scales",
-    "LoopedTransformer": ".transformer", "lm_loss": ".transformer",
-    "Generation": "loopnet.generate", "sample_next": "loopnet.generate",
-    "SUBLAYERS": ".visits", "Visit": ".visits", "VisitObserver": ".visits", "VisitTrace": ".visits",
+    "LoopConfig": ".config",
+    "Architecture": ".config",
+    "RunSettings": ".config",
+    "RUN_SETTINGS": ".config",
+    "BETA_SCALED": ".scales",
+    "SCHEMES": ".scales",
+    "residual_scales": ".scales",
+    "LoopedTransformer": ".transformer",
+    "lm_loss": ".transformer",
+    "Generation": "loopnet.generate",
+    "sample_next": "loopnet.generate",
+    "SUBLAYERS": ".visits",
+    "Visit": ".visits",
+    "VisitObserver": ".visits",
+    "VisitTrace": ".visits",
     "visit_order": ".visits",
 }
 

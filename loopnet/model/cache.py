@@ -91,8 +91,7 @@ class KVCache:
         mask = torch.arange(span, device=pos.device)[None, None, :] <= pos[:, :, None]  # [B, T, span]
         return F.scaled_dot_product_attention(q, K[:, :, :span], V[:, :, :span], attn_mask=mask[:, None])
 
-    def fill_later_rounds(self, exit_round: torch.Tensor, rounds: int, n_blocks: int,
-                          positions: torch.Tensor) -> None:
+    def fill_later_rounds(self, exit_round: torch.Tensor, rounds: int, n_blocks: int, positions: torch.Tensor) -> None:
         """The exit rule: sequence b's token at `positions[b]` stopped after round `exit_round[b]`; its
         keys and values of that round stand in for rounds exit_round[b]+1 .. `rounds`."""
         for e in torch.unique(exit_round).tolist():

@@ -288,21 +288,30 @@ class LoopConfig(RunSettings, Architecture):
                     f"LoopConfig.{name}={getattr(self, name)!r} is not allowed; choose one of {names} "
                     f"(fix: set model.config.{name} to one of them)"
                 )
-        sizes = {"vocab_size": "the token ids, e.g. 50304", "seq_len": "the context length in tokens, e.g. 256",
-                 "d_model": "the width, e.g. 128", "n_heads": "e.g. 4", "n_blocks": "K, e.g. 2",
-                 "n_rounds": "R, e.g. 6; R < 1 runs no round"}
+        sizes = {
+            "vocab_size": "the token ids, e.g. 50304",
+            "seq_len": "the context length in tokens, e.g. 256",
+            "d_model": "the width, e.g. 128",
+            "n_heads": "e.g. 4",
+            "n_blocks": "K, e.g. 2",
+            "n_rounds": "R, e.g. 6; R < 1 runs no round",
+        }
         for name, example in sizes.items():
             if getattr(self, name) < 1:
-                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}; "
-                                 f"fix: set model.config.{name} to a positive integer ({example})")
+                raise ValueError(
+                    f"LoopConfig.{name} must be >= 1, got {getattr(self, name)}; "
+                    f"fix: set model.config.{name} to a positive integer ({example})"
+                )
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"LoopConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                 f"fix: pick n_heads among the divisors of d_model"
             )
         if self.positions == "rope" and self.head_dim % 2:
-            raise ValueError(f"positions='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}; "
-                             f"fix: pick n_heads so that d_model/n_heads is even, or positions: learned")
+            raise ValueError(
+                f"positions='rope' needs an even head dimension, got d_model/n_heads={self.head_dim}; "
+                f"fix: pick n_heads so that d_model/n_heads is even, or positions: learned"
+            )
         if self.init_std <= 0:
             raise ValueError(f"LoopConfig.init_std must be > 0, got {self.init_std}; fix: give e.g. 0.02")
         if not 0.0 <= self.dropout < 1.0:
@@ -320,58 +329,86 @@ class LoopConfig(RunSettings, Architecture):
             raise ValueError("LoopConfig.p is only used with residual='scaled'; remove it or set residual: scaled")
         for name in ("n_prelude", "n_coda", "round_curriculum_steps"):
             if getattr(self, name) < 0:
-                raise ValueError(f"LoopConfig.{name} must be >= 0, got {getattr(self, name)}; "
-                                 f"fix: set model.config.{name} to 0 or a positive integer")
+                raise ValueError(
+                    f"LoopConfig.{name} must be >= 0, got {getattr(self, name)}; "
+                    f"fix: set model.config.{name} to 0 or a positive integer"
+                )
         if self.injection in ("linear", "diagonal") and (self.wiring != "inject" or self.inject_into != "first"):
-            raise ValueError(f"LoopConfig.injection={self.injection!r} starts each round from inj(x, e); it needs "
-                             f"wiring='inject' and inject_into='first'; fix: set model.config.wiring: inject and "
-                             f"model.config.inject_into: first")
+            raise ValueError(
+                f"LoopConfig.injection={self.injection!r} starts each round from inj(x, e); it needs "
+                f"wiring='inject' and inject_into='first'; fix: set model.config.wiring: inject and "
+                f"model.config.inject_into: first"
+            )
         if self.ffn_width is not None and self.ffn_width < 1:
-            raise ValueError(f"LoopConfig.ffn_width={self.ffn_width} must be >= 1; fix: give the FFN's hidden width, "
-                             f"or null for mlp_ratio·d_model")
+            raise ValueError(
+                f"LoopConfig.ffn_width={self.ffn_width} must be >= 1; fix: give the FFN's hidden width, "
+                f"or null for mlp_ratio·d_model"
+            )
         if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
-            raise ValueError(f"LoopConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; fix: give a "
-                             f"divisor of n_heads, or null (no grouped-query attention)")
+            raise ValueError(
+                f"LoopConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}; fix: give a "
+                f"divisor of n_heads, or null (no grouped-query attention)"
+            )
         if self.qk_bias and self.kv_heads != self.n_heads:
-            raise ValueError("LoopConfig.qk_bias has a key bias per query head; it needs n_kv_heads null; fix: drop "
-                             "one of them")
+            raise ValueError(
+                "LoopConfig.qk_bias has a key bias per query head; it needs n_kv_heads null; fix: drop one of them"
+            )
         if self.norm_eps is not None and not self.norm_eps > 0:
             raise ValueError(f"LoopConfig.norm_eps={self.norm_eps} must be > 0; fix: give e.g. 1e-5, or null")
         if self.state_init != "zero" and self.injection not in ("linear", "diagonal"):
-            raise ValueError(f"LoopConfig.state_init={self.state_init!r} is the state a learned injection starts from; "
-                             f"fix: set model.config.injection: linear (or diagonal), or state_init: zero")
+            raise ValueError(
+                f"LoopConfig.state_init={self.state_init!r} is the state a learned injection starts from; "
+                f"fix: set model.config.injection: linear (or diagonal), or state_init: zero"
+            )
         if self.backprop_rounds is not None and self.backprop_rounds < 1:
-            raise ValueError(f"LoopConfig.backprop_rounds={self.backprop_rounds} must be >= 1 (or null: every round); "
-                             f"fix: give the number of final rounds that get gradients, e.g. 2")
+            raise ValueError(
+                f"LoopConfig.backprop_rounds={self.backprop_rounds} must be >= 1 (or null: every round); "
+                f"fix: give the number of final rounds that get gradients, e.g. 2"
+            )
         sampled = self.round_sampling != "fixed"
         if self.backprop_rounds is not None and self.truncate_rounds:
             if sampled or self.n_rounds - self.truncate_rounds != self.backprop_rounds:
                 raise ValueError(
                     f"LoopConfig.backprop_rounds={self.backprop_rounds} and truncate_rounds={self.truncate_rounds} "
                     f"disagree (backprop_rounds = n_rounds - truncate_rounds at a fixed R; sampled R takes "
-                    f"backprop_rounds only); fix: give one of them, e.g. remove model.config.truncate_rounds")
+                    f"backprop_rounds only); fix: give one of them, e.g. remove model.config.truncate_rounds"
+                )
         if self.max_rounds is not None and self.max_rounds < self.n_rounds:
-            raise ValueError(f"LoopConfig.max_rounds={self.max_rounds} is below the mean n_rounds={self.n_rounds}; "
-                             f"fix: give max_rounds >= n_rounds (e.g. {2 * self.n_rounds}) or null")
+            raise ValueError(
+                f"LoopConfig.max_rounds={self.max_rounds} is below the mean n_rounds={self.n_rounds}; "
+                f"fix: give max_rounds >= n_rounds (e.g. {2 * self.n_rounds}) or null"
+            )
         if not sampled and (self.round_curriculum_steps or self.scales_depth != "mean"):
-            raise ValueError("LoopConfig.round_curriculum_steps and scales_depth='sampled' act on sampled rounds; "
-                             "fix: set model.config.round_sampling (poisson_lognormal or poisson_truncated) or remove them")
+            raise ValueError(
+                "LoopConfig.round_curriculum_steps and scales_depth='sampled' act on sampled rounds; "
+                "fix: set model.config.round_sampling (poisson_lognormal or poisson_truncated) or remove them"
+            )
         if self.backprop_rounds is not None and self.backprop_rounds > self.n_rounds:
-            raise ValueError(f"LoopConfig.backprop_rounds={self.backprop_rounds} exceeds n_rounds={self.n_rounds}; "
-                             f"fix: give at most n_rounds (every round then gets gradients)")
+            raise ValueError(
+                f"LoopConfig.backprop_rounds={self.backprop_rounds} exceeds n_rounds={self.n_rounds}; "
+                f"fix: give at most n_rounds (every round then gets gradients)"
+            )
         if self.n_coda and self.loss_rounds != "last":
-            raise ValueError(f"LoopConfig.loss_rounds={self.loss_rounds!r} with a coda would run the coda once per loss "
-                             f"round; fix: set model.config.loss_rounds: last, or n_coda: 0")
+            raise ValueError(
+                f"LoopConfig.loss_rounds={self.loss_rounds!r} with a coda would run the coda once per loss "
+                f"round; fix: set model.config.loss_rounds: last, or n_coda: 0"
+            )
         truncated = self.backprop_rounds is not None or self.truncate_rounds > 0
         if self.n_prelude and truncated and self.wiring in ("carry", "lt"):
-            raise ValueError(f"LoopConfig.wiring={self.wiring!r} feeds the prelude's output into round 1 only, which "
-                             f"runs without grad when rounds are truncated: the prelude would get no gradient; fix: "
-                             f"set model.config.wiring: inject (the prelude's output re-enters every round)")
+            raise ValueError(
+                f"LoopConfig.wiring={self.wiring!r} feeds the prelude's output into round 1 only, which "
+                f"runs without grad when rounds are truncated: the prelude would get no gradient; fix: "
+                f"set model.config.wiring: inject (the prelude's output re-enters every round)"
+            )
         if self.sandwich and self.residual == "preln":
-            raise ValueError("LoopConfig.sandwich applies to the Post-LN family; Pre-LN already normalises the branch input")
+            raise ValueError(
+                "LoopConfig.sandwich applies to the Post-LN family; Pre-LN already normalises the branch input"
+            )
         if self.branch_scale != "one" and self.residual != "preln":
-            raise ValueError(f"LoopConfig.branch_scale={self.branch_scale!r} scales the Pre-LN branch only; "
-                             f"fix: set model.config.residual: preln, or branch_scale: one for residual={self.residual!r}")
+            raise ValueError(
+                f"LoopConfig.branch_scale={self.branch_scale!r} scales the Pre-LN branch only; "
+                f"fix: set model.config.residual: preln, or branch_scale: one for residual={self.residual!r}"
+            )
         if self.parametrization != "completep" and self.completep_alpha != 1.0:
             raise ValueError("LoopConfig.completep_alpha belongs to parametrization completep; fix: remove it")
         check_parametrization(self)
@@ -397,4 +434,3 @@ class LoopConfig(RunSettings, Architecture):
     def architecture(self) -> dict:
         """The architecture's fields and values: what a checkpoint must match."""
         return {f.name: getattr(self, f.name) for f in fields(Architecture)}
-

@@ -30,8 +30,10 @@ def check_exit(exit: str, threshold: float | None, where: str = "model.generate"
     if exit not in EXITS:
         raise ValueError(f"{where}.exit={exit!r} is not a criterion; choose one of {', '.join(EXITS)}")
     if threshold is not None and not threshold >= 0:
-        raise ValueError(f"{where}.exit_threshold={threshold} must be >= 0; fix: give e.g. "
-                         f"{DEFAULT_THRESHOLDS.get(exit, 1e-3)} (null: the criterion's default)")
+        raise ValueError(
+            f"{where}.exit_threshold={threshold} must be >= 0; fix: give e.g. "
+            f"{DEFAULT_THRESHOLDS.get(exit, 1e-3)} (null: the criterion's default)"
+        )
 
 
 class ExitCriterion:
@@ -66,7 +68,11 @@ class ExitCriterion:
             return value < self.threshold, value
         if self.kind == "entropy":
             entropy = -(logp.exp() * logp).sum(-1)
-            prev = self.prev_entropy if self.prev_entropy is not None else torch.full_like(entropy, math.log(logp.size(-1)))
+            prev = (
+                self.prev_entropy
+                if self.prev_entropy is not None
+                else torch.full_like(entropy, math.log(logp.size(-1)))
+            )
             value = (entropy - prev).abs()
             self.prev_entropy = entropy
             return value < self.threshold, value
@@ -78,8 +84,9 @@ class ExitCriterion:
 
 
 @torch.no_grad()
-def exit_logits(model, idx: torch.Tensor, exit: str, threshold: float | None, max_rounds: int,
-                n_vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def exit_logits(
+    model, idx: torch.Tensor, exit: str, threshold: float | None, max_rounds: int, n_vocab: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced adaptive exit: (logits [B, T, V], rounds [B, T]) where each position's logits are
     those of the first round ≤ `max_rounds` at which its criterion holds (`max_rounds` if none).
 

@@ -72,10 +72,10 @@ class GreedyScreen:
         w = weight.detach()
         self.low = w.to(torch.bfloat16)  # [V, d]
         # ‖w_v‖ in float64, rounded up into fp32
-        self.norms = (w.double().norm(dim=1) * (1 + 2.0 ** -20)).float()  # [V]
-        self.eps = (2.0 ** -8 + (d + 2) * 2.0 ** -23) * (1 + 2.0 ** -10)
+        self.norms = (w.double().norm(dim=1) * (1 + 2.0**-20)).float()  # [V]
+        self.eps = (2.0**-8 + (d + 2) * 2.0**-23) * (1 + 2.0**-10)
         magnitude = w.abs()
-        normal = (magnitude == 0) | (magnitude >= 2.0 ** -126)
+        normal = (magnitude == 0) | (magnitude >= 2.0**-126)
         self.usable = bool(torch.isfinite(self.low).all()) and bool(normal.all())
 
     def matches(self, weight: torch.Tensor) -> bool:
@@ -86,16 +86,18 @@ class GreedyScreen:
         return self.low, self.norms, self.eps, n_vocab
 
     @staticmethod
-    def bounds(h: torch.Tensor, low: torch.Tensor, norms: torch.Tensor, eps: float,
-               n_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def bounds(
+        h: torch.Tensor, low: torch.Tensor, norms: torch.Tensor, eps: float, n_vocab: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(a [B, V], e [B, V]): each exact logit w_v·h lies in [a_v − e_v, a_v + e_v]."""
         a = (low[:n_vocab].float() * h[:, None, :]).sum(-1)
-        e = eps * norms[:n_vocab] * torch.linalg.vector_norm(h, dim=-1, keepdim=True) + 2.0 ** -100
+        e = eps * norms[:n_vocab] * torch.linalg.vector_norm(h, dim=-1, keepdim=True) + 2.0**-100
         return a, e
 
     @staticmethod
-    def screen(h: torch.Tensor, low: torch.Tensor, norms: torch.Tensor, eps: float,
-               n_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def screen(
+        h: torch.Tensor, low: torch.Tensor, norms: torch.Tensor, eps: float, n_vocab: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the token [B] that attains max_v (a_v − e_v), whether it is the only candidate [B])."""
         a, e = GreedyScreen.bounds(h, low, norms, eps, n_vocab)
         below = a - e

@@ -31,7 +31,8 @@ class RMSNormFunction(torch.autograd.Function):
         d = x.size(-1)
         want_w = weight is not None and ctx.needs_input_grad[1]
         grad_x, grad_w, _ = torch.ops.aten.native_layer_norm_backward(
-            grad_y, x, [d], torch.zeros_like(rstd), rstd, weight, None, [True, want_w, False])
+            grad_y, x, [d], torch.zeros_like(rstd), rstd, weight, None, [True, want_w, False]
+        )
         row_sum = grad_y.sum(-1, keepdim=True) if weight is None else (grad_y.reshape(-1, d) @ weight).view_as(rstd)
         return grad_x.add_(row_sum.mul_(rstd).div_(d)), grad_w, None  # + rstd·mean(∂x̂), removed by LayerNorm's
 
@@ -77,7 +78,9 @@ class LinearCrossEntropy(torch.autograd.Function):
         p = torch.softmax(logits, dim=-1)
         valid = targets != -1
         index = targets.clamp(min=0)[:, None]
-        scale = valid / valid.sum()  # per row: 1/n, or 0 for an ignored target; nan when none is valid, as F.cross_entropy
+        scale = (
+            valid / valid.sum()
+        )  # per row: 1/n, or 0 for an ignored target; nan when none is valid, as F.cross_entropy
         loss = (target_nll(logits, p, index, host_check=logits.is_cpu) * scale).sum()
         z_term = None
         if z_coef:

@@ -126,7 +126,8 @@ class Attention(nn.Module):
         # scaled_dot_product_attention does not expose the logits q·k/√d_h that the probe measures.
         self.qk_hook = None
         self.register_load_state_dict_pre_hook(
-            lambda module, state_dict, prefix, *args: QKVLinear.fuse_state(state_dict, prefix))
+            lambda module, state_dict, prefix, *args: QKVLinear.fuse_state(state_dict, prefix)
+        )
 
     def forward(self, x: torch.Tensor, q_src: torch.Tensor | None = None, rotary: Rotary | None = None, kv=None):
         B, T, C = x.shape
@@ -156,7 +157,9 @@ class Attention(nn.Module):
         if kv is not None:
             y = kv.attend(q, k, v)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
 

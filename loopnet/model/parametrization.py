@@ -69,10 +69,12 @@ def group_rules(cfg: Config) -> dict[str, dict[str, float]]:
     (embeddings, an untied head, the final Norm, a diagonal injection's vectors)."""
     m_d, m_L = width_multiplier(cfg), depth_multiplier(cfg)
     depth_lr = m_L ** (cfg.completep_alpha - 1) if cfg.parametrization == "completep" else 1.0
-    eps = 1.0 / (m_d * m_L ** cfg.completep_alpha) if cfg.parametrization == "completep" else 1.0
-    return {"hidden": {"lr": depth_lr / m_d, "weight_decay": m_d, "eps": eps},
-            "block_vector": {"lr": depth_lr, "weight_decay": 1.0, "eps": eps},
-            "other": {"lr": 1.0, "weight_decay": 1.0, "eps": eps}}
+    eps = 1.0 / (m_d * m_L**cfg.completep_alpha) if cfg.parametrization == "completep" else 1.0
+    return {
+        "hidden": {"lr": depth_lr / m_d, "weight_decay": m_d, "eps": eps},
+        "block_vector": {"lr": depth_lr, "weight_decay": 1.0, "eps": eps},
+        "other": {"lr": 1.0, "weight_decay": 1.0, "eps": eps},
+    }
 
 
 def check_parametrization(cfg: Config) -> None:
@@ -80,47 +82,66 @@ def check_parametrization(cfg: Config) -> None:
     p = cfg.parametrization
     if p == "standard":
         if cfg.mup_base_width is not None or cfg.completep_base_depth is not None:
-            raise ValueError("LoopConfig.mup_base_width and completep_base_depth belong to parametrization mup or "
-                             "completep; fix: remove them, or set model.config.parametrization: mup")
+            raise ValueError(
+                "LoopConfig.mup_base_width and completep_base_depth belong to parametrization mup or "
+                "completep; fix: remove them, or set model.config.parametrization: mup"
+            )
         return
     if cfg.mup_base_width is None or cfg.mup_base_width < 1:
-        raise ValueError(f"LoopConfig.parametrization={p!r} needs mup_base_width >= 1, the width whose rates are "
-                         f"tuned; fix: set model.config.mup_base_width, e.g. 64")
+        raise ValueError(
+            f"LoopConfig.parametrization={p!r} needs mup_base_width >= 1, the width whose rates are "
+            f"tuned; fix: set model.config.mup_base_width, e.g. 64"
+        )
     if cfg.mup_base_width % cfg.n_heads:
-        raise ValueError(f"LoopConfig.mup_base_width={cfg.mup_base_width} is not divisible by n_heads={cfg.n_heads} "
-                         f"(μP scales d_h at a fixed head count); fix: pick a base width that n_heads divides")
+        raise ValueError(
+            f"LoopConfig.mup_base_width={cfg.mup_base_width} is not divisible by n_heads={cfg.n_heads} "
+            f"(μP scales d_h at a fixed head count); fix: pick a base width that n_heads divides"
+        )
     if p == "mup":
         if cfg.completep_base_depth is not None:
-            raise ValueError("LoopConfig.completep_base_depth belongs to parametrization completep; fix: remove it "
-                             "or set model.config.parametrization: completep")
+            raise ValueError(
+                "LoopConfig.completep_base_depth belongs to parametrization completep; fix: remove it "
+                "or set model.config.parametrization: completep"
+            )
         return
     if cfg.completep_base_depth is None or cfg.completep_base_depth < 1:
-        raise ValueError("LoopConfig.parametrization='completep' needs completep_base_depth >= 1, the depth N₀ = "
-                         "P + K·R + C whose rates are tuned; fix: set model.config.completep_base_depth, e.g. 4")
+        raise ValueError(
+            "LoopConfig.parametrization='completep' needs completep_base_depth >= 1, the depth N₀ = "
+            "P + K·R + C whose rates are tuned; fix: set model.config.completep_base_depth, e.g. 4"
+        )
     if not 0.5 <= cfg.completep_alpha <= 1.0:
-        raise ValueError(f"LoopConfig.completep_alpha={cfg.completep_alpha} must be in [0.5, 1] (1: CompleteP, "
-                         f"0.5: depth-μP); fix: give 1.0")
+        raise ValueError(
+            f"LoopConfig.completep_alpha={cfg.completep_alpha} must be in [0.5, 1] (1: CompleteP, "
+            f"0.5: depth-μP); fix: give 1.0"
+        )
     if cfg.residual != "preln" or cfg.branch_scale != "one":
-        raise ValueError(f"LoopConfig.parametrization='completep' scales the Pre-LN branch by (N/N₀)^-a itself "
-                         f"(residual={cfg.residual!r}, branch_scale={cfg.branch_scale!r}); fix: set "
-                         f"model.config.residual: preln and branch_scale: one")
+        raise ValueError(
+            f"LoopConfig.parametrization='completep' scales the Pre-LN branch by (N/N₀)^-a itself "
+            f"(residual={cfg.residual!r}, branch_scale={cfg.branch_scale!r}); fix: set "
+            f"model.config.residual: preln and branch_scale: one"
+        )
     if cfg.scales_depth == "sampled":
-        raise ValueError("LoopConfig.parametrization='completep' keeps its multipliers and rates at the mean depth "
-                         "N = P + K·n_rounds + C; fix: set model.config.scales_depth: mean")
+        raise ValueError(
+            "LoopConfig.parametrization='completep' keeps its multipliers and rates at the mean depth "
+            "N = P + K·n_rounds + C; fix: set model.config.scales_depth: mean"
+        )
 
 
 def describe(cfg: Config) -> str:
     """One line of the rules' values, for logs and reports."""
     rules = group_rules(cfg)
-    return (f"{cfg.parametrization}: m_d {width_multiplier(cfg):g}, m_L {depth_multiplier(cfg):g}, hidden lr ×"
-            f"{rules['hidden']['lr']:.4g}, logits ×{logit_multiplier(cfg):.4g}, queries ×{query_scale(cfg):.4g}, "
-            f"ε {cfg.branch_epsilon:.4g}")
-
+    return (
+        f"{cfg.parametrization}: m_d {width_multiplier(cfg):g}, m_L {depth_multiplier(cfg):g}, hidden lr ×"
+        f"{rules['hidden']['lr']:.4g}, logits ×{logit_multiplier(cfg):.4g}, queries ×{query_scale(cfg):.4g}, "
+        f"ε {cfg.branch_epsilon:.4g}"
+    )
 
 
 def check_optimizer(parametrization: str, optimizer: str) -> None:
     """μP's per-group rates are AdamW's: refuse Muon under mup and completep, in one line."""
     if parametrization != "standard" and optimizer != "adamw":
-        raise ValueError(f"model.config.parametrization={parametrization!r} sets AdamW's per-group rates and "
-                         f"model.optim.optimizer={optimizer!r} is not AdamW; fix: set model.optim.optimizer: adamw, "
-                         f"or parametrization: standard")
+        raise ValueError(
+            f"model.config.parametrization={parametrization!r} sets AdamW's per-group rates and "
+            f"model.optim.optimizer={optimizer!r} is not AdamW; fix: set model.optim.optimizer: adamw, "
+            f"or parametrization: standard"
+        )

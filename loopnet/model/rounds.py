@@ -60,7 +60,7 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 def sample_rounds(rule: str, mean: float, generator: torch.Generator) -> int:
     """One R from `rule` at mean `mean`, before the cap."""
     if rule == "poisson_lognormal":
-        mu = math.log(mean) - LOGNORMAL_SIGMA ** 2 / 2
+        mu = math.log(mean) - LOGNORMAL_SIGMA**2 / 2
         rate = math.exp(mu + LOGNORMAL_SIGMA * torch.randn((), generator=generator).item())
         return int(torch.poisson(torch.tensor(rate, dtype=torch.float64), generator=generator).item()) + 1
     if rule == "poisson_truncated":

@@ -91,8 +91,10 @@ def branch_scale(rule: str, n_blocks: int, n_rounds: int, lam: float = 1.0) -> f
         raise ValueError(f"branch_lambda must be > 0, got {lam}; fix: give a positive λ, e.g. 1.0")
     if rule == "one":
         if lam != 1.0:
-            raise ValueError(f"branch_scale='one' is ε = 1 and takes no λ, got branch_lambda={lam}; "
-                             "fix: branch_lambda: 1.0, or branch_scale: sqrt_depth or wang")
+            raise ValueError(
+                f"branch_scale='one' is ε = 1 and takes no λ, got branch_lambda={lam}; "
+                "fix: branch_lambda: 1.0, or branch_scale: sqrt_depth or wang"
+            )
         return 1.0
     if rule == "sqrt_depth":
         return lam / math.sqrt(n_blocks * n_rounds)

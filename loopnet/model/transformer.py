@@ -82,7 +82,7 @@ class LoopedTransformer(nn.Module):
         self._compiled_head = None
         # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
         self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
-        self._injection_matmul = {"linear": 2 * cfg.d_model ** 2, "diagonal": cfg.d_model ** 2}.get(cfg.injection, 0)
+        self._injection_matmul = {"linear": 2 * cfg.d_model**2, "diagonal": cfg.d_model**2}.get(cfg.injection, 0)
         self._head_numel = self.lm_head.weight.numel()
         self.reset_parameters()
 
@@ -135,8 +135,13 @@ class LoopedTransformer(nn.Module):
             n -= self.wpe.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len: int | None = None, rounds: int | None = None, training: bool = True,
-                        grad_rounds: int | None = None) -> float:
+    def flops_per_token(
+        self,
+        seq_len: int | None = None,
+        rounds: int | None = None,
+        training: bool = True,
+        grad_rounds: int | None = None,
+    ) -> float:
         """Model FLOPs per token, PaLM/nanoGPT style, counting every visit: a forward pass costs
         2·params + 4·d·T (attention scores and mixing) per block visit (prelude, loop and coda alike),
         2·matrix params per learned injection and 2·head_params per LM-head evaluation; training adds
@@ -179,9 +184,14 @@ class LoopedTransformer(nn.Module):
         logits), which returns the logits without grad: the loss carries the gradient."""
         h = self.final_norm(x)
         weight = self.lm_head.weight
-        if (targets is not None and torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-                and h.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled(h.device.type)
-                and not torch.compiler.is_compiling()):  # compiled, inductor fuses the loss itself
+        if (
+            targets is not None
+            and torch.is_grad_enabled()
+            and (h.requires_grad or weight.requires_grad)
+            and h.dtype == weight.dtype == torch.float32
+            and not torch.is_autocast_enabled(h.device.type)
+            and not torch.compiler.is_compiling()
+        ):  # compiled, inductor fuses the loss itself
             loss, logits, *z = LinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.flatten(), self.z_loss)
             return logits.view(*h.shape[:-1], -1), loss, (z[0] if z else None)
         logits = self.lm_head(h)
@@ -204,8 +214,9 @@ class LoopedTransformer(nn.Module):
         ``on_logits(round, logits)`` method also sees the logits of every head evaluation. None detaches."""
         self.observer = observer
 
-    def _block(self, r: int, k: int, block: Block, x, q_src, alpha: float, part: str = "loop",
-               kv: KVCache | None = None):
+    def _block(
+        self, r: int, k: int, block: Block, x, q_src, alpha: float, part: str = "loop", kv: KVCache | None = None
+    ):
         """Block k's visits of round r (of the prelude or coda: `part`, r = 0): one call of the block
         (FSDP's unit, checkpointed as one), whose two sublayer visits the observer, when attached, then
         sees in order. With `kv` (a cached generation) its attention reads and extends the cache of this
@@ -221,14 +232,21 @@ class LoopedTransformer(nn.Module):
         return x
 
     # ----------------------------------------------------------------------------- forward
-    def embed(self, idx: torch.Tensor, alpha: float | None = None, positions: torch.Tensor | None = None,
-              kv: KVCache | None = None) -> torch.Tensor:
+    def embed(
+        self,
+        idx: torch.Tensor,
+        alpha: float | None = None,
+        positions: torch.Tensor | None = None,
+        kv: KVCache | None = None,
+    ) -> torch.Tensor:
         """e: the token (and learned position) embedding, dropout, then the prelude blocks. A cached
         generation passes the tokens' `positions` [B, T] (default 0..T-1) and its cache."""
         T = idx.size(1)
         if T > self.config.seq_len:
-            raise ValueError(f"sequence length {T} exceeds the position table (LoopConfig.seq_len={self.config.seq_len}); "
-                             f"shorten the input or train with a larger seq_len")
+            raise ValueError(
+                f"sequence length {T} exceeds the position table (LoopConfig.seq_len={self.config.seq_len}); "
+                f"shorten the input or train with a larger seq_len"
+            )
         e = self.wte(idx)
         if self.config.embed_scale:
             e = e * math.sqrt(self.config.d_model)
@@ -294,9 +312,17 @@ class LoopedTransformer(nn.Module):
             return range(rounds - max(1, math.ceil(rounds / 3)) + 1, rounds + 1)
         return range(rounds, rounds + 1)
 
-    def iter_rounds(self, idx: torch.Tensor, rounds: int | None = None, grad_rounds: int | None = None,
-                    alpha: float | None = None, *, positions: torch.Tensor | None = None,
-                    kv: KVCache | None = None, start: bool = False):
+    def iter_rounds(
+        self,
+        idx: torch.Tensor,
+        rounds: int | None = None,
+        grad_rounds: int | None = None,
+        alpha: float | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        kv: KVCache | None = None,
+        start: bool = False,
+    ):
         """Run the prelude and the loop on token ids `idx`, yielding (r, x_end of round r) for r = 1..R'.
         The one loop of the model: `forward`, `generate` and the update-size diagnostic read it. In training
         only the last `grad_rounds` rounds (default `LoopConfig.grad_rounds(R')`) get gradients; `alpha`
@@ -327,8 +353,13 @@ class LoopedTransformer(nn.Module):
                     x = self.round(r, begin, h, alpha, kv)
             yield r, x
 
-    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None, alpha: float | None = None,
-             kv: KVCache | None = None):
+    def head(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        alpha: float | None = None,
+        kv: KVCache | None = None,
+    ):
         """(logits, loss or None) of a loop state x: the coda (skip scale `alpha`, default α), then the
         final Norm, LM head and loss, compiled with the model. `kv`: a cached generation's (the coda's)."""
         head = self._head if self._compiled_head is None else self._compiled_head
@@ -345,8 +376,14 @@ class LoopedTransformer(nn.Module):
             x = self._block(0, c, block, x, None, alpha, "coda", kv)
         return x
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, rounds: int | None = None,
-                grad_rounds: int | None = None, alpha: float | None = None):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        rounds: int | None = None,
+        grad_rounds: int | None = None,
+        alpha: float | None = None,
+    ):
         """Return (logits of the last round, loss or None). `rounds` = R' ≥ 1 evaluates the same
         weights at another round count (α, β stay those of the training N); `grad_rounds` and `alpha`:
         see `iter_rounds` (a training step with sampled rounds passes its draw)."""

@@ -43,8 +43,12 @@ class Data:
         if not rows:
             raise ValueError("no runs to fit; fix: pass (group, lr, trains) rows")
         groups = list(dict.fromkeys(r[0] for r in rows))
-        return cls(groups, np.array([groups.index(r[0]) for r in rows]), np.log10([float(r[1]) for r in rows]),
-                   np.array([bool(r[2]) for r in rows], dtype=float))
+        return cls(
+            groups,
+            np.array([groups.index(r[0]) for r in rows]),
+            np.log10([float(r[1]) for r in rows]),
+            np.array([bool(r[2]) for r in rows], dtype=float),
+        )
 
     def design(self) -> np.ndarray:
         """Columns: one indicator per group (its intercept a_g), then log10 η (the common slope b)."""
@@ -137,8 +141,10 @@ class Fit:
         searched up to `span` decades either side; None on a side where the profile does not fall that
         far within the span (the interval is open there)."""
         est = self.combination(weights)
+
         def drop(v):
             return 2 * (self.value - self.profile(weights, v)) - CHI2_95
+
         ends = []
         for side in (-1, 1):
             step, inner, outer = 0.02, est, None
@@ -227,5 +233,8 @@ def exact_trend_test(strata: list[list[tuple[int, int, int]]]) -> dict:
             for t2, p2 in mine.items():
                 conv[t1 + t2] = conv.get(t1 + t2, 0.0) + p1 * p2
         total = conv
-    return {"t": t_obs, "p_falls": sum(p for t, p in total.items() if t <= t_obs),
-            "p_rises": sum(p for t, p in total.items() if t >= t_obs)}
+    return {
+        "t": t_obs,
+        "p_falls": sum(p for t, p in total.items() if t <= t_obs),
+        "p_rises": sum(p for t, p in total.items() if t >= t_obs),
+    }

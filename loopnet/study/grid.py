@@ -108,8 +108,10 @@ def sweep_from_dict(spec: dict, path: Path | None = None, out: str | Path | None
     base = [base] if isinstance(base, str) else list(base)
     for file in base:
         if not Path(file).is_file():
-            raise SweepError(f"base config {file} not found (relative paths are resolved against the "
-                             f"current directory {Path.cwd()}; run the sweep from the repository root)")
+            raise SweepError(
+                f"base config {file} not found (relative paths are resolved against the "
+                f"current directory {Path.cwd()}; run the sweep from the repository root)"
+            )
     grid = {k: _as_list(k, v) for k, v in (spec.get("grid") or {}).items()}
     include = []
     for entry in spec.get("include") or []:
@@ -123,8 +125,16 @@ def sweep_from_dict(spec: dict, path: Path | None = None, out: str | Path | None
     for key in grid:  # (an `include` entry may override an `overrides` key for its own cells)
         if key in overrides:
             raise SweepError(f"{key!r} is both in `overrides` and in `grid`; keep it in one place")
-    return Sweep(path=path, base=base, overrides=overrides, grid=grid, include=include,
-                 out=Path(out), description=str(spec.get("description") or ""), spec=spec)
+    return Sweep(
+        path=path,
+        base=base,
+        overrides=overrides,
+        grid=grid,
+        include=include,
+        out=Path(out),
+        description=str(spec.get("description") or ""),
+        spec=spec,
+    )
 
 
 def expand(sweep: Sweep) -> list[Cell]:
@@ -172,9 +182,13 @@ def fit_command(sweep: Sweep, cid: str, params: dict[str, Any]) -> list[str]:
     for key, value in options.items():
         cmd += [f"--{key}", cli_value(value)]
     cmd += [
-        "--trainer.logger.init_args.save_dir", str(sweep.out),
-        "--trainer.logger.init_args.name", cid,
-        "--trainer.logger.init_args.version", "",  # log_dir = <out>/<cell_id>
-        "--trainer.enable_progress_bar", "false",  # the cell's log file is read by people, not a terminal
+        "--trainer.logger.init_args.save_dir",
+        str(sweep.out),
+        "--trainer.logger.init_args.name",
+        cid,
+        "--trainer.logger.init_args.version",
+        "",  # log_dir = <out>/<cell_id>
+        "--trainer.enable_progress_bar",
+        "false",  # the cell's log file is read by people, not a terminal
     ]
     return cmd

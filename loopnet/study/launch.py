@@ -124,8 +124,9 @@ class ForkServer:
 
     def start(self, cmd: list[str], log_path, env: dict[str, str], threads: int) -> ForkedFit:
         env = dict(env, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        process = self.context.Process(target=run_command, args=(cmd, str(log_path), env, threads, os.getcwd()),
-                                       name="loopnet-fit")
+        process = self.context.Process(
+            target=run_command, args=(cmd, str(log_path), env, threads, os.getcwd()), name="loopnet-fit"
+        )
         process.start()
         return ForkedFit(process)
 

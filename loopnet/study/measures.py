@@ -30,8 +30,13 @@ SHORT = {
 }
 LR_KEY = "model.optim.lr"  # the stability map's axis
 # Grid keys a method label leaves out: the scheme and wiring it starts with, and R and the seed it groups over.
-STANDARD_KEYS = {"model.config.residual", "model.config.wiring", "model.config.p", "model.config.n_rounds",
-                 "seed_everything"}
+STANDARD_KEYS = {
+    "model.config.residual",
+    "model.config.wiring",
+    "model.config.p",
+    "model.config.n_rounds",
+    "seed_everything",
+}
 
 
 # ---------------------------------------------------------------------------------------- names
@@ -49,8 +54,9 @@ def method_label(config: dict, params: dict[str, Any]) -> str:
     """A method: the scheme and the wiring, plus the run's other grid values (``deeploop-carry``,
     ``p0.4-lt``, ``deeploop-carry-lr0.001``); R and the seed are what a method is compared over."""
     extra = [param_label(k, v) for k, v in params.items() if k not in STANDARD_KEYS]
-    return "-".join([scheme_label(config.get("residual", "?"), config.get("p")), str(config.get("wiring", "?")),
-                     *extra])
+    return "-".join(
+        [scheme_label(config.get("residual", "?"), config.get("p")), str(config.get("wiring", "?")), *extra]
+    )
 
 
 # ---------------------------------------------------------------------------------------- escape
@@ -118,12 +124,24 @@ def trainable_band(trained: dict[float, bool]) -> dict:
     rates = sorted(trained)
     ok = [lr for lr in rates if trained[lr]]
     if not ok:
-        return {"largest": None, "smallest": None, "width": None, "censored_high": False, "censored_low": False,
-                "contiguous": True}
+        return {
+            "largest": None,
+            "smallest": None,
+            "width": None,
+            "censored_high": False,
+            "censored_low": False,
+            "contiguous": True,
+        }
     lo, hi = ok[0], ok[-1]
-    inside = rates[rates.index(lo):rates.index(hi) + 1]
-    return {"largest": hi, "smallest": lo, "width": math.log10(hi / lo), "censored_high": hi == rates[-1],
-            "censored_low": lo == rates[0], "contiguous": all(trained[lr] for lr in inside)}
+    inside = rates[rates.index(lo) : rates.index(hi) + 1]
+    return {
+        "largest": hi,
+        "smallest": lo,
+        "width": math.log10(hi / lo),
+        "censored_high": hi == rates[-1],
+        "censored_low": lo == rates[0],
+        "contiguous": all(trained[lr] for lr in inside),
+    }
 
 
 # ---------------------------------------------------------------------------------------- gradients
@@ -180,8 +198,7 @@ def logistic_fit(xs: list[float], ys: list[bool], iterations: int = 50) -> dict 
     w = [p * (1 - p) for p in ps]
     haa, hab, hbb = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
     det = haa * hbb - hab * hab
-    return {"a": a, "b": b, "se_b": math.sqrt(haa / det) if det > 0 else math.inf,
-            "x50": -a / b if b else math.nan}
+    return {"a": a, "b": b, "se_b": math.sqrt(haa / det) if det > 0 else math.inf, "x50": -a / b if b else math.nan}
 
 
 # ---------------------------------------------------------------------------------------- intervals
@@ -191,8 +208,10 @@ def _betacf(a: float, b: float, x: float) -> float:
     d = 1 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1 + num * d
             d = 1 / (d if abs(d) > tiny else tiny)
             c = 1 + num / c
@@ -248,7 +267,7 @@ def welch_interval(xs: list[float], ys: list[float]) -> dict | None:
     se = math.sqrt(vx + vy)
     if se == 0:
         return {"diff": diff, "lo": diff, "hi": diff, "df": math.inf}
-    df = (vx + vy) ** 2 / (vx ** 2 / (len(xs) - 1) + vy ** 2 / (len(ys) - 1))
+    df = (vx + vy) ** 2 / (vx**2 / (len(xs) - 1) + vy**2 / (len(ys) - 1))
     t = t_quantile(0.975, df)
     return {"diff": diff, "lo": diff - t * se, "hi": diff + t * se, "df": df}
 
@@ -310,8 +329,9 @@ def quadratic_vertex(mean_loss: dict[float, float], half_width: float = VERTEX_H
     return {"x": min(max(x, lo), hi), "censored": censored, "rates": rates}
 
 
-def best_rate_shift(lo: dict[float, dict], hi: dict[float, dict], plateau: float, boots: int = 2000,
-                    seed: int = 0) -> dict | None:
+def best_rate_shift(
+    lo: dict[float, dict], hi: dict[float, dict], plateau: float, boots: int = 2000, seed: int = 0
+) -> dict | None:
     """Δ = log10 η*(R_hi) − log10 η*(R_lo), η* the `quadratic_vertex` of the seed-paired mean loss, with a
     95% percentile bootstrap interval over seeds.
 
@@ -326,10 +346,15 @@ def best_rate_shift(lo: dict[float, dict], hi: dict[float, dict], plateau: float
     seeds = sorted(set.intersection(*(set(v) for v in (*lo.values(), *hi.values()))))
     if len(seeds) < 2:
         return None
+
     def vertex(curve, draw):
-        ok = {lr: [by[s] for s in draw] for lr, by in curve.items()
-              if all(trains("completed" if by[s] is not None else "diverged", by[s], plateau) for s in set(draw))}
+        ok = {
+            lr: [by[s] for s in draw]
+            for lr, by in curve.items()
+            if all(trains("completed" if by[s] is not None else "diverged", by[s], plateau) for s in set(draw))
+        }
         return quadratic_vertex({lr: statistics.fmean(v) for lr, v in ok.items()})
+
     a, b = vertex(lo, seeds), vertex(hi, seeds)
     if a is None or b is None:
         return None
@@ -344,7 +369,17 @@ def best_rate_shift(lo: dict[float, dict], hi: dict[float, dict], plateau: float
         censored += bool(va["censored"] or vb["censored"])
     deltas.sort()
     q = lambda p: deltas[min(len(deltas) - 1, max(0, round(p * (len(deltas) - 1))))]
-    return {"delta": b["x"] - a["x"], "lo": q(0.025), "hi": q(0.975), "x_lo": a["x"], "x_hi": b["x"],
-            "censored_lo": a["censored"], "censored_hi": b["censored"], "rates_lo": a["rates"], "rates_hi": b["rates"],
-            "seeds": seeds, "boots": len(deltas),
-            "censored_share": censored / len(deltas) if deltas else math.nan}
+    return {
+        "delta": b["x"] - a["x"],
+        "lo": q(0.025),
+        "hi": q(0.975),
+        "x_lo": a["x"],
+        "x_hi": b["x"],
+        "censored_lo": a["censored"],
+        "censored_hi": b["censored"],
+        "rates_lo": a["rates"],
+        "rates_hi": b["rates"],
+        "seeds": seeds,
+        "boots": len(deltas),
+        "censored_share": censored / len(deltas) if deltas else math.nan,
+    }

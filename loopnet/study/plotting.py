@@ -46,9 +46,9 @@ def save(plt, fig, path) -> None:
     fig.savefig(buf, dpi=120, format="png")
     plt.close(fig)
     image = Image.open(buf).convert("RGB")
-    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, format="PNG",
-                                                                                              optimize=True)
-
+    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+        path, format="PNG", optimize=True
+    )
 
 
 def smooth(values: list[float], weight: float = 0.6) -> list[float]:
@@ -57,5 +57,3 @@ def smooth(values: list[float], weight: float = 0.6) -> list[float]:
         last = v if last is None or not math.isfinite(last) else weight * last + (1 - weight) * v
         out.append(last)
     return out
-
-

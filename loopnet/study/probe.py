@@ -126,12 +126,23 @@ def measure_cell(base, optim, batches, scheme: str, rounds: int, seed: int, clip
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        changes = {k.removeprefix("update/"): v.item() for k, v in
-                   relative_changes(before, round_outputs(model, inputs)).items()}
-        rows.append({"scheme": scheme, "rounds": rounds, "seed": seed, "step": step + 1, "loss": loss.item(),
-                     "kappa": kappa, "output_change": changes["output_change"],
-                     "logit_change": changes["logit_change"],
-                     "round_change": [changes[f"output_change/r{r:02d}"] for r in range(1, rounds + 1)]})
+        changes = {
+            k.removeprefix("update/"): v.item()
+            for k, v in relative_changes(before, round_outputs(model, inputs)).items()
+        }
+        rows.append(
+            {
+                "scheme": scheme,
+                "rounds": rounds,
+                "seed": seed,
+                "step": step + 1,
+                "loss": loss.item(),
+                "kappa": kappa,
+                "output_change": changes["output_change"],
+                "logit_change": changes["logit_change"],
+                "round_change": [changes[f"output_change/r{r:02d}"] for r in range(1, rounds + 1)],
+            }
+        )
     return rows
 
 
@@ -158,14 +169,22 @@ def summarise(rows: list[dict], schemes: list[str], rounds: list[int], n_blocks:
             kap = [statistics.fmean(x["kappa"] for x in cell if x["seed"] == sd) for sd in seeds]
             if not vals:
                 continue
-            per_r[r] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-                        "kappa": statistics.fmean(kap), "kappa_std": statistics.stdev(kap) if len(kap) > 1 else 0.0,
-                        "theory": theory(s, n_blocks, r, statistics.fmean(kap)), "n": len(vals)}
+            per_r[r] = {
+                "mean": statistics.fmean(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                "kappa": statistics.fmean(kap),
+                "kappa_std": statistics.stdev(kap) if len(kap) > 1 else 0.0,
+                "theory": theory(s, n_blocks, r, statistics.fmean(kap)),
+                "n": len(vals),
+            }
         rs = sorted(per_r)
         p = exponent(s)
-        out[s] = {"per_r": per_r, "slope": fit_slope(rs, [per_r[r]["mean"] for r in rs]),
-                  "theory_slope": fit_slope(rs, [per_r[r]["theory"] for r in rs]),
-                  "bounds": (1 - 4 * p, 2 - 4 * p)}
+        out[s] = {
+            "per_r": per_r,
+            "slope": fit_slope(rs, [per_r[r]["mean"] for r in rs]),
+            "theory_slope": fit_slope(rs, [per_r[r]["theory"] for r in rs]),
+            "bounds": (1 - 4 * p, 2 - 4 * p),
+        }
     return out
 
 
@@ -179,16 +198,34 @@ def plot(summary: dict, rounds: list[int], quantity: str, path: Path) -> None:
         if not rs:
             continue
         ys = [res["per_r"][r]["mean"] for r in rs]
-        ax.errorbar(rs, ys, yerr=[res["per_r"][r]["std"] for r in rs], marker="o", capsize=3, color="C0",
-                    label=f"measured (slope {res['slope']:.2f})")
+        ax.errorbar(
+            rs,
+            ys,
+            yerr=[res["per_r"][r]["std"] for r in rs],
+            marker="o",
+            capsize=3,
+            color="C0",
+            label=f"measured (slope {res['slope']:.2f})",
+        )
         anchor_r, anchor_y = rs[0], ys[0]
         th = [res["per_r"][r]["theory"] for r in rs]
-        ax.plot(rs, [anchor_y * t / th[0] for t in th], ls=":", color="C3",
-                label=f"M·κ̂·(β/α)² (slope {res['theory_slope']:.2f})")
+        ax.plot(
+            rs,
+            [anchor_y * t / th[0] for t in th],
+            ls=":",
+            color="C3",
+            label=f"M·κ̂·(β/α)² (slope {res['theory_slope']:.2f})",
+        )
         lo, hi = res["bounds"]
         for slope, style, name in ((lo, "--", "κ=1"), (hi, "-.", "κ=R")):
-            ax.plot(rs, [anchor_y * (r / anchor_r) ** slope for r in rs], ls=style, color="0.5", lw=1,
-                    label=f"theory, {name}: slope {slope:g}")
+            ax.plot(
+                rs,
+                [anchor_y * (r / anchor_r) ** slope for r in rs],
+                ls=style,
+                color="0.5",
+                lw=1,
+                label=f"theory, {name}: slope {slope:g}",
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(rounds, [str(r) for r in rounds])
@@ -203,55 +240,100 @@ def markdown(summary: dict, rounds: list[int], meta: dict) -> str:
     lines = [f"# {meta['title']}", ""]
     if meta.get("notes"):
         lines += [meta["notes"].strip(), ""]
-    lines += ["## How this was produced", "", "```bash", meta["command"], "```", "",
-              f"- {meta['cells']} cells (scheme × R × seed), {meta['steps']} AdamW step(s) each from the "
-              f"initialisation at a constant learning rate {meta['lr']:g}, gradient clipping {meta['clip']}; "
-              f"K = {meta['n_blocks']}, d = {meta['d_model']}, sequence {meta['seq_len']}, batch {meta['batch_size']}",
-              f"- machine: {meta['machine']}; {meta['seconds']:.0f} s in all; loopnet @ {meta['commit']}",
-              "- output change: ‖x_R' − x_R‖/‖x_R‖ of the final state on the step's own batch, before and after "
-              "the step, without grad (`loopnet.diagnostics.update_size`), averaged over the steps, then mean ± "
-              "std over seeds; κ̂ over the whole model at each step (`loopnet.diagnostics.visit_probe`)",
-              "- theory: M·κ̂·(β/α)² with the measured κ̂ (its log-log slope), and the bounds 1 − 4p (κ = 1, "
-              "decorrelated visits) and 2 − 4p (κ = R, aligned)", "",
-              "![output change vs R](update_size.png)", "",
-              "| scheme | p | " + " | ".join(f"R = {r}" for r in rounds)
-              + " | slope measured | slope M·κ̂·(β/α)² | theory κ=1 … κ=R |",
-              "|---|---:|" + "---:|" * len(rounds) + "---:|---:|---|"]
+    lines += [
+        "## How this was produced",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+        f"- {meta['cells']} cells (scheme × R × seed), {meta['steps']} AdamW step(s) each from the "
+        f"initialisation at a constant learning rate {meta['lr']:g}, gradient clipping {meta['clip']}; "
+        f"K = {meta['n_blocks']}, d = {meta['d_model']}, sequence {meta['seq_len']}, batch {meta['batch_size']}",
+        f"- machine: {meta['machine']}; {meta['seconds']:.0f} s in all; loopnet @ {meta['commit']}",
+        "- output change: ‖x_R' − x_R‖/‖x_R‖ of the final state on the step's own batch, before and after "
+        "the step, without grad (`loopnet.diagnostics.update_size`), averaged over the steps, then mean ± "
+        "std over seeds; κ̂ over the whole model at each step (`loopnet.diagnostics.visit_probe`)",
+        "- theory: M·κ̂·(β/α)² with the measured κ̂ (its log-log slope), and the bounds 1 − 4p (κ = 1, "
+        "decorrelated visits) and 2 − 4p (κ = R, aligned)",
+        "",
+        "![output change vs R](update_size.png)",
+        "",
+        "| scheme | p | "
+        + " | ".join(f"R = {r}" for r in rounds)
+        + " | slope measured | slope M·κ̂·(β/α)² | theory κ=1 … κ=R |",
+        "|---|---:|" + "---:|" * len(rounds) + "---:|---:|---|",
+    ]
     for s, res in summary.items():
-        cells = [f"{res['per_r'][r]['mean']:.3g} ± {res['per_r'][r]['std']:.2g}" if r in res["per_r"] else "—"
-                 for r in rounds]
+        cells = [
+            f"{res['per_r'][r]['mean']:.3g} ± {res['per_r'][r]['std']:.2g}" if r in res["per_r"] else "—"
+            for r in rounds
+        ]
         slope = "—" if res["slope"] is None else f"{res['slope']:.2f}"
         tslope = "—" if res["theory_slope"] is None else f"{res['theory_slope']:.2f}"
-        lines.append(f"| {s} | {exponent(s):g} | " + " | ".join(cells)
-                     + f" | {slope} | {tslope} | {res['bounds'][0]:g} … {res['bounds'][1]:g} |")
-    lines += ["", "Measured κ̂ (whole model, mean over steps, mean ± std over seeds):", "",
-              "| scheme | " + " | ".join(f"R = {r}" for r in rounds) + " |", "|---|" + "---:|" * len(rounds)]
+        lines.append(
+            f"| {s} | {exponent(s):g} | "
+            + " | ".join(cells)
+            + f" | {slope} | {tslope} | {res['bounds'][0]:g} … {res['bounds'][1]:g} |"
+        )
+    lines += [
+        "",
+        "Measured κ̂ (whole model, mean over steps, mean ± std over seeds):",
+        "",
+        "| scheme | " + " | ".join(f"R = {r}" for r in rounds) + " |",
+        "|---|" + "---:|" * len(rounds),
+    ]
     for s, res in summary.items():
-        lines.append(f"| {s} | " + " | ".join(
-            f"{res['per_r'][r]['kappa']:.2f} ± {res['per_r'][r]['kappa_std']:.2f}" if r in res["per_r"] else "—"
-            for r in rounds) + " |")
+        lines.append(
+            f"| {s} | "
+            + " | ".join(
+                f"{res['per_r'][r]['kappa']:.2f} ± {res['per_r'][r]['kappa_std']:.2f}" if r in res["per_r"] else "—"
+                for r in rounds
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loopnet probe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="loopnet probe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rounds", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="R values")
-    p.add_argument("--schemes", nargs="+", default=["postln", "deepnorm", "deeploop", "p0.375"],
-                   help="postln, deepnorm, deeploop, p<exponent> (residual scaled)")
+    p.add_argument(
+        "--schemes",
+        nargs="+",
+        default=["postln", "deepnorm", "deeploop", "p0.375"],
+        help="postln, deepnorm, deeploop, p<exponent> (residual scaled)",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=3, help="AdamW steps from the initialisation (1-5)")
-    p.add_argument("--groups", action="store_true",
-                   help="split the first step's output change by parameter group (loopnet.study.update_groups)")
-    p.add_argument("--optimizers", nargs="+", default=["adamw", "sgd"], choices=ug.OPTIMIZERS,
-                   help="with --groups: the optimisers whose step is split (default adamw sgd; muon: "
-                        "torch.optim.Muon on the blocks' matrices, AdamW on the rest, at the config's muon_lr or lr)")
+    p.add_argument(
+        "--groups",
+        action="store_true",
+        help="split the first step's output change by parameter group (loopnet.study.update_groups)",
+    )
+    p.add_argument(
+        "--optimizers",
+        nargs="+",
+        default=["adamw", "sgd"],
+        choices=ug.OPTIMIZERS,
+        help="with --groups: the optimisers whose step is split (default adamw sgd; muon: "
+        "torch.optim.Muon on the blocks' matrices, AdamW on the rest, at the config's muon_lr or lr)",
+    )
     p.add_argument("--sgd_lr", type=float, help="with --groups: SGD's learning rate (default: the config's lr)")
-    p.add_argument("--checkpoints", nargs="+", metavar="CKPT",
-                   help="with --groups: probe from these checkpoints of real runs (their config and AdamW state) "
-                        "instead of fresh models; --schemes and --rounds are then the checkpoints'")
-    p.add_argument("--with_init", action="store_true",
-                   help="with --checkpoints: also probe fresh models (--seeds) of each checkpoint's config (step 0)")
+    p.add_argument(
+        "--checkpoints",
+        nargs="+",
+        metavar="CKPT",
+        help="with --groups: probe from these checkpoints of real runs (their config and AdamW state) "
+        "instead of fresh models; --schemes and --rounds are then the checkpoints'",
+    )
+    p.add_argument(
+        "--with_init",
+        action="store_true",
+        help="with --checkpoints: also probe fresh models (--seeds) of each checkpoint's config (step 0)",
+    )
     p.add_argument("--out", required=True, help="folder for probe.json, probe.csv, update_size.png, report.md")
     p.add_argument("--title", default="Update size vs R at initialisation")
     p.add_argument("--notes", help="markdown file inserted as the report's reading")
@@ -296,25 +378,50 @@ def main(argv: list[str] | None = None) -> None:
             for seed in args.seeds:
                 rows += measure_cell(base, optim, batches, s, r, seed, clip)
                 last = rows[-1]
-                print(f"{s:>9} R={r:<3} seed {seed}: output change {last['output_change']:.4g}, "
-                      f"κ̂ {last['kappa']:.2f}", flush=True)
+                print(
+                    f"{s:>9} R={r:<3} seed {seed}: output change {last['output_change']:.4g}, κ̂ {last['kappa']:.2f}",
+                    flush=True,
+                )
     seconds = time.perf_counter() - start
     info = machine()
     command = "loopnet probe " + " ".join(shlex.quote(a) for a in argv)
-    meta = {"title": args.title, "notes": notes, "command": command, "cells": len(schemes) * len(rounds) * len(args.seeds),
-            "steps": args.steps, "lr": optim.lr, "clip": clip, "n_blocks": base.n_blocks, "d_model": base.d_model,
-            "seq_len": batches[0][0].shape[1], "batch_size": batches[0][0].shape[0], "seconds": seconds,
-            "commit": git_commit() or "?", "torch_threads": torch.get_num_threads(),
-            "machine": f"{info['cpus']} CPU(s), {info['platform']}, torch {info['torch']}"}
+    meta = {
+        "title": args.title,
+        "notes": notes,
+        "command": command,
+        "cells": len(schemes) * len(rounds) * len(args.seeds),
+        "steps": args.steps,
+        "lr": optim.lr,
+        "clip": clip,
+        "n_blocks": base.n_blocks,
+        "d_model": base.d_model,
+        "seq_len": batches[0][0].shape[1],
+        "batch_size": batches[0][0].shape[0],
+        "seconds": seconds,
+        "commit": git_commit() or "?",
+        "torch_threads": torch.get_num_threads(),
+        "machine": f"{info['cpus']} CPU(s), {info['platform']}, torch {info['torch']}",
+    }
     summary = summarise(rows, schemes, rounds, base.n_blocks, "output_change")
-    (out / "probe.json").write_text(json.dumps({"meta": meta, "config": base.__dict__, "rows": rows,
-                                                "summary": summary}, indent=1, default=str))
+    (out / "probe.json").write_text(
+        json.dumps({"meta": meta, "config": base.__dict__, "rows": rows, "summary": summary}, indent=1, default=str)
+    )
     with open(out / "probe.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["scheme", "rounds", "seed", "step", "loss", "kappa", "output_change", "logit_change"])
         for x in rows:
-            w.writerow([x["scheme"], x["rounds"], x["seed"], x["step"], x["loss"], x["kappa"], x["output_change"],
-                        x["logit_change"]])
+            w.writerow(
+                [
+                    x["scheme"],
+                    x["rounds"],
+                    x["seed"],
+                    x["step"],
+                    x["loss"],
+                    x["kappa"],
+                    x["output_change"],
+                    x["logit_change"],
+                ]
+            )
     plot(summary, rounds, "output_change", out / "update_size.png")
     (out / "report.md").write_text(markdown(summary, rounds, meta))
     print(f"loopnet probe: {len(rows)} measurements in {seconds:.0f} s -> {out}/report.md")
@@ -341,49 +448,102 @@ def run_groups(args, argv, out: Path, notes, base, optim, batch, clip) -> None:
             for (name, rounds), cfg in configs.items():
                 scheme = scheme_label(cfg.residual, cfg.p)
                 for seed in args.seeds:
-                    starts.append((f"{name}@step0", rounds, seed,
-                                   lambda c=cfg, sc=scheme, r=rounds, sd=seed: ug.fresh_model(c, optim, sc, r, sd), None))
+                    starts.append(
+                        (
+                            f"{name}@step0",
+                            rounds,
+                            seed,
+                            lambda c=cfg, sc=scheme, r=rounds, sd=seed: ug.fresh_model(c, optim, sc, r, sd),
+                            None,
+                        )
+                    )
     else:
         for scheme in args.schemes:
             for rounds in sorted(set(args.rounds)):
                 for seed in args.seeds:
-                    starts.append((ug.label(scheme, base), rounds, seed,
-                                   lambda sc=scheme, r=rounds, sd=seed: ug.fresh_model(base, optim, sc, r, sd), None))
+                    starts.append(
+                        (
+                            ug.label(scheme, base),
+                            rounds,
+                            seed,
+                            lambda sc=scheme, r=rounds, sd=seed: ug.fresh_model(base, optim, sc, r, sd),
+                            None,
+                        )
+                    )
     start, rows = time.perf_counter(), []
     for label, rounds, seed, make, state in starts:
         lm = make()
         for kind in args.optimizers:
             got = ug.measure_groups(lm, batch, kind, lrs[kind], clip, state)
-            rows.append({"label": label, "rounds": rounds, "seed": str(seed), "optimizer": kind,
-                         "n_blocks": lm.config.n_blocks, "lr": lrs[kind], **got})
-            print(f"{label:>16} R={rounds:<3} {seed} {kind:>5}: " + ", ".join(
-                f"{g} {got[g]:.3g}" for g in (*ug.GROUPS, "all")), flush=True)
+            rows.append(
+                {
+                    "label": label,
+                    "rounds": rounds,
+                    "seed": str(seed),
+                    "optimizer": kind,
+                    "n_blocks": lm.config.n_blocks,
+                    "lr": lrs[kind],
+                    **got,
+                }
+            )
+            print(
+                f"{label:>16} R={rounds:<3} {seed} {kind:>5}: "
+                + ", ".join(f"{g} {got[g]:.3g}" for g in (*ug.GROUPS, "all")),
+                flush=True,
+            )
     seconds = time.perf_counter() - start
     info = machine()
-    what = (f"{len(args.checkpoints)} checkpoint(s)" + (f" and fresh models of their configs, seeds {args.seeds}"
-            if args.with_init else "") if args.checkpoints else
-            f"fresh models: schemes {args.schemes} x R {sorted(set(args.rounds))} x seeds {args.seeds}")
-    meta = {"title": args.title if args.title != parser().get_default("title") else "Update size per parameter group",
-            "notes": notes, "command": "loopnet probe " + " ".join(shlex.quote(a) for a in argv), "what": what,
-            "lr": optim.lr, "sgd_lr": sgd_lr, "clip": clip, "seconds": seconds, "commit": git_commit() or "?",
-            "machine": f"{info['cpus']} CPU(s), {info['platform']}, torch {info['torch']}, "
-                       f"{torch.get_num_threads()} thread(s)"}
+    what = (
+        f"{len(args.checkpoints)} checkpoint(s)"
+        + (f" and fresh models of their configs, seeds {args.seeds}" if args.with_init else "")
+        if args.checkpoints
+        else f"fresh models: schemes {args.schemes} x R {sorted(set(args.rounds))} x seeds {args.seeds}"
+    )
+    meta = {
+        "title": args.title if args.title != parser().get_default("title") else "Update size per parameter group",
+        "notes": notes,
+        "command": "loopnet probe " + " ".join(shlex.quote(a) for a in argv),
+        "what": what,
+        "lr": optim.lr,
+        "sgd_lr": sgd_lr,
+        "clip": clip,
+        "seconds": seconds,
+        "commit": git_commit() or "?",
+        "machine": f"{info['cpus']} CPU(s), {info['platform']}, torch {info['torch']}, "
+        f"{torch.get_num_threads()} thread(s)",
+    }
     (out / "groups.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     with open(out / "groups.csv", "w", newline="") as f:
-        keys = ["label", "rounds", "seed", "optimizer", "lr", *ug.GROUPS, "all", "all_logits", "additivity", "kappa",
-                "loss"]
+        keys = [
+            "label",
+            "rounds",
+            "seed",
+            "optimizer",
+            "lr",
+            *ug.GROUPS,
+            "all",
+            "all_logits",
+            "additivity",
+            "kappa",
+            "loss",
+        ]
         w = csv.writer(f)
         w.writerow(keys)
         for row in rows:
             w.writerow([row[k] for k in keys])
     plot_groups(rows, out / "groups.png")
-    (out / "report.md").write_text(ug.markdown(rows, meta).replace("## How this was produced",
-                                                                   "![output change per group](groups.png)\n\n"
-                                                                   "## How this was produced", 1))
+    (out / "report.md").write_text(
+        ug.markdown(rows, meta).replace(
+            "## How this was produced", "![output change per group](groups.png)\n\n## How this was produced", 1
+        )
+    )
     for r in ug.ratio_rows(ug.summarise(rows)):
-        print(f"DeepNorm/DeepLoop {r['optimizer']:>5} {ug.where(r['suffix']):>14} R={r['rounds']:<3} "
-              f"theory {r['theory']:.1f} ({'4N' if r['optimizer'] == 'sgd' else '2√N'}): "
-              + ", ".join(f"{g} {r[g]:.3g}" for g in (*ug.GROUPS, "all")), flush=True)
+        print(
+            f"DeepNorm/DeepLoop {r['optimizer']:>5} {ug.where(r['suffix']):>14} R={r['rounds']:<3} "
+            f"theory {r['theory']:.1f} ({'4N' if r['optimizer'] == 'sgd' else '2√N'}): "
+            + ", ".join(f"{g} {r[g]:.3g}" for g in (*ug.GROUPS, "all")),
+            flush=True,
+        )
     print(f"loopnet probe: {len(rows)} measurements in {seconds:.0f} s -> {out}/report.md")
 
 
@@ -401,12 +561,18 @@ def plot_groups(rows: list[dict], path: Path) -> None:
     for ax, kind in zip(axes[0], kinds):
         for i, g in enumerate((*ug.GROUPS, "all")):
             for j, label in enumerate(labels):
-                pts = sorted((r, s[g][0]) for (lb, r, k), s in summary.items() if lb == label and k == kind and s[g][0] > 0)
+                pts = sorted(
+                    (r, s[g][0]) for (lb, r, k), s in summary.items() if lb == label and k == kind and s[g][0] > 0
+                )
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", ls=styles[j % len(styles)], color=f"C{i}",
-                            label=f"{ug.GROUP_TEXT.get(g, g)}, {label}")
-        ax.set(xscale="log", yscale="log", xlabel="rounds R", title=kind,
-               ylabel="relative change of the final state")
+                    ax.plot(
+                        *zip(*pts),
+                        marker="o",
+                        ls=styles[j % len(styles)],
+                        color=f"C{i}",
+                        label=f"{ug.GROUP_TEXT.get(g, g)}, {label}",
+                    )
+        ax.set(xscale="log", yscale="log", xlabel="rounds R", title=kind, ylabel="relative change of the final state")
         legend(ax, fontsize=6)
     save(plt, fig, path)
 

@@ -44,7 +44,7 @@ def matmul_gflops(n: int = 512, repeats: int = 10) -> float:
     t = time.perf_counter()
     for _ in range(repeats):
         a @ b
-    return 2 * n ** 3 * repeats / (time.perf_counter() - t) / 1e9
+    return 2 * n**3 * repeats / (time.perf_counter() - t) / 1e9
 
 
 def scoped_step(lm, optimizer, batch):
@@ -61,6 +61,7 @@ def scoped_step(lm, optimizer, batch):
             stack = ExitStack()
             stack.enter_context(record_function(name))
             stacks.append(stack)
+
         return hook
 
     def leave(*_):
@@ -151,38 +152,55 @@ def measure(config_args: list[str], steps: int = 20, warmup: int = 3) -> dict:
         scoped_step(lm, optimizer, b)
         step_s.append(time.perf_counter() - t)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for b in batches[warmup:warmup + 5]:
+        for b in batches[warmup : warmup + 5]:
             scoped_step(lm, optimizer, b)
     places = attribute(prof.events())
     tokens = batches[0][0].numel()
     flops = lm.model.flops_per_token(seq_len=batches[0][0].shape[1]) * tokens
     step = statistics.median(step_s)
-    return {"config": {"d_model": base.d_model, "n_blocks": base.n_blocks, "n_rounds": base.n_rounds,
-                       "vocab_size": base.vocab_size, "seq_len": batches[0][0].shape[1], "batch": batches[0][0].shape[0]},
-            "params": param_split(lm.model), "time": places, "step_s": step, "step_s_all": step_s,
-            "gflops": flops / step / 1e9, "matmul_gflops": statistics.median(mm), "flops_per_step": flops}
+    return {
+        "config": {
+            "d_model": base.d_model,
+            "n_blocks": base.n_blocks,
+            "n_rounds": base.n_rounds,
+            "vocab_size": base.vocab_size,
+            "seq_len": batches[0][0].shape[1],
+            "batch": batches[0][0].shape[0],
+        },
+        "params": param_split(lm.model),
+        "time": places,
+        "step_s": step,
+        "step_s_all": step_s,
+        "gflops": flops / step / 1e9,
+        "matmul_gflops": statistics.median(mm),
+        "flops_per_step": flops,
+    }
 
 
 def markdown(m: dict) -> str:
     c, p, t = m["config"], m["params"], m["time"]
     total_t = sum(t.values())
     share = {k: v / total_t for k, v in t.items()}
-    return "\n".join([
-        f"d = {c['d_model']}, K = {c['n_blocks']}, R = {c['n_rounds']}, V = {c['vocab_size']}, "
-        f"batch {c['batch']} x {c['seq_len']}:",
-        f"- parameters: blocks {p['blocks']:,} ({p['blocks'] / p['total']:.0%}), embeddings + head "
-        f"{p['embed+head']:,} ({p['embed+head'] / p['total']:.0%}), of {p['total']:,}",
-        f"- step (profiled, one thread): blocks {share['blocks']:.0%}, head {share['head']:.0%}, embeddings "
-        f"{share['embed']:.0%}, optimiser {share['optimizer']:.0%}, other {share['other']:.0%}",
-        f"- step {m['step_s'] * 1e3:.0f} ms (median), {m['flops_per_step'] / 1e9:.2f} GFLOP: {m['gflops']:.1f} GFLOP/s "
-        f"against {m['matmul_gflops']:.1f} GFLOP/s for a 512³ matmul on the same thread "
-        f"(ratio {m['gflops'] / m['matmul_gflops']:.2f})"])
+    return "\n".join(
+        [
+            f"d = {c['d_model']}, K = {c['n_blocks']}, R = {c['n_rounds']}, V = {c['vocab_size']}, "
+            f"batch {c['batch']} x {c['seq_len']}:",
+            f"- parameters: blocks {p['blocks']:,} ({p['blocks'] / p['total']:.0%}), embeddings + head "
+            f"{p['embed+head']:,} ({p['embed+head'] / p['total']:.0%}), of {p['total']:,}",
+            f"- step (profiled, one thread): blocks {share['blocks']:.0%}, head {share['head']:.0%}, embeddings "
+            f"{share['embed']:.0%}, optimiser {share['optimizer']:.0%}, other {share['other']:.0%}",
+            f"- step {m['step_s'] * 1e3:.0f} ms (median), {m['flops_per_step'] / 1e9:.2f} GFLOP: {m['gflops']:.1f} GFLOP/s "
+            f"against {m['matmul_gflops']:.1f} GFLOP/s for a 512³ matmul on the same thread "
+            f"(ratio {m['gflops'] / m['matmul_gflops']:.2f})",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m loopnet.study.proxy", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m loopnet.study.proxy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=20, help="timed steps (the profile takes 5 of them)")
     args, config_args = p.parse_known_args(argv)
     m = measure(config_args, steps=args.steps)

@@ -90,8 +90,17 @@ def shell_command(cmd: list[str]) -> str:
 class SweepRunner:
     """Runs the unfinished cells of a sweep, at most `jobs` at a time, and logs what happens."""
 
-    def __init__(self, sweep: Sweep, cells: list[Cell], jobs: int = 1, threads: int | None = None,
-                 max_cells: int | None = None, resume: str = "ckpt", echo=print, start: str = "forkserver"):
+    def __init__(
+        self,
+        sweep: Sweep,
+        cells: list[Cell],
+        jobs: int = 1,
+        threads: int | None = None,
+        max_cells: int | None = None,
+        resume: str = "ckpt",
+        echo=print,
+        start: str = "forkserver",
+    ):
         if jobs < 1:
             raise SweepError(f"--jobs must be >= 1, got {jobs}")
         self.sweep, self.cells, self.jobs = sweep, cells, jobs
@@ -138,8 +147,10 @@ class SweepRunner:
             "machine": machine(),
             "jobs": self.jobs,
             "threads_per_cell": self.threads,
-            "cells": [{"id": c.id, "params": c.params, "command": shell_command(c.command)}
-                      for c in (every_cell or self.cells)],
+            "cells": [
+                {"id": c.id, "params": c.params, "command": shell_command(c.command)}
+                for c in (every_cell or self.cells)
+            ],
         }
         (self.out / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         if self.sweep.path is not None:
@@ -156,8 +167,9 @@ class SweepRunner:
         elif cell_dir.exists():  # --resume restart, or a partial run without a checkpoint: start over
             shutil.rmtree(cell_dir)  # so that its logs and summary are one clean run
         cell_dir.mkdir(parents=True, exist_ok=True)
-        (cell_dir / CELL_FILE).write_text(json.dumps({"id": cell.id, "params": cell.params,
-                                                      "command": shell_command(cmd)}, indent=2) + "\n")
+        (cell_dir / CELL_FILE).write_text(
+            json.dumps({"id": cell.id, "params": cell.params, "command": shell_command(cmd)}, indent=2) + "\n"
+        )
         self.log("started", cell, command=shell_command(cmd))
         if self.server is not None:
             return self.server.start(cmd, cell_dir / "fit.log", dict(os.environ), self.threads)
@@ -170,14 +182,25 @@ class SweepRunner:
             self.results[cell.id] = status
             val = summary.get("final_val_loss")
             extra = f" at step {summary['diverged_at_step']}" if status == "diverged" else ""
-            self.echo(f"[{done}/{total}] {cell.id}: {status}{extra}, val loss "
-                      f"{'n/a' if val is None else f'{val:.4f}'} ({seconds:.0f} s)")
-            self.log("finished", cell, status=status, rc=rc, seconds=round(seconds, 1),
-                     final_val_loss=val, diverged_at_step=summary.get("diverged_at_step"))
+            self.echo(
+                f"[{done}/{total}] {cell.id}: {status}{extra}, val loss "
+                f"{'n/a' if val is None else f'{val:.4f}'} ({seconds:.0f} s)"
+            )
+            self.log(
+                "finished",
+                cell,
+                status=status,
+                rc=rc,
+                seconds=round(seconds, 1),
+                final_val_loss=val,
+                diverged_at_step=summary.get("diverged_at_step"),
+            )
         elif status == "interrupted" and rc == 0:  # stopped cleanly by a signal of its own (a process group's)
             self.results[cell.id] = "stopped"
-            self.echo(f"[{done}/{total}] {cell.id}: stopped at step {summary.get('global_step')} by a signal; a rerun "
-                      f"continues it")
+            self.echo(
+                f"[{done}/{total}] {cell.id}: stopped at step {summary.get('global_step')} by a signal; a rerun "
+                f"continues it"
+            )
             self.log("stopped", cell, rc=rc)
         else:
             self.results[cell.id] = "failed"
@@ -209,17 +232,25 @@ class SweepRunner:
                 todo.append(cell)
         skipped = len(self.cells) - len(todo)
         total = len(todo) if self.max_cells is None else min(len(todo), self.max_cells)
-        self.echo(f"loopnet sweep: {len(self.cells)} cells in {self.out}: {skipped} finished (skipped), "
-                  f"{total} to run, {self.jobs} at a time, {self.threads} thread(s) each")
+        self.echo(
+            f"loopnet sweep: {len(self.cells)} cells in {self.out}: {skipped} finished (skipped), "
+            f"{total} to run, {self.jobs} at a time, {self.threads} thread(s) each"
+        )
         if self.server is not None and todo and not self.stop_signal:
-            self.echo(f"loopnet sweep: fit server ready ({self.server.warm():.1f} s: torch and Lightning imported "
-                      "once for every fit)")
+            self.echo(
+                f"loopnet sweep: fit server ready ({self.server.warm():.1f} s: torch and Lightning imported "
+                "once for every fit)"
+            )
         running: dict[Any, tuple[Cell, float, Any]] = {}
         launched = done = 0
         try:
             while (todo or running) and not self.stop_signal:
-                while (todo and len(running) < self.jobs and (self.max_cells is None or launched < self.max_cells)
-                       and not self.stop_signal):
+                while (
+                    todo
+                    and len(running) < self.jobs
+                    and (self.max_cells is None or launched < self.max_cells)
+                    and not self.stop_signal
+                ):
                     cell = todo.pop(0)
                     lock = self.try_lock(cell)
                     if lock is None:
@@ -234,9 +265,11 @@ class SweepRunner:
                     if holder is not None:  # a fit that outlived its sweep: its folder is never deleted under it
                         lock.close()
                         self.results[cell.id] = "busy"
-                        self.echo(f"loopnet sweep: {cell.id} is still being run by an earlier fit (pid {holder}) "
-                                  f"that outlived its sweep; left to it (fix: wait for it, or stop it with `kill "
-                                  f"{holder}`, then rerun)")
+                        self.echo(
+                            f"loopnet sweep: {cell.id} is still being run by an earlier fit (pid {holder}) "
+                            f"that outlived its sweep; left to it (fix: wait for it, or stop it with `kill "
+                            f"{holder}`, then rerun)"
+                        )
                         continue
                     with blocked(launch.STOP_SIGNALS):  # the record, the fit and its registration: all or none
                         running[self.start(cell)] = (cell, time.monotonic(), lock)
@@ -259,8 +292,12 @@ class SweepRunner:
         and its summary) and log each as "stopped", unless it finished by itself first. Further signals
         meanwhile are only noted: the fits' checkpoints are being written."""
         if self.stop_signal:
-            self.log("signal", None, signal=signal.Signals(self.stop_signal).name,
-                     running=[cell.id for cell, _, _ in running.values()])
+            self.log(
+                "signal",
+                None,
+                signal=signal.Signals(self.stop_signal).name,
+                running=[cell.id for cell, _, _ in running.values()],
+            )
         if running:
             self.echo(f"loopnet sweep: stopping {len(running)} running cell(s)")
         for proc in running:
@@ -287,16 +324,20 @@ class SweepRunner:
             return
         strip = lambda c: c.replace(" --ckpt_path last", "")  # noqa: E731
         if strip(previous) != strip(shell_command(cell.command)):
-            self.echo(f"loopnet sweep: warning: {cell.id} finished with a different command than the sweep "
-                      f"file gives now; delete {self.out / cell.id} to rerun it")
+            self.echo(
+                f"loopnet sweep: warning: {cell.id} finished with a different command than the sweep "
+                f"file gives now; delete {self.out / cell.id} to rerun it"
+            )
 
 
 def never_raising(echo):
     """`echo` that ignores a reader gone away (`loopnet sweep | tee log` and Ctrl-C: tee ends first): the
     sweep's bookkeeping, above all stopping its fits, goes on without its output."""
+
     def say(line: str) -> None:
         with contextlib.suppress(OSError):
             echo(line)
+
     return say
 
 
@@ -345,20 +386,32 @@ def stop_signals(handler):
 def parser() -> argparse.ArgumentParser:
     from . import grid
 
-    p = argparse.ArgumentParser(prog="loopnet sweep", description=__doc__, epilog="The sweep file:\n" + grid.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="loopnet sweep",
+        description=__doc__,
+        epilog="The sweep file:\n" + grid.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("sweep_file", help="YAML sweep file (see loopnet/study/grid.py or configs/sweeps/)")
     p.add_argument("--out", help="sweep folder (default: the file's `out:`)")
     p.add_argument("--jobs", type=int, default=1, help="cells run at once (default 1)")
     p.add_argument("--threads", type=int, help="torch/OpenMP threads per cell (default: CPU cores / jobs)")
     p.add_argument("--max_cells", type=int, help="start at most this many unfinished cells, then stop")
     p.add_argument("--only", action="append", metavar="GLOB", help="run only cells whose id matches (repeatable)")
-    p.add_argument("--resume", choices=("ckpt", "restart"), default="ckpt",
-                   help="an unfinished cell continues from its last checkpoint (ckpt, default; from scratch when it "
-                        "has none) or reruns from scratch, its folder and checkpoints deleted (restart)")
-    p.add_argument("--start", choices=STARTS, default="forkserver",
-                   help="how a fit starts: forked from a server that imported torch and Lightning once (forkserver, "
-                        "default), or as a fresh process that imports them itself (fresh)")
+    p.add_argument(
+        "--resume",
+        choices=("ckpt", "restart"),
+        default="ckpt",
+        help="an unfinished cell continues from its last checkpoint (ckpt, default; from scratch when it "
+        "has none) or reruns from scratch, its folder and checkpoints deleted (restart)",
+    )
+    p.add_argument(
+        "--start",
+        choices=STARTS,
+        default="forkserver",
+        help="how a fit starts: forked from a server that imported torch and Lightning once (forkserver, "
+        "default), or as a fresh process that imports them itself (fresh)",
+    )
     p.add_argument("--dry_run", action="store_true", help="list the cells, their state and commands; run nothing")
     return p
 
@@ -371,14 +424,18 @@ def check_cells(sweep, cells: list[Cell]) -> None:
     bad: dict[str, list[str]] = {}
     for cell in cells:
         if not is_finished(sweep.out / cell.id):
-            why = check_command(cell.command[len(CLI):])
+            why = check_command(cell.command[len(CLI) :])
             if why:
                 bad.setdefault(why.removeprefix("loopnet: error: "), []).append(cell.id)
     if bad:
-        lines = [f"{len(ids)} cell(s) ({', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}): {why}"
-                 for why, ids in bad.items()]
-        raise SweepError(f"{sum(map(len, bad.values()))} of {len(cells)} cells would fail at once, so none was "
-                         "started; fix the sweep file: " + " | ".join(lines))
+        lines = [
+            f"{len(ids)} cell(s) ({', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}): {why}"
+            for why, ids in bad.items()
+        ]
+        raise SweepError(
+            f"{sum(map(len, bad.values()))} of {len(cells)} cells would fail at once, so none was "
+            "started; fix the sweep file: " + " | ".join(lines)
+        )
 
 
 def run(argv: list[str], echo=None) -> int:
@@ -397,8 +454,16 @@ def run(argv: list[str], echo=None) -> int:
         return 0
     check_cells(sweep, cells)
     sweep.out.mkdir(parents=True, exist_ok=True)
-    runner = SweepRunner(sweep, cells, jobs=args.jobs, threads=args.threads, max_cells=args.max_cells,
-                         resume=args.resume, echo=echo, start=args.start)
+    runner = SweepRunner(
+        sweep,
+        cells,
+        jobs=args.jobs,
+        threads=args.threads,
+        max_cells=args.max_cells,
+        resume=args.resume,
+        echo=echo,
+        start=args.start,
+    )
     runner.write_manifest(argv, every_cell)
     with stop_signals(runner.on_signal):
         results = runner.run()
@@ -407,11 +472,16 @@ def run(argv: list[str], echo=None) -> int:
         raise KeyboardInterrupt  # `main` says how to continue, and exits 130
     failed = sorted(c for c, r in results.items() if r == "failed")
     unfinished = [c.id for c in cells if not is_finished(sweep.out / c.id)]
-    counts = {k: sum(1 for r in results.values() if r == k)
-              for k in ("completed", "diverged", "skipped", "failed", "stopped", "busy")}
-    echo("loopnet sweep: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-         + (f"; {len(unfinished)} cell(s) not finished" if unfinished else "; all cells finished")
-         + (f"; failed: {', '.join(failed)}" if failed else ""))
+    counts = {
+        k: sum(1 for r in results.values() if r == k)
+        for k in ("completed", "diverged", "skipped", "failed", "stopped", "busy")
+    }
+    echo(
+        "loopnet sweep: "
+        + ", ".join(f"{v} {k}" for k, v in counts.items())
+        + (f"; {len(unfinished)} cell(s) not finished" if unfinished else "; all cells finished")
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     if not unfinished:
         echo(f"next: loopnet report {sweep.out}")
     return 1 if failed or counts["stopped"] else 0

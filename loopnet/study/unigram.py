@@ -71,13 +71,17 @@ def run_plateau(config: dict) -> tuple[float, str]:
     dm = TokenStreamDataModule(seq_len=seq_len, batch_size=batch, **{k: data[k] for k in keys if k in data})
     dm.setup("fit")
     table = dm._table  # the run's own ids: GPT-2's, compact (the same plateau, renumbered) or bytes
-    train = (encode(d[dm.text_column], table) for d in dm.docs if d.get(dm.text_column) and not dm.val(d[dm.text_column]))
+    train = (
+        encode(d[dm.text_column], table) for d in dm.docs if d.get(dm.text_column) and not dm.val(d[dm.text_column])
+    )
     counts = unigram_counts(train, dm.vocab_size)
     windows = dm.val_windows()
     n = val_limit((config.get("trainer") or {}).get("limit_val_batches"), -(-len(windows) // batch)) * batch
     targets = windows[:n, 1:].numpy()
     value = cross_entropy(targets, counts)
-    how = (f"cross-entropy of the run's {targets.size:,} validation target tokens under the add-one smoothed "
-           f"unigram distribution of the {int(counts.sum()):,} training tokens of source {source!r} "
-           f"(the training unigram entropy itself is {entropy(counts):.3f} nats)")
+    how = (
+        f"cross-entropy of the run's {targets.size:,} validation target tokens under the add-one smoothed "
+        f"unigram distribution of the {int(counts.sum()):,} training tokens of source {source!r} "
+        f"(the training unigram entropy itself is {entropy(counts):.3f} nats)"
+    )
     return value, how

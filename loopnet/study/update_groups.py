@@ -35,8 +35,7 @@ if TYPE_CHECKING:  # torch is imported where a function needs it (a light module
     import torch
 
 GROUPS = ("embed+head", "norm", "VOfc", "QK")
-GROUP_TEXT = {"embed+head": "embeddings + head", "norm": "norm gains", "VOfc": "V/O/fc1/fc2 (β-scaled)",
-              "QK": "Q/K"}
+GROUP_TEXT = {"embed+head": "embeddings + head", "norm": "norm gains", "VOfc": "V/O/fc1/fc2 (β-scaled)", "QK": "Q/K"}
 OPTIMIZERS = ("adamw", "sgd", "muon")
 OPTIMIZER_TEXT = {"adamw": "AdamW", "sgd": "SGD", "muon": "Muon (+ AdamW on the rest)"}
 
@@ -68,7 +67,7 @@ def group_masks(model) -> dict[str, dict[str, torch.Tensor]]:
             starts = [0, *itertools.accumulate(module.sizes)]
             for i, part in enumerate(QKVLinear.PARTS):
                 m = torch.zeros_like(p)
-                m[starts[i]:starts[i + 1]] = 1
+                m[starts[i] : starts[i + 1]] = 1
                 group = "VOfc" if part in BETA_SCALED else "QK"
                 masks[group][name] = masks[group].get(name, torch.zeros_like(p)) + m
         elif leaf in BETA_SCALED:
@@ -151,9 +150,12 @@ def measure_groups(lm, batch, kind: str, lr: float, clip=None, optimizer_state: 
         total = d if total is None else total + d
     d_all, d_logits = state_change(None)
     out["all"] = (torch.linalg.vector_norm(d_all.float()) / base).item()
-    out["all_logits"] = (torch.linalg.vector_norm(d_logits.float()) / torch.linalg.vector_norm(before[-1].float())).item()
-    out["additivity"] = (torch.linalg.vector_norm((d_all - total).float()) /
-                         torch.linalg.vector_norm(d_all.float()).clamp_min(1e-30)).item()
+    out["all_logits"] = (
+        torch.linalg.vector_norm(d_logits.float()) / torch.linalg.vector_norm(before[-1].float())
+    ).item()
+    out["additivity"] = (
+        torch.linalg.vector_norm((d_all - total).float()) / torch.linalg.vector_norm(d_all.float()).clamp_min(1e-30)
+    ).item()
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(theta[n])
@@ -185,13 +187,17 @@ def read_checkpoint(path: str) -> dict:
 
     check_checkpoint_file(path, "--checkpoints")
     if is_sharded_checkpoint(path):
-        raise ValueError(f"--checkpoints {path} is a sharded (FSDP) checkpoint folder; fix: consolidate it into one "
-                         f"file first: python -m lightning.pytorch.utilities.consolidate_checkpoint {path}")
+        raise ValueError(
+            f"--checkpoints {path} is a sharded (FSDP) checkpoint folder; fix: consolidate it into one "
+            f"file first: python -m lightning.pytorch.utilities.consolidate_checkpoint {path}"
+        )
     ckpt = load_checkpoint_meta(path)
     hp = ckpt.get("hyper_parameters")
     if not isinstance(hp, dict) or not isinstance(hp.get("config"), dict) or not isinstance(hp.get("optim"), dict):
-        raise ValueError(f"{path} is not a loopnet checkpoint (no hyper_parameters.config and .optim); fix: give a "
-                         "checkpoint that loopnet fit wrote")
+        raise ValueError(
+            f"{path} is not a loopnet checkpoint (no hyper_parameters.config and .optim); fix: give a "
+            "checkpoint that loopnet fit wrote"
+        )
     return ckpt
 
 
@@ -227,8 +233,10 @@ def summarise(rows: list[dict]) -> dict:
         cells.setdefault((row["label"], row["rounds"], row["optimizer"]), []).append(row)
     out = {}
     for key, rs in cells.items():
-        out[key] = {k: (statistics.fmean(r[k] for r in rs), statistics.stdev(r[k] for r in rs) if len(rs) > 1 else 0.0,
-                        len(rs)) for k in keys}
+        out[key] = {
+            k: (statistics.fmean(r[k] for r in rs), statistics.stdev(r[k] for r in rs) if len(rs) > 1 else 0.0, len(rs))
+            for k in keys
+        }
         out[key]["n_blocks"] = rs[0]["n_blocks"]
     return out
 
@@ -246,8 +254,9 @@ def ratio_rows(summary: dict) -> list[dict]:
             continue
         n = dn["n_blocks"] * rounds
         ratios = {g: (dn[g][0] / dl[g][0] if dl[g][0] > 0 else math.nan) for g in (*GROUPS, "all")}
-        out.append({"suffix": suffix, "rounds": rounds, "optimizer": kind, "N": n, "theory": theory_ratio(kind, n),
-                    **ratios})
+        out.append(
+            {"suffix": suffix, "rounds": rounds, "optimizer": kind, "N": n, "theory": theory_ratio(kind, n), **ratios}
+        )
     return sorted(out, key=lambda r: (r["optimizer"], r["suffix"], r["rounds"]))
 
 
@@ -262,38 +271,58 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# {meta['title']}", ""]
     if meta.get("notes"):
         lines += [meta["notes"].strip(), ""]
-    lines += ["## How this was produced", "", "```bash", meta["command"], "```", "",
-              f"- {meta['what']}; one step per optimiser on the first training batch; AdamW at lr {meta['lr']:g} "
-              f"(the run's weight decay, gradient clipping {meta['clip']}), SGD at lr {meta['sgd_lr']:g} (no "
-              "momentum, no clipping)",
-              f"- machine: {meta['machine']}; {meta['seconds']:.0f} s in all; loopnet @ {meta['commit']}",
-              "- **method**: the step's full update Δ is computed once; for each parameter group only that "
-              "group's update is applied (every other group's update zeroed) and the relative change of the final "
-              "state ‖x'_R − x_R‖/‖x_R‖ on the same batch is measured; *all* applies the whole step. *additivity*: "
-              "‖δ_all − Σ_g δ_g‖/‖δ_all‖ of the state changes as vectors, the first-order expansion's residual "
-              "(0 for a linear response).",
-              "- groups: " + "; ".join(f"**{g}** = {t}" for g, t in GROUP_TEXT.items()), ""]
+    lines += [
+        "## How this was produced",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+        f"- {meta['what']}; one step per optimiser on the first training batch; AdamW at lr {meta['lr']:g} "
+        f"(the run's weight decay, gradient clipping {meta['clip']}), SGD at lr {meta['sgd_lr']:g} (no "
+        "momentum, no clipping)",
+        f"- machine: {meta['machine']}; {meta['seconds']:.0f} s in all; loopnet @ {meta['commit']}",
+        "- **method**: the step's full update Δ is computed once; for each parameter group only that "
+        "group's update is applied (every other group's update zeroed) and the relative change of the final "
+        "state ‖x'_R − x_R‖/‖x_R‖ on the same batch is measured; *all* applies the whole step. *additivity*: "
+        "‖δ_all − Σ_g δ_g‖/‖δ_all‖ of the state changes as vectors, the first-order expansion's residual "
+        "(0 for a linear response).",
+        "- groups: " + "; ".join(f"**{g}** = {t}" for g, t in GROUP_TEXT.items()),
+        "",
+    ]
     for kind in dict.fromkeys(r["optimizer"] for r in rows):
-        lines += [f"## {OPTIMIZER_TEXT[kind]}: output change per group", "",
-                  "| scheme | R | " + " | ".join(GROUP_TEXT[g] for g in GROUPS) + " | all | additivity | κ̂ |",
-                  "|---|---:|" + "---:|" * (len(GROUPS) + 3)]
+        lines += [
+            f"## {OPTIMIZER_TEXT[kind]}: output change per group",
+            "",
+            "| scheme | R | " + " | ".join(GROUP_TEXT[g] for g in GROUPS) + " | all | additivity | κ̂ |",
+            "|---|---:|" + "---:|" * (len(GROUPS) + 3),
+        ]
         for (label, rounds, k), s in summary.items():
             if k != kind:
                 continue
             cell = lambda q, d=3: f"{s[q][0]:.{d}g}" + (f" ± {s[q][1]:.2g}" if s[q][2] > 1 else "")  # noqa: E731
-            lines.append(f"| {label} | {rounds} | " + " | ".join(cell(g) for g in GROUPS)
-                         + f" | {cell('all')} | {cell('additivity', 2)} | {s['kappa'][0]:.2f} |")
+            lines.append(
+                f"| {label} | {rounds} | "
+                + " | ".join(cell(g) for g in GROUPS)
+                + f" | {cell('all')} | {cell('additivity', 2)} | {s['kappa'][0]:.2f} |"
+            )
         lines.append("")
     ratios = ratio_rows(summary)
     if ratios:
-        lines += ["## DeepNorm / DeepLoop, per group, against the theory", "",
-                  "Ratio of the mean output changes at equal learning rate. Theory for the β-scaled matrices: "
-                  "4N under SGD ((β/α)² ratio), 2√N under a sign-like step (AdamW's first step; (β/α) ratio).", "",
-                  "| optimiser | at | R | N | theory | " + " | ".join(GROUP_TEXT[g] for g in GROUPS) + " | all |",
-                  "|---|---|---:|---:|---:|" + "---:|" * (len(GROUPS) + 1)]
+        lines += [
+            "## DeepNorm / DeepLoop, per group, against the theory",
+            "",
+            "Ratio of the mean output changes at equal learning rate. Theory for the β-scaled matrices: "
+            "4N under SGD ((β/α)² ratio), 2√N under a sign-like step (AdamW's first step; (β/α) ratio).",
+            "",
+            "| optimiser | at | R | N | theory | " + " | ".join(GROUP_TEXT[g] for g in GROUPS) + " | all |",
+            "|---|---|---:|---:|---:|" + "---:|" * (len(GROUPS) + 1),
+        ]
         for r in ratios:
             theory = f"{r['theory']:.1f} ({'4N' if r['optimizer'] == 'sgd' else '2√N'})"
-            lines.append(f"| {r['optimizer']} | {where(r['suffix'])} | {r['rounds']} | {r['N']} | "
-                         f"{theory} | " + " | ".join(f"{r[g]:.3g}" for g in (*GROUPS, "all")) + " |")
+            lines.append(
+                f"| {r['optimizer']} | {where(r['suffix'])} | {r['rounds']} | {r['N']} | "
+                f"{theory} | " + " | ".join(f"{r[g]:.3g}" for g in (*GROUPS, "all")) + " |"
+            )
         lines.append("")
     return "\n".join(lines) + "\n"

@@ -76,8 +76,11 @@ def _summary_before_termination() -> None:
         for callback in trainer.callbacks:
             if isinstance(callback, DivergenceGuard) and trainer.lightning_module is not None:
                 callback.on_exception(trainer, trainer.lightning_module, lost)
-        error_line("loopnet", f"{lost}; every process of the run stops now; fix: see that rank's output "
-                              f"for why it ended, then run the same command with --ckpt_path last")
+        error_line(
+            "loopnet",
+            f"{lost}; every process of the run stops now; fix: see that rank's output "
+            f"for why it ended, then run the same command with --ckpt_path last",
+        )
 
 
 compat.on_rank_death(_summary_before_termination)
@@ -105,8 +108,12 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
         and checks again, now alone, that a fresh fit finds the folder free (`check_fresh_version`)."""
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         logger = cfg.trainer.logger
-        if (self.subcommand == "fit" and rank_zero_only.rank == 0 and isinstance(logger, Namespace)
-                and logger.init_args.get("version") not in (None, "")):
+        if (
+            self.subcommand == "fit"
+            and rank_zero_only.rank == 0
+            and isinstance(logger, Namespace)
+            and logger.init_args.get("version") not in (None, "")
+        ):
             checkpoints.lock_version(checkpoints.version_folder(logger.init_args))
             if not cfg.ckpt_path:
                 check_fresh_version(cfg)
@@ -171,8 +178,10 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
         trainer = self.trainer
         if not trainer.is_global_zero:
             return
-        ckpt, guard = trainer.checkpoint_callback, next(
-            (cb for cb in trainer.callbacks if isinstance(cb, DivergenceGuard)), None)
+        ckpt, guard = (
+            trainer.checkpoint_callback,
+            next((cb for cb in trainer.callbacks if isinstance(cb, DivergenceGuard)), None),
+        )
         logger = trainer.loggers[0] if trainer.loggers else None
         lines = []
         if logger is not None and logger.log_dir:
@@ -201,15 +210,18 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
     def predict(self, **kwargs) -> None:
         """`loopnet predict`: the generated text on stdout once the progress bar is gone, and saved as
         `predictions.txt` in the run's log folder (rank 0)."""
-        texts = [t for batch in self.trainer.predict(**kwargs) or [] for t in ([batch] if isinstance(batch, str) else batch)]
+        texts = [
+            t for batch in self.trainer.predict(**kwargs) or [] for t in ([batch] if isinstance(batch, str) else batch)
+        ]
         if not self.trainer.is_global_zero:
             return
         for text in texts:
             print(text)
         log_dir = self.trainer.loggers[0].log_dir if self.trainer.loggers else None
         if log_dir:
-            path = atomic_write(Path(log_dir) / "predictions.txt", lambda f: f.write("\n".join(texts) + "\n"),
-                                binary=False)
+            path = atomic_write(
+                Path(log_dir) / "predictions.txt", lambda f: f.write("\n".join(texts) + "\n"), binary=False
+            )
             print(f"loopnet: saved the generated text to {path}", file=sys.stderr)
 
     def before_predict(self) -> None:
@@ -217,18 +229,26 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
         # trained on a compact vocabulary (the corpus's own ids) maps text to ids and back through it.
         dm, self.datamodule = self.datamodule, None
         ckpt_path = self.config.predict.ckpt_path  # None: the weights of model.init_weights, no data recorded
-        trained = ((checkpoints.load_checkpoint_meta(ckpt_path).get("datamodule_hyper_parameters") or {})
-                   if ckpt_path else None)
-        if (trained or {}).get("vocab", DEFAULT_VOCAB) != DEFAULT_VOCAB or (dm is not None
-                                                                            and dm.vocab != DEFAULT_VOCAB):
+        trained = (
+            (checkpoints.load_checkpoint_meta(ckpt_path).get("datamodule_hyper_parameters") or {})
+            if ckpt_path
+            else None
+        )
+        if (trained or {}).get("vocab", DEFAULT_VOCAB) != DEFAULT_VOCAB or (
+            dm is not None and dm.vocab != DEFAULT_VOCAB
+        ):
             keys = ("vocab", "source", "path", "name", "split", "text_column")
             saved, given = ({k: hp.get(k) for k in keys} for hp in (trained or {}, dict(dm.hparams) if dm else {}))
             if trained is not None and saved != given:
-                diff = "; ".join(f"{k}: checkpoint {saved[k]!r} vs config {given[k]!r}" for k in keys if saved[k] != given[k])
-                raise ValueError(f"{self.config.predict.ckpt_path} was trained on a compact vocabulary (the token ids "
-                                 f"of its corpus), which this command's data settings do not rebuild ({diff}); fix: "
-                                 f"give the data settings it was trained with (its config.yaml, e.g. "
-                                 f"--config configs/study_cpu.yaml)")
+                diff = "; ".join(
+                    f"{k}: checkpoint {saved[k]!r} vs config {given[k]!r}" for k in keys if saved[k] != given[k]
+                )
+                raise ValueError(
+                    f"{self.config.predict.ckpt_path} was trained on a compact vocabulary (the token ids "
+                    f"of its corpus), which this command's data settings do not rebuild ({diff}); fix: "
+                    f"give the data settings it was trained with (its config.yaml, e.g. "
+                    f"--config configs/study_cpu.yaml)"
+                )
             dm.vocabulary.check_fits(self.model.config.vocab_size)
             self.model.vocabulary = dm.vocabulary  # LoopedLM._vocabulary: text <-> the corpus's ids
 
@@ -237,8 +257,12 @@ class LoopnetCLI(compat.CkptPathHook, LightningCLI):
         """The classes whose signatures a subcommand's settings follow: key -> class (`trust.check_config`)."""
         from lightning.pytorch import Trainer
 
-        return {"trainer": Trainer, "model": LoopedLM, "data": TokenStreamDataModule,
-                **{group: cls for group, (cls, _) in callbacks().items()}}
+        return {
+            "trainer": Trainer,
+            "model": LoopedLM,
+            "data": TokenStreamDataModule,
+            **{group: cls for group, (cls, _) in callbacks().items()},
+        }
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand

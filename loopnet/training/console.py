@@ -61,8 +61,11 @@ class GuardedStream:
         try:
             os.dup2(fd, self._stream.fileno())
             if first and target != os.devnull:
-                os.write(fd, b"loopnet: the reader of this run's output went away (broken pipe); the output "
-                             b"continues here, and the run stops after this step with its interruption checkpoint\n")
+                os.write(
+                    fd,
+                    b"loopnet: the reader of this run's output went away (broken pipe); the output "
+                    b"continues here, and the run stops after this step with its interruption checkpoint\n",
+                )
         finally:
             os.close(fd)
 

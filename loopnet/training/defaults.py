@@ -40,19 +40,28 @@ def callbacks() -> dict[str, tuple[type, dict]]:
     from loopnet.diagnostics import DivergenceGuard, VisitDiagnostics
     from loopnet.training.callbacks import GracefulInterrupt, HostMemory, TokenThroughput
 
-    return dict(zip(CALLBACK_GROUPS, [
-        (ModelCheckpoint, CHECKPOINT_DEFAULTS),
-        (GracefulInterrupt, {}),  # after "checkpoint": uses its folder
-        (LearningRateMonitor, {"logging_interval": "step"}),
-        (TokenThroughput, {}),
-        (VisitDiagnostics, {}),
-        (DivergenceGuard, {}),
-        (HostMemory, {}),
-    ], strict=True))
+    return dict(
+        zip(
+            CALLBACK_GROUPS,
+            [
+                (ModelCheckpoint, CHECKPOINT_DEFAULTS),
+                (GracefulInterrupt, {}),  # after "checkpoint": uses its folder
+                (LearningRateMonitor, {"logging_interval": "step"}),
+                (TokenThroughput, {}),
+                (VisitDiagnostics, {}),
+                (DivergenceGuard, {}),
+                (HostMemory, {}),
+            ],
+            strict=True,
+        )
+    )
 
 
 def default_callbacks(**overrides: dict | None) -> list:
     """The callbacks `loopnet fit` adds, with the CLI's defaults updated by `overrides` per option
     group (``checkpoint={"dirpath": ...}``); a group given None is left out."""
-    return [cls(**(defaults | overrides.get(group, {}))) for group, (cls, defaults) in callbacks().items()
-            if overrides.get(group, {}) is not None]
+    return [
+        cls(**(defaults | overrides.get(group, {})))
+        for group, (cls, defaults) in callbacks().items()
+        if overrides.get(group, {}) is not None
+    ]

@@ -1,9 +1,9 @@
 """How a Trainer command reports what went wrong: one line, the problem and the fix.
 
-    OneLineErrors   a jsonargparse parser's command-line or config error as one line on stderr (the
-                    early checks' parser and LightningCLI's share it, so both say it alike)
-    peer_lost       one line for a DDP collective that failed because a peer process ended
-    Reported        an error already printed (on every rank, before any rank exits)
+OneLineErrors   a jsonargparse parser's command-line or config error as one line on stderr (the
+                early checks' parser and LightningCLI's share it, so both say it alike)
+peer_lost       one line for a DDP collective that failed because a peer process ended
+Reported        an error already printed (on every rank, before any rank exits)
 """
 
 from __future__ import annotations
@@ -48,14 +48,18 @@ class OneLineErrors:
         sub = parser.prog.split()[-1] if parser.prog else ""
         prog = "loopnet" + (f" {sub}" if sub in SUBCOMMANDS else "")
         help_ = f"`{prog} --help` lists every option and its type"
-        unknown = re.search(r"(?:Group '([^']+)' )?does not accept option '([^']+)'|unrecognized arguments: --?([^\s=]+)",
-                            message)
+        unknown = re.search(
+            r"(?:Group '([^']+)' )?does not accept option '([^']+)'|unrecognized arguments: --?([^\s=]+)", message
+        )
         if unknown:
             group, option, argument = unknown.groups()
             key = f"{group}.{option}" if group else option or argument
             parent, _, leaf = key.rpartition(".")
-            siblings = {a.dest.rpartition(".")[2]: a.dest for a in parser._actions
-                        if isinstance(a.dest, str) and a.dest.rpartition(".")[0] == parent}
+            siblings = {
+                a.dest.rpartition(".")[2]: a.dest
+                for a in parser._actions
+                if isinstance(a.dest, str) and a.dest.rpartition(".")[0] == parent
+            }
             close = [siblings[k] for k in difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.75)]
             return (f"did you mean '{close[0]}'? " if close else "check the key's spelling and nesting; ") + help_
         if "File does not exist" in message:
@@ -68,8 +72,11 @@ class OneLineErrors:
 
 
 # How gloo and NCCL report a peer process that died in the middle of a collective.
-PEER_ERROR = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|NCCL communicator was "
-                        r"aborted|DistNetworkError", re.IGNORECASE)
+PEER_ERROR = re.compile(
+    r"Connection (reset|closed) by peer|Broken pipe|remote process exited|NCCL communicator was "
+    r"aborted|DistNetworkError",
+    re.IGNORECASE,
+)
 
 
 class Reported(Exception):
@@ -87,8 +94,11 @@ def dead_ranks(trainer) -> list[str]:
     for local_rank, proc in enumerate(getattr(trainer.strategy.launcher, "procs", None) or [], start=1):
         code = proc.poll()
         if code not in (None, 0):
-            how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+            how = (
+                f"killed by {signal.Signals(-code).name}"
+                if code < 0 and -code in signal.valid_signals()
                 else f"exit status {code}"
+            )
             dead.append(f"rank {local_rank + trainer.node_rank * trainer.num_devices} ({how})")
     return dead
 
@@ -101,9 +111,17 @@ def peer_lost(trainer, err: BaseException) -> str | None:
         return None
     dead = dead_ranks(trainer)
     peer = re.search(r"\[([^\]]+)\]:(\d+)", str(err))
-    who = (" and ".join(dead) + " of this DDP run ended") if dead else \
-        (f"a peer process of this DDP run ({peer.group(1)}:{peer.group(2)}) ended" if peer else
-         "a peer process of this DDP run ended")
-    return (f"{who}, and rank {trainer.global_rank} lost its connection at step {trainer.global_step} "
-            f"({type(err).__name__}: {PEER_ERROR.search(str(err)).group(0)}); fix: see that rank's output for why it "
-            f"ended (killed: out of memory? see `dmesg`), then run the same command with --ckpt_path last on every rank")
+    who = (
+        (" and ".join(dead) + " of this DDP run ended")
+        if dead
+        else (
+            f"a peer process of this DDP run ({peer.group(1)}:{peer.group(2)}) ended"
+            if peer
+            else "a peer process of this DDP run ended"
+        )
+    )
+    return (
+        f"{who}, and rank {trainer.global_rank} lost its connection at step {trainer.global_step} "
+        f"({type(err).__name__}: {PEER_ERROR.search(str(err)).group(0)}); fix: see that rank's output for why it "
+        f"ended (killed: out of memory? see `dmesg`), then run the same command with --ckpt_path last on every rank"
+    )

@@ -43,9 +43,11 @@ def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) ->
     for opt in checkpoint.get("optimizer_states", []):
         old_counts = [sum(width(n) for n in names) for names in group_names]
         if [len(g["params"]) for g in opt["param_groups"]] != old_counts:
-            raise ValueError("the checkpoint's optimizer state does not match this model's parameters in the "
-                             "layout before the fused QKV projection; load its weights without the optimizer "
-                             "(e.g. LoopedLM.load_from_checkpoint) or start the run afresh")
+            raise ValueError(
+                "the checkpoint's optimizer state does not match this model's parameters in the "
+                "layout before the fused QKV projection; load its weights without the optimizer "
+                "(e.g. LoopedLM.load_from_checkpoint) or start the run afresh"
+            )
         old_state, state, old, new = opt["state"], {}, 0, 0
         for group, names in zip(opt["param_groups"], group_names):
             group["params"] = list(range(new, new + len(names)))
@@ -53,8 +55,10 @@ def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) ->
                 parts = [old_state[i] for i in range(old, old + width(name)) if i in old_state]
                 old += width(name)
                 if parts:  # moments (tensors of the parameter's shape) stacked; the step count shared
-                    state[new] = {key: torch.cat([p[key] for p in parts]) if torch.is_tensor(value) and value.dim()
-                                  else value for key, value in parts[0].items()}
+                    state[new] = {
+                        key: torch.cat([p[key] for p in parts]) if torch.is_tensor(value) and value.dim() else value
+                        for key, value in parts[0].items()
+                    }
                 new += 1
         opt["state"] = state
 
@@ -63,8 +67,16 @@ def fuse_qkv_optimizer_states(checkpoint: dict, group_names: list[list[str]]) ->
 # GenerateConfig instance be in one (saved by hand, or by other code), torch's restricted
 # weights_only unpickler may still rebuild these plain dataclasses. Nothing else is allowed.
 # (OptimConfig and GenerateConfig lived in this module before loopnet.training.options: both names load.)
-torch.serialization.add_safe_globals([LoopConfig, OptimConfig, GenerateConfig, FrontierConfig, (OptimConfig, f"{__name__}.OptimConfig"),
-                                     (GenerateConfig, f"{__name__}.GenerateConfig")])
+torch.serialization.add_safe_globals(
+    [
+        LoopConfig,
+        OptimConfig,
+        GenerateConfig,
+        FrontierConfig,
+        (OptimConfig, f"{__name__}.OptimConfig"),
+        (GenerateConfig, f"{__name__}.GenerateConfig"),
+    ]
+)
 
 
 def rng_states() -> dict[str, Any]:
@@ -131,20 +143,33 @@ class LoopedLM(L.LightningModule):
         init_weights: Optional[str] = None,
     ):
         super().__init__()
-        self.config, self.optim, self.gen = _as(LoopConfig, config), _as(OptimConfig, optim), _as(GenerateConfig, generate)
+        self.config, self.optim, self.gen = (
+            _as(LoopConfig, config),
+            _as(OptimConfig, optim),
+            _as(GenerateConfig, generate),
+        )
         if eval_rounds and min(eval_rounds) < 1:
             raise ValueError(f"model.eval_rounds must all be >= 1, got {eval_rounds}")
         if extrapolate_rounds is not None and extrapolate_rounds < 2:
-            raise ValueError(f"model.extrapolate_rounds={extrapolate_rounds} must be >= 2 (rounds compared in pairs); "
-                             f"fix: give e.g. 4R = {4 * self.config.n_rounds}, or null for off")
+            raise ValueError(
+                f"model.extrapolate_rounds={extrapolate_rounds} must be >= 2 (rounds compared in pairs); "
+                f"fix: give e.g. 4R = {4 * self.config.n_rounds}, or null for off"
+            )
         check_optimizer(self.config.parametrization, self.optim.optimizer)
         self.frontier = _as(FrontierConfig, frontier)
         self.eval_rounds = sorted(set(eval_rounds or []) - {self.config.n_rounds})
         # Plain dicts in the checkpoint, so it loads with torch's weights_only unpickler.
         self.save_hyperparameters(
-            {"config": asdict(self.config), "optim": asdict(self.optim), "eval_rounds": eval_rounds,
-             "compile": compile, "generate": asdict(self.gen), "extrapolate_rounds": extrapolate_rounds,
-             "frontier": asdict(self.frontier), "jacobian_at_validation": jacobian_at_validation}
+            {
+                "config": asdict(self.config),
+                "optim": asdict(self.optim),
+                "eval_rounds": eval_rounds,
+                "compile": compile,
+                "generate": asdict(self.gen),
+                "extrapolate_rounds": extrapolate_rounds,
+                "frontier": asdict(self.frontier),
+                "jacobian_at_validation": jacobian_at_validation,
+            }
         )
         self.model = LoopedTransformer(self.config)
         if init_weights is not None:
@@ -157,11 +182,10 @@ class LoopedLM(L.LightningModule):
         self.flops_per_batch: Optional[float] = None  # read by ThroughputMonitor; set per stage and shape
         self._flops: dict[tuple[str, int, int], float] = {}
         self._resume_rng: Optional[dict] = None  # RNG states from a checkpoint, applied at the next training step
-        self.depth_eval = DepthEvaluation(extrapolate_rounds, self.frontier, self.config.n_rounds,
-                                          jacobian_at_validation)
-        self.eval_loss = torch.nn.ModuleDict(
-            {str(r): MeanMetric() for r in [self.config.n_rounds, *self.eval_rounds]}
+        self.depth_eval = DepthEvaluation(
+            extrapolate_rounds, self.frontier, self.config.n_rounds, jacobian_at_validation
         )
+        self.eval_loss = torch.nn.ModuleDict({str(r): MeanMetric() for r in [self.config.n_rounds, *self.eval_rounds]})
 
     # ----------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -215,7 +239,9 @@ class LoopedLM(L.LightningModule):
             if stage == "train":
                 per_token = self.model.flops_per_token(seq_len=T, rounds=draw.rounds, grad_rounds=draw.grad_rounds)
             else:
-                per_token = sum(self.model.flops_per_token(seq_len=T, rounds=int(r), training=False) for r in self.eval_loss)
+                per_token = sum(
+                    self.model.flops_per_token(seq_len=T, rounds=int(r), training=False) for r in self.eval_loss
+                )
             self._flops[key] = per_token * B * T
         self.flops_per_batch = self._flops[key]
 
@@ -296,7 +322,7 @@ class LoopedLM(L.LightningModule):
     def predict_dataloader(self):
         vocab = self._vocabulary()
         ids = vocab.encode(self.gen.prompt) or [vocab.eot]  # an empty prompt starts from the model's end-of-text
-        return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len:])], batch_size=1)
+        return torch.utils.data.DataLoader([torch.tensor(ids[-self.config.seq_len :])], batch_size=1)
 
     @torch.no_grad()
     def predict_step(self, batch, batch_idx=0):
@@ -305,14 +331,27 @@ class LoopedLM(L.LightningModule):
         # A stop signal (Lightning's SIGTERM flag, which `GracefulInterrupt` sets for SIGINT and SIGHUP too)
         # ends the generation between tokens: the text so far is returned, printed and saved.
         stopping = (lambda: trainer.received_sigterm) if trainer is not None else None
-        out = generate(self.model, [prompt], g.max_new_tokens, rounds=g.rounds, temperature=g.temperature,
-                       top_k=g.top_k, n_vocab=vocab.size, cache=g.cache,
-                       exit=g.exit, exit_threshold=g.exit_threshold, max_rounds=g.max_rounds,
-                       compile=g.compile, interrupted=stopping)
+        out = generate(
+            self.model,
+            [prompt],
+            g.max_new_tokens,
+            rounds=g.rounds,
+            temperature=g.temperature,
+            top_k=g.top_k,
+            n_vocab=vocab.size,
+            cache=g.cache,
+            exit=g.exit,
+            exit_threshold=g.exit_threshold,
+            max_rounds=g.max_rounds,
+            compile=g.compile,
+            interrupted=stopping,
+        )
         new, self.generated_rounds = out.tokens[0], out.rounds[0]
         stopped = " (stopped by a signal)" if len(new) < g.max_new_tokens and stopping and stopping() else ""
-        rank_zero_info(f"loopnet: {len(new)} tokens generated{stopped}, {out.mean_rounds():.2f} rounds per token "
-                       f"(exit: {g.exit}; rounds per token {self.generated_rounds})")
+        rank_zero_info(
+            f"loopnet: {len(new)} tokens generated{stopped}, {out.mean_rounds():.2f} rounds per token "
+            f"(exit: {g.exit}; rounds per token {self.generated_rounds})"
+        )
         # Returned, not printed (that would land inside the progress bar): `loopnet predict` prints and saves it.
         return vocab.decode(prompt + new)
 
@@ -372,12 +411,21 @@ class LoopedLM(L.LightningModule):
         groups = []
         for params, decays in ((decay, True), (no_decay, False)):
             for role in ("hidden", "block_vector", "other"):
-                picked = [p for p in params if role == ("hidden" if id(p) in hidden else
-                                                        "block_vector" if id(p) in in_blocks else "other")]
+                picked = [
+                    p
+                    for p in params
+                    if role == ("hidden" if id(p) in hidden else "block_vector" if id(p) in in_blocks else "other")
+                ]
                 if picked:
                     rule = rules[role]
-                    groups.append({"params": picked, "lr": o.lr * rule["lr"], "eps": o.eps * rule["eps"],
-                                   "weight_decay": o.weight_decay * rule["weight_decay"] if decays else 0.0})
+                    groups.append(
+                        {
+                            "params": picked,
+                            "lr": o.lr * rule["lr"],
+                            "eps": o.eps * rule["eps"],
+                            "weight_decay": o.weight_decay * rule["weight_decay"] if decays else 0.0,
+                        }
+                    )
         return groups
 
     def muon_matrices(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -403,15 +451,24 @@ class LoopedLM(L.LightningModule):
             from loopnet.training.optimizers import MuonWithAdamW
 
             if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
-                raise ValueError("model.optim.optimizer=muon needs whole 2-D matrices, and FSDP shards them into 1-D "
-                                 "slices; fix: train with DDP (trainer.strategy: ddp) or optimizer: adamw")
+                raise ValueError(
+                    "model.optim.optimizer=muon needs whole 2-D matrices, and FSDP shards them into 1-D "
+                    "slices; fix: train with DDP (trainer.strategy: ddp) or optimizer: adamw"
+                )
             matrices = {id(p) for _, p in self.muon_matrices()}
             muon = [p for p in decay if id(p) in matrices]
-            rest = [{"params": [p for p in decay if id(p) not in matrices], "weight_decay": o.weight_decay},
-                    {"params": no_decay, "weight_decay": 0.0}]
-            optimizer = MuonWithAdamW([{"params": muon}], rest, adamw=adamw,
-                                      muon=dict(lr=o.lr if o.muon_lr is None else o.muon_lr,
-                                                momentum=o.muon_momentum, weight_decay=o.weight_decay))
+            rest = [
+                {"params": [p for p in decay if id(p) not in matrices], "weight_decay": o.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ]
+            optimizer = MuonWithAdamW(
+                [{"params": muon}],
+                rest,
+                adamw=adamw,
+                muon=dict(
+                    lr=o.lr if o.muon_lr is None else o.muon_lr, momentum=o.muon_momentum, weight_decay=o.weight_decay
+                ),
+            )
         else:
             optimizer = torch.optim.AdamW(self.adamw_groups(), **adamw)
         total = o.decay_steps or self.trainer.max_steps

@@ -50,25 +50,49 @@ class OptimConfig:
     def __post_init__(self) -> None:
         b1, b2 = self.betas
         for ok, what, fix in (
-            (self.optimizer in ("adamw", "muon"), f"model.optim.optimizer={self.optimizer!r} is not known",
-             "choose adamw or muon"),
-            (self.muon_lr is None or self.muon_lr >= 0, f"model.optim.muon_lr={self.muon_lr} must be >= 0",
-             "give Muon's peak learning rate, e.g. 0.02, or null for lr"),
-            (0 <= self.muon_momentum < 1, f"model.optim.muon_momentum={self.muon_momentum} must be in [0, 1)",
-             "give e.g. 0.95"),
+            (
+                self.optimizer in ("adamw", "muon"),
+                f"model.optim.optimizer={self.optimizer!r} is not known",
+                "choose adamw or muon",
+            ),
+            (
+                self.muon_lr is None or self.muon_lr >= 0,
+                f"model.optim.muon_lr={self.muon_lr} must be >= 0",
+                "give Muon's peak learning rate, e.g. 0.02, or null for lr",
+            ),
+            (
+                0 <= self.muon_momentum < 1,
+                f"model.optim.muon_momentum={self.muon_momentum} must be in [0, 1)",
+                "give e.g. 0.95",
+            ),
             (self.z_loss >= 0, f"model.optim.z_loss={self.z_loss} must be >= 0", "give 0 (none) or e.g. 1e-4"),
             (self.lr >= 0, f"model.optim.lr={self.lr} must be >= 0", "give a positive peak learning rate, e.g. 6e-4"),
-            (0 <= self.min_lr_ratio <= 1, f"model.optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]",
-             "give the final learning rate as a fraction of lr, e.g. 0.1"),
-            (self.weight_decay >= 0, f"model.optim.weight_decay={self.weight_decay} must be >= 0",
-             "give 0 (none) or a positive value, e.g. 0.1"),
-            (0 <= b1 < 1 and 0 <= b2 < 1, f"model.optim.betas={list(self.betas)} must each be in [0, 1)",
-             "give e.g. [0.9, 0.95]"),
+            (
+                0 <= self.min_lr_ratio <= 1,
+                f"model.optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]",
+                "give the final learning rate as a fraction of lr, e.g. 0.1",
+            ),
+            (
+                self.weight_decay >= 0,
+                f"model.optim.weight_decay={self.weight_decay} must be >= 0",
+                "give 0 (none) or a positive value, e.g. 0.1",
+            ),
+            (
+                0 <= b1 < 1 and 0 <= b2 < 1,
+                f"model.optim.betas={list(self.betas)} must each be in [0, 1)",
+                "give e.g. [0.9, 0.95]",
+            ),
             (self.eps > 0, f"model.optim.eps={self.eps} must be > 0", "give e.g. 1e-8"),
-            (self.warmup_steps >= 0, f"model.optim.warmup_steps={self.warmup_steps} must be >= 0",
-             "give the number of linear warm-up steps, 0 for none"),
-            (self.decay_steps is None or self.decay_steps >= 1,
-             f"model.optim.decay_steps={self.decay_steps} must be >= 1", "give a step count, or null for max_steps"),
+            (
+                self.warmup_steps >= 0,
+                f"model.optim.warmup_steps={self.warmup_steps} must be >= 0",
+                "give the number of linear warm-up steps, 0 for none",
+            ),
+            (
+                self.decay_steps is None or self.decay_steps >= 1,
+                f"model.optim.decay_steps={self.decay_steps} must be >= 1",
+                "give a step count, or null for max_steps",
+            ),
         ):
             if not ok:
                 raise ValueError(f"{what}; fix: {fix}")
@@ -79,7 +103,7 @@ def not_utf8(text: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raw = text[err.start:err.end].encode("utf-8", "surrogateescape")
+        raw = text[err.start : err.end].encode("utf-8", "surrogateescape")
         return f"byte{'s' if len(raw) > 1 else ''} {raw[:4].hex(' ')} at character {err.start}"
     return None
 
@@ -120,25 +144,51 @@ class GenerateConfig:
 
     def __post_init__(self) -> None:
         for ok, what, fix in (
-            (self.max_new_tokens >= 1, f"model.generate.max_new_tokens={self.max_new_tokens} must be >= 1",
-             "give the number of tokens to generate, e.g. 64"),
-            (self.temperature >= 0, f"model.generate.temperature={self.temperature} must be >= 0",
-             "give 0 (greedy) or a positive temperature, e.g. 0.8"),
-            (self.top_k is None or self.top_k >= 1, f"model.generate.top_k={self.top_k} must be >= 1",
-             "give a positive k, or null for all tokens"),
-            (self.rounds is None or self.rounds >= 1, f"model.generate.rounds={self.rounds} must be >= 1",
-             "give a round count R' >= 1, or null for the training R"),
-            (self.exit in EXITS, f"model.generate.exit={self.exit!r} is not a criterion", f"choose one of {', '.join(EXITS)}"),
-            (self.exit_threshold is None or self.exit_threshold >= 0,
-             f"model.generate.exit_threshold={self.exit_threshold} must be >= 0",
-             "give e.g. 1e-3 for kl, or null for the criterion's default"),
-            (self.max_rounds is None or self.max_rounds >= 1, f"model.generate.max_rounds={self.max_rounds} must be >= 1",
-             "give the most rounds a token may run, or null for `rounds`"),
-            (not_utf8(self.prompt) is None, f"model.generate.prompt is not UTF-8 text ({not_utf8(self.prompt)})",
-             "give the prompt in UTF-8 (e.g. convert it with `iconv -t UTF-8`)"),
-            (not self.compile or (self.cache and self.exit == "none"),
-             "model.generate.compile needs the cache and no exit criterion (a token's rounds must not depend on its values)",
-             "set model.generate.cache: true and model.generate.exit: none, or compile: false"),
+            (
+                self.max_new_tokens >= 1,
+                f"model.generate.max_new_tokens={self.max_new_tokens} must be >= 1",
+                "give the number of tokens to generate, e.g. 64",
+            ),
+            (
+                self.temperature >= 0,
+                f"model.generate.temperature={self.temperature} must be >= 0",
+                "give 0 (greedy) or a positive temperature, e.g. 0.8",
+            ),
+            (
+                self.top_k is None or self.top_k >= 1,
+                f"model.generate.top_k={self.top_k} must be >= 1",
+                "give a positive k, or null for all tokens",
+            ),
+            (
+                self.rounds is None or self.rounds >= 1,
+                f"model.generate.rounds={self.rounds} must be >= 1",
+                "give a round count R' >= 1, or null for the training R",
+            ),
+            (
+                self.exit in EXITS,
+                f"model.generate.exit={self.exit!r} is not a criterion",
+                f"choose one of {', '.join(EXITS)}",
+            ),
+            (
+                self.exit_threshold is None or self.exit_threshold >= 0,
+                f"model.generate.exit_threshold={self.exit_threshold} must be >= 0",
+                "give e.g. 1e-3 for kl, or null for the criterion's default",
+            ),
+            (
+                self.max_rounds is None or self.max_rounds >= 1,
+                f"model.generate.max_rounds={self.max_rounds} must be >= 1",
+                "give the most rounds a token may run, or null for `rounds`",
+            ),
+            (
+                not_utf8(self.prompt) is None,
+                f"model.generate.prompt is not UTF-8 text ({not_utf8(self.prompt)})",
+                "give the prompt in UTF-8 (e.g. convert it with `iconv -t UTF-8`)",
+            ),
+            (
+                not self.compile or (self.cache and self.exit == "none"),
+                "model.generate.compile needs the cache and no exit criterion (a token's rounds must not depend on its values)",
+                "set model.generate.cache: true and model.generate.exit: none, or compile: false",
+            ),
         ):
             if not ok:
                 raise ValueError(f"{what}; fix: {fix}")
@@ -161,13 +211,26 @@ class FrontierConfig:
 
     def __post_init__(self) -> None:
         for ok, what, fix in (
-            (self.exit in EXITS, f"model.frontier.exit={self.exit!r} is not a criterion", f"choose one of {', '.join(EXITS)}"),
-            (self.exit == "none" or bool(self.thresholds), f"model.frontier.exit={self.exit!r} needs thresholds",
-             "give model.frontier.thresholds, e.g. [0, 1e-4, 1e-3, 1e-2]"),
-            (all(t >= 0 for t in self.thresholds), f"model.frontier.thresholds={list(self.thresholds)} must be >= 0",
-             "give non-negative thresholds"),
-            (self.max_rounds is None or self.max_rounds >= 1, f"model.frontier.max_rounds={self.max_rounds} must be >= 1",
-             "give the most rounds a token may run, or null for the training R"),
+            (
+                self.exit in EXITS,
+                f"model.frontier.exit={self.exit!r} is not a criterion",
+                f"choose one of {', '.join(EXITS)}",
+            ),
+            (
+                self.exit == "none" or bool(self.thresholds),
+                f"model.frontier.exit={self.exit!r} needs thresholds",
+                "give model.frontier.thresholds, e.g. [0, 1e-4, 1e-3, 1e-2]",
+            ),
+            (
+                all(t >= 0 for t in self.thresholds),
+                f"model.frontier.thresholds={list(self.thresholds)} must be >= 0",
+                "give non-negative thresholds",
+            ),
+            (
+                self.max_rounds is None or self.max_rounds >= 1,
+                f"model.frontier.max_rounds={self.max_rounds} must be >= 1",
+                "give the most rounds a token may run, or null for the training R",
+            ),
         ):
             if not ok:
                 raise ValueError(f"{what}; fix: {fix}")

@@ -48,9 +48,19 @@ PACKAGE = Path(__file__).resolve().parent.parent
 MODEL = (PACKAGE / "training" / "module.py", "LoopedLM")
 DATA = (PACKAGE / "data" / "datamodule.py", "TokenStreamDataModule")
 # What their signatures' annotations and defaults name (each module imports these under these names).
-NAMES = {"Any": Any, "Literal": Literal, "Optional": Optional, "Union": Union, "LoopConfig": LoopConfig,
-         "OptimConfig": OptimConfig, "GenerateConfig": GenerateConfig, "FrontierConfig": FrontierConfig, "Source": Source, "VocabName": VocabName,
-         "DEFAULT_VOCAB": DEFAULT_VOCAB}
+NAMES = {
+    "Any": Any,
+    "Literal": Literal,
+    "Optional": Optional,
+    "Union": Union,
+    "LoopConfig": LoopConfig,
+    "OptimConfig": OptimConfig,
+    "GenerateConfig": GenerateConfig,
+    "FrontierConfig": FrontierConfig,
+    "Source": Source,
+    "VocabName": VocabName,
+    "DEFAULT_VOCAB": DEFAULT_VOCAB,
+}
 # Arguments one takes from another (LightningCLI's `link_arguments` too): (source, target).
 LINKS = (("model.config.seq_len", "data.seq_len"),)
 # Options of LightningCLI's subcommand parsers beside model, data, the Trainer and the callbacks (Trainer
@@ -60,8 +70,11 @@ METHOD_ARGS = {
     "fit": {"ckpt_path": CKPT_PATH, "weights_only": (Optional[bool], None)},
     "validate": {"ckpt_path": CKPT_PATH, "verbose": (bool, True), "weights_only": (Optional[bool], None)},
     "test": {"ckpt_path": CKPT_PATH, "verbose": (bool, True), "weights_only": (Optional[bool], None)},
-    "predict": {"return_predictions": (Optional[bool], None), "ckpt_path": CKPT_PATH,
-                "weights_only": (Optional[bool], None)},
+    "predict": {
+        "return_predictions": (Optional[bool], None),
+        "ckpt_path": CKPT_PATH,
+        "weights_only": (Optional[bool], None),
+    },
 }
 # Lightning's option groups (the Trainer's, the callbacks'), taken as given: their keys and values, or a
 # file of them (read by LightningCLI's parser, unchecked here).
@@ -94,8 +107,14 @@ def signature(path: Path, name: str) -> type:
     P = inspect.Parameter
     params = [P("self", P.POSITIONAL_OR_KEYWORD)]
     for arg, default in zip(args[1:], defaults[1:]):
-        params.append(P(arg.arg, P.POSITIONAL_OR_KEYWORD, annotation=eval(ast.unparse(arg.annotation), dict(NAMES)),
-                        default=P.empty if default is None else eval(ast.unparse(default), dict(NAMES))))
+        params.append(
+            P(
+                arg.arg,
+                P.POSITIONAL_OR_KEYWORD,
+                annotation=eval(ast.unparse(arg.annotation), dict(NAMES)),
+                default=P.empty if default is None else eval(ast.unparse(default), dict(NAMES)),
+            )
+        )
 
     def __init__(self, *args, **kwargs):
         pass
@@ -103,8 +122,16 @@ def signature(path: Path, name: str) -> type:
     __init__.__signature__ = inspect.Signature(params)
     # Named apart from the class itself: jsonargparse looks a class up by its import path, and
     # `loopnet.training.LoopedLM` would import the module (and Lightning) on first use.
-    return type(name, (), {"__init__": __init__, "__doc__": ast.get_docstring(cls), "__module__": __name__,
-                           "__qualname__": f"{name}Signature"})
+    return type(
+        name,
+        (),
+        {
+            "__init__": __init__,
+            "__doc__": ast.get_docstring(cls),
+            "__module__": __name__,
+            "__qualname__": f"{name}Signature",
+        },
+    )
 
 
 class PrecheckParser(OneLineErrors, ArgumentParser):
@@ -134,11 +161,15 @@ def max_steps_problem(subcommand: str | None, max_steps: Any) -> str | None:
     if not isinstance(max_steps, int) or isinstance(max_steps, bool):
         return None  # the parser reports a wrong type
     if subcommand == "fit" and max_steps == 0:
-        return ("--trainer.max_steps 0 trains no step (the run would end at once, with an empty run folder); "
-                "fix: give max_steps ≥ 1 (the number of optimiser steps to train)")
+        return (
+            "--trainer.max_steps 0 trains no step (the run would end at once, with an empty run folder); "
+            "fix: give max_steps ≥ 1 (the number of optimiser steps to train)"
+        )
     if max_steps < -1:
-        return (f"--trainer.max_steps {max_steps} is not a step count; fix: give max_steps ≥ 1 (the number of "
-                f"optimiser steps to train), or -1 for no limit with --trainer.max_epochs")
+        return (
+            f"--trainer.max_steps {max_steps} is not a step count; fix: give max_steps ≥ 1 (the number of "
+            f"optimiser steps to train), or -1 for no limit with --trainer.max_epochs"
+        )
     return None
 
 
@@ -147,13 +178,17 @@ def ckpt_path_problem(subcommand: str, path: Any, init_weights: Any = None) -> s
     needs one (or a model folder's weights, `model.init_weights`), and one that names a checkpoint in this
     process (`best`, `hpc`) only a fit has."""
     if subcommand in EVALUATION and not path and not init_weights:
-        return (f"`loopnet {subcommand}` needs --ckpt_path: without one it would run the model with its random "
-                f"initial weights; fix: --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt (or a best-*.ckpt), "
-                f"or 'last' for the newest last.ckpt of this config's run, or --model.init_weights <a folder of "
-                f"loopnet import or retrofit>")
+        return (
+            f"`loopnet {subcommand}` needs --ckpt_path: without one it would run the model with its random "
+            f"initial weights; fix: --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt (or a best-*.ckpt), "
+            f"or 'last' for the newest last.ckpt of this config's run, or --model.init_weights <a folder of "
+            f"loopnet import or retrofit>"
+        )
     if subcommand in EVALUATION and path in checkpoints.IN_PROCESS:
-        return (f"--ckpt_path {path} names a checkpoint of a fit in this process, which `loopnet {subcommand}` "
-                f"does not have; fix: give the .ckpt file (runs/<run>/version_N/checkpoints/best-*.ckpt) or 'last'")
+        return (
+            f"--ckpt_path {path} names a checkpoint of a fit in this process, which `loopnet {subcommand}` "
+            f"does not have; fix: give the .ckpt file (runs/<run>/version_N/checkpoints/best-*.ckpt) or 'last'"
+        )
     return None
 
 
@@ -175,13 +210,17 @@ def check_settings(subcommand: str | None, cfg: Namespace) -> None:
     if subcommand == "fit" and _get(cfg, "trainer", "enable_checkpointing") is False:
         # loopnet fit's ModelCheckpoint is part of the run (resume, interruption, best); Lightning refuses
         # the pair with a MisconfigurationException traceback after its import.
-        raise ValueError("--trainer.enable_checkpointing false: loopnet fit always keeps last.ckpt (resume, "
-                         "interruption) and the best checkpoint; fix: drop the option (to write fewer files, "
-                         "--checkpoint.save_top_k 0 keeps no best checkpoint)")
+        raise ValueError(
+            "--trainer.enable_checkpointing false: loopnet fit always keeps last.ckpt (resume, "
+            "interruption) and the best checkpoint; fix: drop the option (to write fewer files, "
+            "--checkpoint.save_top_k 0 keeps no best checkpoint)"
+        )
     batch_size = _get(cfg, "data", "batch_size")
     if isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size < 1:
-        raise ValueError(f"--data.batch_size {batch_size} gives no sequence to a step; fix: give data.batch_size ≥ 1 "
-                         f"(sequences per step and device, e.g. 8)")
+        raise ValueError(
+            f"--data.batch_size {batch_size} gives no sequence to a step; fix: give data.batch_size ≥ 1 "
+            f"(sequences per step and device, e.g. 8)"
+        )
     problem = accelerator_problem(_get(cfg, "trainer", "accelerator"))
     if subcommand in READ_DATA and _get(cfg, "data") is not None:
         problem = problem or data_problem(_get(cfg, "data"))
@@ -199,9 +238,11 @@ def validation_warning(subcommand: str | None, cfg: Namespace) -> str | None:
     if subcommand != "fit" or _get(cfg, "trainer", "limit_val_batches") == 0:
         return None
     if all(isinstance(v, int) and not isinstance(v, bool) for v in (max_steps, every)) and 0 < max_steps < every:
-        return (f"--trainer.max_steps {max_steps} < --trainer.val_check_interval {every}: the run ends before its "
-                f"first validation (no val/loss, no best checkpoint); fix: --trainer.val_check_interval {max_steps} "
-                f"(or fewer) to validate at the end")
+        return (
+            f"--trainer.max_steps {max_steps} < --trainer.val_check_interval {every}: the run ends before its "
+            f"first validation (no val/loss, no best checkpoint); fix: --trainer.val_check_interval {max_steps} "
+            f"(or fewer) to validate at the end"
+        )
     return None
 
 
@@ -210,9 +251,11 @@ def accelerator_problem(accelerator: Any) -> str | None:
     import torch
 
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        return (f"--trainer.accelerator {accelerator}: this machine has no CUDA GPU that torch can use "
-                f"(torch {torch.__version__}); fix: --trainer.accelerator cpu (e.g. --config configs/cpu.yaml), "
-                f"or run on a machine with a GPU and a CUDA build of torch")
+        return (
+            f"--trainer.accelerator {accelerator}: this machine has no CUDA GPU that torch can use "
+            f"(torch {torch.__version__}); fix: --trainer.accelerator cpu (e.g. --config configs/cpu.yaml), "
+            f"or run on a machine with a GPU and a CUDA build of torch"
+        )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         return "--trainer.accelerator mps: this machine has no Apple GPU (MPS); fix: --trainer.accelerator cpu"
     return None
@@ -226,9 +269,11 @@ def data_problem(data: Any) -> str | None:
 
     source, path = _get(data, "source"), _get(data, "path")
     if source == "shakespeare" and path not in (None, "", []):
-        return (f"--data.path {path} is ignored by the source 'shakespeare' (the embedded corpus), so the run would "
-                f"train on Shakespeare; fix: --data.source files (local text, json or parquet files), or "
-                f"--data.source hub (a hub dataset or a local folder of its parquet files)")
+        return (
+            f"--data.path {path} is ignored by the source 'shakespeare' (the embedded corpus), so the run would "
+            f"train on Shakespeare; fix: --data.source files (local text, json or parquet files), or "
+            f"--data.source hub (a hub dataset or a local folder of its parquet files)"
+        )
     if source == "files":
         try:
             files = resolve_files(path if path is not None else [])
@@ -236,12 +281,16 @@ def data_problem(data: Any) -> str | None:
             return str(err)
         if all(Path(f).stat().st_size == 0 for f in files):
             # worded as the data module's own check words it (loopnet.data.stream), which reads the files
-            return (f"The corpus is empty: {len(files)} document(s), none with text (every file of data.path is "
-                    f"0 bytes: {', '.join(files[:3])}). Fix: point data.path at files that hold text")
+            return (
+                f"The corpus is empty: {len(files)} document(s), none with text (every file of data.path is "
+                f"0 bytes: {', '.join(files[:3])}). Fix: point data.path at files that hold text"
+            )
     if source == "hub" and isinstance(path, str) and not Path(path).is_dir() and "/" not in path.strip("/"):
-        return (f"--data.path {path} is not a local folder (no {Path(path).absolute()}) nor a hub dataset id "
-                f"(owner/name, e.g. Skylion007/openwebtext); fix: give the folder that holds the dataset's "
-                f"parquet files, or its hub id")
+        return (
+            f"--data.path {path} is not a local folder (no {Path(path).absolute()}) nor a hub dataset id "
+            f"(owner/name, e.g. Skylion007/openwebtext); fix: give the folder that holds the dataset's "
+            f"parquet files, or its hub id"
+        )
     return None
 
 
@@ -260,8 +309,10 @@ def _name_invalid_yaml(argv: list[str]) -> None:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise ValueError(f"the config file {path} is not valid YAML ({problem}{where}); "
-                             "fix: correct its syntax there (brackets, quotes, indentation with spaces)") from None
+            raise ValueError(
+                f"the config file {path} is not valid YAML ({problem}{where}); "
+                "fix: correct its syntax there (brackets, quotes, indentation with spaces)"
+            ) from None
         except (OSError, UnicodeDecodeError):
             continue
         included = loaded.get("config") if isinstance(loaded, dict) else None
@@ -272,8 +323,11 @@ def precheck(argv: list[str]) -> Namespace | None:
     """Check `loopnet <argv>` (a Trainer subcommand first) as far as that needs no Lightning; raises
     ValueError / FileNotFoundError with the one-line error (problem and fix). Returns the settings read
     (the Trainer's and callbacks' as given), or None for a command this does not check (help)."""
-    if not argv or argv[0] not in SUBCOMMANDS or any(a in ("-h", "--help") or a.startswith("--print_config")
-                                                     for a in argv):
+    if (
+        not argv
+        or argv[0] not in SUBCOMMANDS
+        or any(a in ("-h", "--help") or a.startswith("--print_config") for a in argv)
+    ):
         return None
     trust.apply()  # before any parse: a config names only classes of loopnet, Lightning, torch, torchmetrics
     trust.refuse_in_argv(argv)
@@ -286,8 +340,12 @@ def precheck(argv: list[str]) -> Namespace | None:
         raise ValueError(p.one_line(str(err), err)) from None
     for group in ("trainer", *CALLBACK_GROUPS):  # Lightning's options, read here as plain mappings
         trust.refuse_untrusted(cfg.get(group), group)
-    for group, cls in (("config", LoopConfig), ("optim", OptimConfig), ("generate", GenerateConfig),
-                       ("frontier", FrontierConfig)):
+    for group, cls in (
+        ("config", LoopConfig),
+        ("optim", OptimConfig),
+        ("generate", GenerateConfig),
+        ("frontier", FrontierConfig),
+    ):
         cls(**cfg.model[group].as_dict())  # each checks its values: ValueError with the fix
     check_optimizer(cfg.model.config.parametrization, cfg.model.optim.optimizer)
     check_settings(subcommand, cfg)
@@ -302,4 +360,3 @@ def precheck(argv: list[str]) -> Namespace | None:
         # its pickle (torch's restricted unpickler) and its model's shape against this config: torch, not Lightning
         checkpoints.check_checkpoint(str(cfg.ckpt_path), cfg.model.config.as_dict())
     return cfg
-

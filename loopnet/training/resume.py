@@ -50,9 +50,11 @@ def check_steps_left(path: str, ckpt: dict, max_steps) -> None:
     and record a completed run at max_steps that no checkpoint holds."""
     step = ckpt.get("global_step")
     if isinstance(max_steps, int) and isinstance(step, int) and 0 <= max_steps < step:
-        raise ValueError(f"--trainer.max_steps {max_steps} is below step {step}, which the checkpoint {path} "
-                         f"already reached; fix: give --trainer.max_steps {step} or more to continue it, or evaluate "
-                         f"it with `loopnet test --ckpt_path {path}`")
+        raise ValueError(
+            f"--trainer.max_steps {max_steps} is below step {step}, which the checkpoint {path} "
+            f"already reached; fix: give --trainer.max_steps {step} or more to continue it, or evaluate "
+            f"it with `loopnet test --ckpt_path {path}`"
+        )
 
 
 def resolve_fit_last(cfg: Namespace) -> tuple[str | None, str]:
@@ -71,9 +73,15 @@ def resolve_fit_last(cfg: Namespace) -> tuple[str | None, str]:
         if rank_zero_only.rank == 0:
             print(f"loopnet: resuming from {last}", file=sys.stderr)
     folder = checkpoints.pinned_checkpoint_folder(cfg)
-    where = str(folder) if folder is not None else (
-        f"{logger.init_args.save_dir}/{logger.init_args.get('name') or ''}" if isinstance(logger, Namespace)
-        else "the checkpoint folder")
+    where = (
+        str(folder)
+        if folder is not None
+        else (
+            f"{logger.init_args.save_dir}/{logger.init_args.get('name') or ''}"
+            if isinstance(logger, Namespace)
+            else "the checkpoint folder"
+        )
+    )
     return (None if cfg.ckpt_path == checkpoints.LAST else cfg.ckpt_path), where
 
 
@@ -85,8 +93,10 @@ def newest_run_checkpoint(cfg: Namespace, subcommand: str) -> str:
     use the random initial weights)."""
     found, where = checkpoints.last_checkpoint(cfg)
     if found is None:
-        raise FileNotFoundError(f"--ckpt_path last: no {where}; fix: give the .ckpt file with --ckpt_path, "
-                                f"or use the config (and run name) the model was trained with")
+        raise FileNotFoundError(
+            f"--ckpt_path last: no {where}; fix: give the .ckpt file with --ckpt_path, "
+            f"or use the config (and run name) the model was trained with"
+        )
     check_for_command(str(found), cfg, subcommand)
     if rank_zero_only.rank == 0:
         print(f"loopnet: evaluating {found}", file=sys.stderr)
@@ -104,9 +114,11 @@ def newest_run_checkpoint(cfg: Namespace, subcommand: str) -> str:
 # checkpoint and others did not (else those would start afresh beside ranks that resume, and hang or
 # diverge silently).
 
-SHARED_FS = ("every node must see the same run folder; fix: put --trainer.logger.init_args.save_dir (and "
-             "--checkpoint.dirpath, if given) on a filesystem that all nodes mount (a shared filesystem), "
-             "e.g. /shared/runs")
+SHARED_FS = (
+    "every node must see the same run folder; fix: put --trainer.logger.init_args.save_dir (and "
+    "--checkpoint.dirpath, if given) on a filesystem that all nodes mount (a shared filesystem), "
+    "e.g. /shared/runs"
+)
 
 
 def absolute(path: str | os.PathLike) -> str:
@@ -134,7 +146,8 @@ class ResumeOnEveryRank(Callback):
             missing = [rank for rank in range(trainer.world_size) if rank not in found]
             message = (
                 f"--ckpt_path last: rank(s) {found} found a checkpoint to resume from and rank(s) {missing} did not "
-                f"(rank {trainer.global_rank} looked in {self.where}: {self.found or 'none'}): {SHARED_FS}")
+                f"(rank {trainer.global_rank} looked in {self.where}: {self.found or 'none'}): {SHARED_FS}"
+            )
             if os.environ.get("LOOPNET_DEBUG"):
                 raise ValueError(message)
             # Written here, then a barrier: the first rank to exit has torchrun stop the others, which could

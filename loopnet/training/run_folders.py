@@ -30,13 +30,30 @@ from loopnet.model.scales import scheme_label
 
 # How run_name writes a model field that differs from LoopConfig's default ({} is its value); fields
 # not listed read `<field>-<value>`. Run settings (model.config.RUN_SETTINGS) never name a run.
-RUN_NAME_FIELDS = {"n_heads": "h{}", "seq_len": "ctx{}", "vocab_size": "v{}", "mlp_ratio": "mlp{}",
-                   "positions": "{}", "norm": "{}", "bias": "bias", "tie_embeddings": "untied",
-                   "input_norm": "input_norm", "sandwich": "sandwich", "parametrization": "{}",
-                   "mup_base_width": "d0-{}", "completep_base_depth": "n0-{}", "completep_alpha": "a{}",
-                   "mlp": "{}", "ffn_width": "ff{}",
-                   "rope_base": "rope{}", "qk_bias": "qk_bias", "embed_scale": "embed_scale", "loop_norm": "loop_norm",
-                   "norm_eps": "eps{}", "n_kv_heads": "kv{}"}
+RUN_NAME_FIELDS = {
+    "n_heads": "h{}",
+    "seq_len": "ctx{}",
+    "vocab_size": "v{}",
+    "mlp_ratio": "mlp{}",
+    "positions": "{}",
+    "norm": "{}",
+    "bias": "bias",
+    "tie_embeddings": "untied",
+    "input_norm": "input_norm",
+    "sandwich": "sandwich",
+    "parametrization": "{}",
+    "mup_base_width": "d0-{}",
+    "completep_base_depth": "n0-{}",
+    "completep_alpha": "a{}",
+    "mlp": "{}",
+    "ffn_width": "ff{}",
+    "rope_base": "rope{}",
+    "qk_bias": "qk_bias",
+    "embed_scale": "embed_scale",
+    "loop_norm": "loop_norm",
+    "norm_eps": "eps{}",
+    "n_kv_heads": "kv{}",
+}
 
 
 def run_name(config) -> str:
@@ -45,11 +62,18 @@ def run_name(config) -> str:
     cannot resume each other's checkpoints (`checkpoints.check_model_config`) never share a folder,
     so `--ckpt_path last` finds only this model's runs. `config`: the model config (a Namespace or dict)."""
     config = config.as_dict() if hasattr(config, "as_dict") else dict(config)
-    name = [scheme_label(config["residual"], config.get("p")), config["wiring"], f"k{config['n_blocks']}",
-            f"r{config['n_rounds']}", f"d{config['d_model']}"]
+    name = [
+        scheme_label(config["residual"], config.get("p")),
+        config["wiring"],
+        f"k{config['n_blocks']}",
+        f"r{config['n_rounds']}",
+        f"d{config['d_model']}",
+    ]
     named = {"residual", "p", "wiring", "n_blocks", "n_rounds", "d_model", *RUN_SETTINGS}
     order = list(RUN_NAME_FIELDS)
-    for field in sorted(dataclasses.fields(LoopConfig), key=lambda f: order.index(f.name) if f.name in order else len(order)):
+    for field in sorted(
+        dataclasses.fields(LoopConfig), key=lambda f: order.index(f.name) if f.name in order else len(order)
+    ):
         value = config.get(field.name, field.default)
         if field.name not in named and value != field.default:
             text = f"{value:g}" if isinstance(value, float) else str(value)
@@ -93,9 +117,11 @@ def check_fresh_version(cfg: Namespace) -> None:
     held = [name for name in ("config.yaml", "summary.json") if (folder / name).exists()]
     held += ["checkpoints"] if any(folder.glob("checkpoints/*.ckpt")) else []
     if held:
-        raise ValueError(f"{folder} already holds a run ({', '.join(held)}), which a new fit there would overwrite; "
-                         f"fix: resume it with --ckpt_path last, pin another version, or leave out "
-                         f"--trainer.logger.init_args.version for a new one")
+        raise ValueError(
+            f"{folder} already holds a run ({', '.join(held)}), which a new fit there would overwrite; "
+            f"fix: resume it with --ckpt_path last, pin another version, or leave out "
+            f"--trainer.logger.init_args.version for a new one"
+        )
 
 
 def evaluate_in_run_folder(cfg: Namespace, subcommand: str) -> None:
@@ -170,8 +196,10 @@ class EvaluationLogger(TensorBoardLogger):
 # a resumed run, a pinned existing folder or anything an earlier run wrote is never touched.
 
 # What a fit writes into its run folder before its first step ends.
-START_FILES = re.compile(r"^(config\.yaml|hparams\.yaml|summary\.json|events\.out\.tfevents\..*|checkpoints/\..+\.tmp"
-                         r"|\.loopnet\.lock)$")  # the lock of a fit pinned to its version (loopnet.checkpoints)
+START_FILES = re.compile(
+    r"^(config\.yaml|hparams\.yaml|summary\.json|events\.out\.tfevents\..*|checkpoints/\..+\.tmp"
+    r"|\.loopnet\.lock)$"
+)  # the lock of a fit pinned to its version (loopnet.checkpoints)
 
 
 def _run_loggers(trainer) -> list:
@@ -221,8 +249,11 @@ def remove_failed_start(trainer, existed: set[Path], error: BaseException) -> li
     if removed:
         where = ", ".join(str(_relative(p)) for p in removed)
         what = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
-        print(f"loopnet: the fit failed before its first step completed ({what}); removed the run folder it "
-              f"had created, {where} (no checkpoint, no step)", file=sys.stderr)
+        print(
+            f"loopnet: the fit failed before its first step completed ({what}); removed the run folder it "
+            f"had created, {where} (no checkpoint, no step)",
+            file=sys.stderr,
+        )
     return removed
 
 

@@ -8,7 +8,7 @@ SUBCOMMANDS = {
     "fit": "train: loopnet fit --config configs/deeploop_r6.yaml [--config configs/cpu.yaml]",
     "validate": "validation loss of a checkpoint (--ckpt_path FILE or last)",
     "test": "held-out loss of a checkpoint at its R and at each --model.eval_rounds R'",
-    "predict": "generate text from a checkpoint (--model.generate.prompt \"ROMEO:\")",
+    "predict": 'generate text from a checkpoint (--model.generate.prompt "ROMEO:")',
 }
 
 # The subcommands that evaluate a trained model: they need a checkpoint.

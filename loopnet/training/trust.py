@@ -41,8 +41,10 @@ from jsonargparse import Namespace, set_parsing_settings
 from loopnet.compat import parsing_settings
 
 # jsonargparse's own settings that `apply` changes, restored for a trusted config (they have no public reset).
-_DEFAULT = {key: parsing_settings()[key]
-            for key in ("import_path_verdicts", "import_paths_enforced", "instantiate_subclass_spec_in_any")}
+_DEFAULT = {
+    key: parsing_settings()[key]
+    for key in ("import_path_verdicts", "import_paths_enforced", "instantiate_subclass_spec_in_any")
+}
 
 ALLOWED = ("loopnet", "lightning", "torch", "torchmetrics")
 FLAG = "--trust_config"
@@ -67,8 +69,9 @@ def apply() -> None:
     config gets jsonargparse's own defaults back (the settings are global: one process may check both)."""
     if not trusted():
         # and a class spec given where any value goes is kept as data, never built (`check_config` refuses it)
-        set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=list(ALLOWED),
-                             instantiate_subclass_spec_in_any=False)
+        set_parsing_settings(
+            import_path_denylist=["*"], import_path_allowlist=list(ALLOWED), instantiate_subclass_spec_in_any=False
+        )
     else:
         parsing_settings().update(_DEFAULT)
 
@@ -79,9 +82,11 @@ def allowed(path: str) -> bool:
 
 
 def refusal(path: str, where: str) -> str:
-    return (f"{where} names {path}, which a config may not import or run (configs may name only classes of "
-            f"{', '.join(ALLOWED)}); fix: if you trust this config and its author, rerun with {FLAG} "
-            f"(or {ENV}=1)")
+    return (
+        f"{where} names {path}, which a config may not import or run (configs may name only classes of "
+        f"{', '.join(ALLOWED)}); fix: if you trust this config and its author, rerun with {FLAG} "
+        f"(or {ENV}=1)"
+    )
 
 
 def _names_module(value: str) -> bool:
@@ -118,13 +123,21 @@ def refuse_untrusted(settings: Any, where: str = "the config") -> None:
 
 # The class hierarchies a config may name a class of, each where a parameter is declared with it (or a
 # subclass of it): (module, class name). The Trainer's own plugin types are here as its `plugins` takes them.
-EXPECTED = (("lightning.pytorch.callbacks", "Callback"), ("lightning.pytorch.loggers", "Logger"),
-            ("lightning.pytorch.strategies", "Strategy"), ("lightning.pytorch.accelerators", "Accelerator"),
-            ("lightning.pytorch.plugins.precision", "Precision"), ("lightning.pytorch.profilers", "Profiler"),
-            ("lightning.fabric.plugins.environments", "ClusterEnvironment"),
-            ("lightning.fabric.plugins.io", "CheckpointIO"), ("lightning.pytorch.plugins", "LayerSync"),
-            ("torch.optim", "Optimizer"), ("torch.optim.lr_scheduler", "LRScheduler"),
-            ("lightning.pytorch", "LightningModule"), ("lightning.pytorch", "LightningDataModule"))
+EXPECTED = (
+    ("lightning.pytorch.callbacks", "Callback"),
+    ("lightning.pytorch.loggers", "Logger"),
+    ("lightning.pytorch.strategies", "Strategy"),
+    ("lightning.pytorch.accelerators", "Accelerator"),
+    ("lightning.pytorch.plugins.precision", "Precision"),
+    ("lightning.pytorch.profilers", "Profiler"),
+    ("lightning.fabric.plugins.environments", "ClusterEnvironment"),
+    ("lightning.fabric.plugins.io", "CheckpointIO"),
+    ("lightning.pytorch.plugins", "LayerSync"),
+    ("torch.optim", "Optimizer"),
+    ("torch.optim.lr_scheduler", "LRScheduler"),
+    ("lightning.pytorch", "LightningModule"),
+    ("lightning.pytorch", "LightningDataModule"),
+)
 # Where a parameter is declared `type[X]`, the class itself, never built: FSDP's wrapping policies name
 # the model's blocks (`auto_wrap_policy: [loopnet.model.layers.Block]`).
 TYPES = (("torch.nn", "Module"),)
@@ -140,6 +153,7 @@ class _Slot:
     """What a parameter's declared type lets a config give it: instances of `bases` (a class spec), the
     classes `types` themselves (`type[X]`), items of `items` (a list), values of `values` (a mapping),
     the fields of `fields` (a dataclass); `anything`: typed Any, object or not at all."""
+
     bases: list[type] = field(default_factory=list)
     types: list[type] = field(default_factory=list)
     items: list[Any] = field(default_factory=list)
@@ -201,8 +215,10 @@ def _type_name(hint: Any) -> str:
 
 def untrusted(where: str, path: str, why: str, fix: str = "") -> str:
     """The one-line refusal of `path` named at the key `where`."""
-    return (f"{where} names {path}, but {why}; fix: {fix + ', or ' if fix else ''}if you trust this config and "
-            f"its author, rerun with {FLAG} (or {ENV}=1)")
+    return (
+        f"{where} names {path}, but {why}; fix: {fix + ', or ' if fix else ''}if you trust this config and "
+        f"its author, rerun with {FLAG} (or {ENV}=1)"
+    )
 
 
 def _import(path: str, where: str) -> type:
@@ -263,28 +279,35 @@ def check_tree(value: Any, hint: Any, where: str) -> None:
         if not isinstance(path, str):
             path = f"{getattr(path, '__module__', '?')}.{getattr(path, '__qualname__', path)}"
         if not slot.bases:
-            why = f"that option {_type_name(hint)} " + ("takes any value, so no class named there is checked"
-                                                          if slot.anything else "takes no class from a config")
+            why = f"that option {_type_name(hint)} " + (
+                "takes any value, so no class named there is checked"
+                if slot.anything
+                else "takes no class from a config"
+            )
             raise ValueError(untrusted(where, path, why))
         if "." not in path:
             cls = _by_name(path, slot.bases)
             if cls is None:
-                raise ValueError(untrusted(where, path, "no class of that name is known there",
-                                           "give the full import path of the class"))
+                raise ValueError(
+                    untrusted(
+                        where, path, "no class of that name is known there", "give the full import path of the class"
+                    )
+                )
             if not allowed(cls.__module__):  # a class of that name imported from elsewhere
                 raise ValueError(refusal(f"{cls.__module__}.{cls.__qualname__}", where))
         else:
             cls = _import(path, where)
         if not issubclass(cls, tuple(slot.bases)):
             want = " or ".join(f"{b.__module__}.{b.__qualname__}" for b in slot.bases)
-            raise ValueError(untrusted(where, path, f"it is not a {slot.bases[0].__name__}",
-                                       f"give a subclass of {want} there"))
+            raise ValueError(
+                untrusted(where, path, f"it is not a {slot.bases[0].__name__}", f"give a subclass of {want} there")
+            )
         params = _params(cls)
         for group in ("init_args", "dict_kwargs"):
             args = value.get(group)
             if isinstance(args, Namespace):
                 args = args.as_dict()
-            for key, arg in (args.items() if isinstance(args, dict) else ()):
+            for key, arg in args.items() if isinstance(args, dict) else ():
                 hint_ = params.get(key, Any) if group == "init_args" else Any
                 check_tree(arg, hint_, f"{where}.{group}.{key}")
         return
@@ -305,8 +328,7 @@ def check_tree(value: Any, hint: Any, where: str) -> None:
         for key, item in value.items():
             if isinstance(key, str) and key.startswith("__"):  # jsonargparse's own (__path__)
                 continue
-            inner = params.get(key) if key in params else (
-                _OneOf(slot.values) if slot.values and not params else Any)
+            inner = params.get(key) if key in params else (_OneOf(slot.values) if slot.values and not params else Any)
             check_tree(item, inner, f"{where}.{key}" if where else str(key))
     elif isinstance(value, (list, tuple, set)):
         inner = _OneOf(slot.items) if slot.items else (hint if slot.bases or slot.types else Any)
@@ -351,7 +373,7 @@ def refuse_sweep(spec: Any, path: Any) -> None:
     for section in ("overrides", "grid", "include"):
         entries = spec.get(section) or {}
         for entry in entries if isinstance(entries, list) else [entries]:
-            for key, value in (entry.items() if isinstance(entry, dict) else ()):
+            for key, value in entry.items() if isinstance(entry, dict) else ():
                 if str(key).split(".", 1)[0] in lightning_keys:
                     refuse_untrusted(value, f"{path}: {section}.{key}")
     base = spec.get("base") or []
@@ -366,8 +388,11 @@ def refuse_sweep(spec: Any, path: Any) -> None:
             for key in lightning_keys:
                 refuse_untrusted(loaded.get(key), f"{file}: {key}")
             included = loaded.get("config")
-            files += [file.parent / name for name in ([included] if isinstance(included, str) else included or [])
-                      if isinstance(name, str)]
+            files += [
+                file.parent / name
+                for name in ([included] if isinstance(included, str) else included or [])
+                if isinstance(name, str)
+            ]
 
 
 def _walk_file(file: Any, keys: tuple[str, ...], where: str = "") -> None:
@@ -388,8 +413,11 @@ def _walk_file(file: Any, keys: tuple[str, ...], where: str = "") -> None:
         for key in keys:
             refuse_untrusted(loaded.get(key), f"{where}{path}: {key}")
         included = loaded.get("config")
-        files += [path.parent / name for name in ([included] if isinstance(included, str) else included or [])
-                  if isinstance(name, str)]
+        files += [
+            path.parent / name
+            for name in ([included] if isinstance(included, str) else included or [])
+            if isinstance(name, str)
+        ]
 
 
 def refuse_in_argv(argv: list[str]) -> None:

@@ -30,10 +30,19 @@ def run_root(tmp_path_factory) -> Path:
     inputs, targets = ids[: n * T].view(n, T), ids[1 : n * T + 1].view(n, T)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, targets), batch_size=2, shuffle=True)
     torch.manual_seed(0)
-    module = LoopedLM(config=tiny_config(vocab_size=50304, seq_len=64, n_heads=2, residual="deeploop"),
-                      optim={"lr": 1e-2, "warmup_steps": 1})
-    trainer = L.Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", devices=1)
+    module = LoopedLM(
+        config=tiny_config(vocab_size=50304, seq_len=64, n_heads=2, residual="deeploop"),
+        optim={"lr": 1e-2, "warmup_steps": 1},
+    )
+    trainer = L.Trainer(
+        max_steps=12,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, loader)
     root = tmp_path_factory.mktemp("work")
     folder = root / RUN / "version_0" / "checkpoints"

@@ -147,8 +147,10 @@ def test_a_run_folder_with_several_versions_is_refused(ckpt, tmp_path):
 
 def test_import_loopnet_stays_light():
     """`import loopnet` loads neither torch nor Lightning; `loopnet.load` brings the API when first used."""
-    code = ("import sys, loopnet; print(loopnet.__file__, sorted({'torch', 'lightning'} & set(sys.modules)), "
-            "'load' in dir(loopnet))")
+    code = (
+        "import sys, loopnet; print(loopnet.__file__, sorted({'torch', 'lightning'} & set(sys.modules)), "
+        "'load' in dir(loopnet))"
+    )
     out = run_command([sys.executable, "-c", code], env=env()).stdout.split()
     assert out == [str(ROOT / "loopnet" / "__init__.py"), "[]", "True"]
 

@@ -77,8 +77,9 @@ def test_the_visit_table_has_one_row_per_visit_with_the_hooks_values(rounds):
     order = visit_order(cfg.n_blocks, rounds or cfg.n_rounds, cfg.n_prelude, cfg.n_coda)
     assert len(table) == len(order) == 2 * (1 + 2 * (rounds or 3) + 1)
     assert [row["visit"] for row in table] == [v.tag for v in order]
-    assert [(row["part"], row["round"], row["block"], row["sublayer"]) for row in table] == \
-        [(v.part, v.round, v.block, v.sublayer) for v in order]
+    assert [(row["part"], row["round"], row["block"], row["sublayer"]) for row in table] == [
+        (v.part, v.round, v.block, v.sublayer) for v in order
+    ]
     reference = sublayer_values(network, model.encode(text), rounds)
     n = len(model.tokenizer.encode(text)) * cfg.d_model
     tol = n * 2.0**-24

@@ -13,8 +13,20 @@ from tests.helpers import run_command, tiny_config
 
 pytestmark = pytest.mark.slow
 
-VARIANTS = ["bare", "lightning", "diagnostics@2", "diagnostics@50", "compile", "checkpoint", "R=1", "R=3", "R=12",
-            "data", "nanoGPT", "preln R=1"]
+VARIANTS = [
+    "bare",
+    "lightning",
+    "diagnostics@2",
+    "diagnostics@50",
+    "compile",
+    "checkpoint",
+    "R=1",
+    "R=3",
+    "R=12",
+    "data",
+    "nanoGPT",
+    "preln R=1",
+]
 
 
 def test_smoke_run_prints_and_writes_every_variant(tmp_path):
@@ -88,8 +100,20 @@ def test_bf16_on_cpu_runs_autocast_and_measures_a_bf16_peak(tmp_path):
     this CPU's own bf16 matmul rate."""
     js = tmp_path / "bench.json"
     proc = run_command(
-        [sys.executable, "-m", "loopnet.bench.run", "--smoke", "--precision", "bf16", "--no-memory", "--no-data",
-         "--rounds", "6", "--json", str(js)],
+        [
+            sys.executable,
+            "-m",
+            "loopnet.bench.run",
+            "--smoke",
+            "--precision",
+            "bf16",
+            "--no-memory",
+            "--no-data",
+            "--rounds",
+            "6",
+            "--json",
+            str(js),
+        ],
         env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -120,19 +144,20 @@ def test_bare_loop_forward_runs_in_the_chosen_precision():
 def test_system_malloc_leaves_the_allocator_alone(tmp_path):
     """--system-malloc: no keep_freed_memory() in the bench process, nor through a Trainer's HostMemory;
     without it, main() and every Trainer apply it (the control: the count is not zero by accident)."""
-    code = ("import sys\n"
-            "import loopnet.training.host_memory as hm\n"
-            "calls = []\n"
-            "real = hm.keep_freed_memory\n"
-            "hm.keep_freed_memory = lambda: calls.append(1) or real()\n"
-            "import loopnet.bench.run as run\n"
-            "run.keep_freed_memory = hm.keep_freed_memory\n"
-            "run.main(['--smoke', '--no-memory', '--no-data', '--rounds', '6'] + sys.argv[1:])\n"
-            "print('CALLS', len(calls))\n")
+    code = (
+        "import sys\n"
+        "import loopnet.training.host_memory as hm\n"
+        "calls = []\n"
+        "real = hm.keep_freed_memory\n"
+        "hm.keep_freed_memory = lambda: calls.append(1) or real()\n"
+        "import loopnet.bench.run as run\n"
+        "run.keep_freed_memory = hm.keep_freed_memory\n"
+        "run.main(['--smoke', '--no-memory', '--no-data', '--rounds', '6'] + sys.argv[1:])\n"
+        "print('CALLS', len(calls))\n"
+    )
     outputs = {}
     for flags in ([], ["--system-malloc"]):
-        proc = run_command([sys.executable, "-c", code, *flags],
-                   env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+        proc = run_command([sys.executable, "-c", code, *flags], env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs[bool(flags)] = proc.stdout
     tuned, system = outputs[False], outputs[True]
@@ -152,7 +177,9 @@ def test_step_memory_and_trainers_follow_the_precision(monkeypatch):
 
     threads = torch.get_num_threads()
     try:
-        settings = {flag: run.parse(["--smoke", "--device", "cpu", "--precision", flag])[1] for flag in ("bf16", "fp32")}
+        settings = {
+            flag: run.parse(["--smoke", "--device", "cpu", "--precision", flag])[1] for flag in ("bf16", "fp32")
+        }
     finally:
         torch.set_num_threads(threads)
     saved = {}
@@ -190,8 +217,24 @@ def test_generation_bench_measures_every_path_on_the_same_tokens(tmp_path):
     from loopnet.bench import generation
 
     out, js = tmp_path / "g.md", tmp_path / "g.json"
-    generation.main(["--reps", "2", "--prompt", "4", "--new", "6", "--d_model", "64", "--seq_len", "16",
-                     "--out", str(out), "--json", str(js)])
+    generation.main(
+        [
+            "--reps",
+            "2",
+            "--prompt",
+            "4",
+            "--new",
+            "6",
+            "--d_model",
+            "64",
+            "--seq_len",
+            "16",
+            "--out",
+            str(out),
+            "--json",
+            str(js),
+        ]
+    )
     res = json.loads(js.read_text())
     assert res["same_tokens"] is True and res["new_tokens"] == 6 and len(res["ratios"]) == 2
     assert res["model"]["d_model"] == 64 and res["model"]["n_heads"] == 2 and res["model"]["seq_len"] == 16
@@ -201,6 +244,21 @@ def test_generation_bench_measures_every_path_on_the_same_tokens(tmp_path):
     assert res["compiled_ratio"] == pytest.approx(sum(res["compiled_ratios"]) / 2)
     table = out.read_text()
     assert "| generate, KV cache across rounds |" in table and "| generate, KV cache, compiled step" in table
-    generation.main(["--reps", "1", "--prompt", "4", "--new", "2", "--d_model", "64", "--seq_len", "16",
-                     "--no-compile", "--json", str(js)])
+    generation.main(
+        [
+            "--reps",
+            "1",
+            "--prompt",
+            "4",
+            "--new",
+            "2",
+            "--d_model",
+            "64",
+            "--seq_len",
+            "16",
+            "--no-compile",
+            "--json",
+            str(js),
+        ]
+    )
     assert "compiled_ratio" not in json.loads(js.read_text())

@@ -24,8 +24,22 @@ def test_parity_bench_trains_all_three_models(capsys):
     """Learning, shown against the untrained models on the same held-out windows and against the
     independent nanoGPT trained on the same batches: at init every logit is ~0, so the loss is log V;
     12 steps must take each model well below it, loopnet's Pre-LN as far as nanoGPT (paired)."""
-    argv = ["--steps", "12", "--seeds", "1", "--d-model", "32", "--n-heads", "2", "--seq-len", "32", "--val-batches", "2",
-            "--warmup", "2"]
+    argv = [
+        "--steps",
+        "12",
+        "--seeds",
+        "1",
+        "--d-model",
+        "32",
+        "--n-heads",
+        "2",
+        "--seq-len",
+        "32",
+        "--val-batches",
+        "2",
+        "--warmup",
+        "2",
+    ]
     results = parity.main(argv)
     assert set(results) == {"nanoGPT (independent)", "loopnet preln", "loopnet preln, input_norm: true"}
     data = TokenStreamDataModule(seq_len=32, batch_size=8, vocab="compact")
@@ -38,7 +52,9 @@ def test_parity_bench_trains_all_three_models(capsys):
         torch.manual_seed(1)  # the weights each model starts its training from
         model = build().eval()
         with torch.no_grad():
-            untrained[name] = statistics.fmean(lm_loss(logits_of(model, w[:, :-1]), w[:, 1:]).item() for w in val.split(8))
+            untrained[name] = statistics.fmean(
+                lm_loss(logits_of(model, w[:, :-1]), w[:, 1:]).item() for w in val.split(8)
+            )
         assert untrained[name] == pytest.approx(math.log(vocab), abs=0.05), name  # small logits: uniform
         assert len(results[name]) == 1
     gain = {name: untrained[name] - results[name][0] for name in results}

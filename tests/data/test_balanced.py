@@ -33,8 +33,19 @@ def uneven_corpus(folder, shards, seed=0):
 
 
 def part_stream(corpus, n_train, rank, world, slots):
-    return TrainStream(corpus, text_column="text", seq_len=8, batch_size=1, seed=3, val=None, shuffle_buffer=1,
-                       rank=rank, world_size=world, num_slots=slots, train_rows=n_train)
+    return TrainStream(
+        corpus,
+        text_column="text",
+        seq_len=8,
+        batch_size=1,
+        seed=3,
+        val=None,
+        shuffle_buffer=1,
+        rank=rank,
+        world_size=world,
+        num_slots=slots,
+        train_rows=n_train,
+    )
 
 
 @pytest.mark.parametrize("shards,world,slots", [(3, 2, 1), (8, 3, 2), (2, 2, 2), (5, 2, 3), (1, 3, 2)])
@@ -79,8 +90,16 @@ def test_epochs_are_reshuffled_and_parts_differ(tmp_path):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_exact_resume_on_a_parquet_corpus(tmp_path, num_workers):
     files, _ = uneven_corpus(tmp_path, 3)
-    kw = dict(seq_len=16, batch_size=2, seed=5, num_workers=num_workers, source="files",
-              path=str(tmp_path / "*.parquet"), val_fraction=0.1, shuffle_buffer=7)
+    kw = dict(
+        seq_len=16,
+        batch_size=2,
+        seed=5,
+        num_workers=num_workers,
+        source="files",
+        path=str(tmp_path / "*.parquet"),
+        val_fraction=0.1,
+        shuffle_buffer=7,
+    )
     full, _ = draw(kw, 120)  # several epochs
     for k in (1, 37, 95):
         head, state = draw(kw, k)

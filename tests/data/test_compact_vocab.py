@@ -48,6 +48,8 @@ def test_compact_needs_a_local_corpus_and_a_large_enough_model(txt_corpus):
 
     lm = LoopedLM(config=tiny_config(vocab_size=8, n_blocks=1, n_rounds=1))
     lm._trainer = FakeTrainer()
-    with pytest.raises(ValueError, match=f"smaller than the data's {compact.vocab_size} token ids.*fix: set model.config.vocab_size"):
+    with pytest.raises(
+        ValueError, match=f"smaller than the data's {compact.vocab_size} token ids.*fix: set model.config.vocab_size"
+    ):
         lm.setup("fit")
     assert np.all(compact._table[compact.vocab_ids] == np.arange(compact.vocab_size))

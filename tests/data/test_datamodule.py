@@ -131,8 +131,10 @@ def test_one_text_file_names_sample_by_as_the_fix(tmp_path):
     text = "\n\n".join(f"Paragraph {i}: " + "words and more words " * 30 for i in range(400))
     (tmp_path / "notes.txt").write_text(text)
     kw = dict(seq_len=32, batch_size=2, source="files", path=str(tmp_path / "notes.txt"))
-    with pytest.raises(DataConfigError, match="this corpus is 1 document.*Fix: cut the files into documents with "
-                                              "data.sample_by: paragraph"):
+    with pytest.raises(
+        DataConfigError,
+        match="this corpus is 1 document.*Fix: cut the files into documents with data.sample_by: paragraph",
+    ):
         TokenStreamDataModule(**kw).val_windows()
     windows = TokenStreamDataModule(**kw, sample_by="paragraph", val_fraction=0.05).val_windows()
     assert windows.shape[0] > 0

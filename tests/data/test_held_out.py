@@ -38,7 +38,7 @@ def training_windows(dm: TokenStreamDataModule, epochs: float) -> torch.Tensor:
 
 def parquet_source(tmp_path):
     for k in range(3):
-        pq.write_table(pa.table({"text": TEXTS[k * 20:(k + 1) * 20]}), tmp_path / f"{k}.parquet", row_group_size=6)
+        pq.write_table(pa.table({"text": TEXTS[k * 20 : (k + 1) * 20]}), tmp_path / f"{k}.parquet", row_group_size=6)
     return dict(source="files", path=str(tmp_path / "*.parquet"))
 
 
@@ -52,8 +52,15 @@ def text_source(tmp_path):
 
 @pytest.mark.parametrize("make_source", [parquet_source, text_source], ids=["parquet", "text"])
 def test_training_never_reads_a_held_out_document(tmp_path, make_source):
-    dm = TokenStreamDataModule(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1, shuffle_buffer=4,
-                               cache_dir=str(tmp_path / "cache"), **make_source(tmp_path))
+    dm = TokenStreamDataModule(
+        seq_len=SEQ,
+        batch_size=BATCH,
+        seed=0,
+        val_fraction=0.1,
+        shuffle_buffer=4,
+        cache_dir=str(tmp_path / "cache"),
+        **make_source(tmp_path),
+    )
     held = doc_ids(dm.val_windows())
     trained = doc_ids(training_windows(dm, epochs=2.5))  # past two epoch boundaries
     assert held and not held & trained, sorted(held & trained)
@@ -94,8 +101,14 @@ def test_validation_windows_are_kept_per_rank_and_world_size(tmp_path, make_sour
     """Computed once per (rank, world size) and kept; rank r of W gets windows r, r + W, ... of the whole
     split (the same count on every rank); val_max_tokens keeps the first windows; a compact vocabulary's
     windows are GPT-2's renumbered."""
-    kw = dict(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1, cache_dir=str(tmp_path / "cache"),
-              **make_source(tmp_path))
+    kw = dict(
+        seq_len=SEQ,
+        batch_size=BATCH,
+        seed=0,
+        val_fraction=0.1,
+        cache_dir=str(tmp_path / "cache"),
+        **make_source(tmp_path),
+    )
     dm = TokenStreamDataModule(**kw)
     whole = dm.val_windows(0, 1)
     assert dm.val_windows(0, 1) is whole and dm.val_windows() is whole  # no Trainer: rank 0 of 1
@@ -104,7 +117,7 @@ def test_validation_windows_are_kept_per_rank_and_world_size(tmp_path, make_sour
     assert torch.equal(dm.val_windows(0, 2), whole[0:n:2]) and torch.equal(dm.val_windows(1, 2), whole[1:n:2])
     assert torch.equal(dm.val_windows(0, 1), whole)
     first = TokenStreamDataModule(**kw, val_max_tokens=2 * SEQ).val_windows(0, 1)
-    assert 2 <= len(first) < len(whole) and torch.equal(first, whole[:len(first)])
+    assert 2 <= len(first) < len(whole) and torch.equal(first, whole[: len(first)])
     compact = TokenStreamDataModule(**kw, vocab="compact")
     table = torch.from_numpy(compact.vocabulary.table).long()
     assert torch.equal(compact.val_windows(0, 1), table[whole])
@@ -114,8 +127,14 @@ def one_document_held_out(tmp_path, last: str) -> dict:
     """A parquet corpus of 10 documents whose held-out part (val_fraction 0.1: the last one) is `last`."""
     texts = [" ".join(f"doc{i} word" for _ in range(30)) for i in range(9)] + [last]
     pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
-    return dict(source="files", path=str(tmp_path / "c.parquet"), seq_len=SEQ, batch_size=BATCH,
-                val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    return dict(
+        source="files",
+        path=str(tmp_path / "c.parquet"),
+        seq_len=SEQ,
+        batch_size=BATCH,
+        val_fraction=0.1,
+        cache_dir=str(tmp_path / "cache"),
+    )
 
 
 def test_a_split_of_one_window_serves_one_device_and_is_refused_for_two(tmp_path):
@@ -123,9 +142,11 @@ def test_a_split_of_one_window_serves_one_device_and_is_refused_for_two(tmp_path
     assert TokenStreamDataModule(**kw).val_windows(0, 1).shape == (1, SEQ + 1)
     with pytest.raises(DataConfigError) as err:
         TokenStreamDataModule(**kw).val_windows(0, 2)
-    assert str(err.value) == ("The validation split holds 1 windows of seq_len + 1 = 17 tokens (the last 1 of 10 "
-                              "documents), fewer than the 2 device(s). Fix: raise val_fraction, lower seq_len, "
-                              "or add data")
+    assert str(err.value) == (
+        "The validation split holds 1 windows of seq_len + 1 = 17 tokens (the last 1 of 10 "
+        "documents), fewer than the 2 device(s). Fix: raise val_fraction, lower seq_len, "
+        "or add data"
+    )
 
 
 def test_a_split_too_short_for_one_window_is_refused(tmp_path):
@@ -138,8 +159,15 @@ def test_each_rank_trains_on_its_own_documents_and_the_state_carries_the_data_se
     """Two ranks of the data module itself (rank and world size as a Trainer would give them) read disjoint
     training documents within an epoch, none held out; the loader's resume state records the module's
     data settings (what a resume checks)."""
-    kw = dict(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1, shuffle_buffer=4,
-              cache_dir=str(tmp_path / "cache"), **parquet_source(tmp_path))
+    kw = dict(
+        seq_len=SEQ,
+        batch_size=BATCH,
+        seed=0,
+        val_fraction=0.1,
+        shuffle_buffer=4,
+        cache_dir=str(tmp_path / "cache"),
+        **parquet_source(tmp_path),
+    )
     read = []
     for rank in (0, 1):
         dm = TokenStreamDataModule(**kw)
@@ -154,8 +182,9 @@ def test_each_rank_trains_on_its_own_documents_and_the_state_carries_the_data_se
 def test_a_loader_that_lost_the_consumed_batchs_state_says_so(tmp_path):
     """The loader keeps the states of the last 2·slots + 16 = 18 batches yielded; when the last consumed batch
     is older (more prefetched than that), its state is gone and state_dict() refuses instead of guessing."""
-    loader = TokenStreamDataModule(seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1,
-                                   **text_source(tmp_path)).train_dataloader()
+    loader = TokenStreamDataModule(
+        seq_len=SEQ, batch_size=BATCH, seed=0, val_fraction=0.1, **text_source(tmp_path)
+    ).train_dataloader()
     loader.count_consumed = True
     it = iter(loader)
     for _ in range(5 + 17):  # batches 0..21: the history holds 4..21
@@ -177,19 +206,23 @@ def test_a_state_from_another_device_count_or_stream_is_refused_naming_it(tmp_pa
     state = loader.state_dict()
     with pytest.raises(DataConfigError) as err:
         TokenStreamDataModule(**kw).train_dataloader().load_state_dict({"ranks": state["ranks"] * 2})
-    assert str(err.value) == ("The checkpoint's data state is for 2 ranks, this run has 1. "
-                              "Exact data resume needs the same number of devices")
+    assert str(err.value) == (
+        "The checkpoint's data state is for 2 ranks, this run has 1. Exact data resume needs the same number of devices"
+    )
     other = {"ranks": [state["ranks"][0] | {"config": state["ranks"][0]["config"] | {"seed": 1}}]}
     with pytest.raises(DataConfigError) as err:
         TokenStreamDataModule(**kw).train_dataloader().load_state_dict(other)
-    assert str(err.value) == ("The checkpoint's data stream differs from this run's (checkpoint, now): "
-                              "{'seed': (1, 0)}. Exact data resume needs the same data settings, num_workers and "
-                              "devices")
+    assert str(err.value) == (
+        "The checkpoint's data stream differs from this run's (checkpoint, now): "
+        "{'seed': (1, 0)}. Exact data resume needs the same data settings, num_workers and "
+        "devices"
+    )
     moved = {"ranks": [state["ranks"][0] | {"config": state["ranks"][0]["config"] | {"revision": "abc123"}}]}
     with pytest.raises(DataConfigError) as err:
         TokenStreamDataModule(**kw).train_dataloader().load_state_dict(moved)
-    assert str(err.value).endswith("num_workers and devices; fix: read the commit it was trained on with "
-                                   "`--data.revision abc123`")
+    assert str(err.value).endswith(
+        "num_workers and devices; fix: read the commit it was trained on with `--data.revision abc123`"
+    )
 
 
 def tiny_training_split(tmp_path) -> tuple[dict, int]:
@@ -198,8 +231,9 @@ def tiny_training_split(tmp_path) -> tuple[dict, int]:
     pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
     enc = gpt2_encoding()
     n = sum(len(enc.encode_ordinary(t)) + 1 for t in texts[:9])  # each document ends with end-of-text
-    return dict(source="files", path=str(tmp_path / "c.parquet"), batch_size=1, seed=0, val_fraction=0.1,
-                shuffle_buffer=1), n
+    return dict(
+        source="files", path=str(tmp_path / "c.parquet"), batch_size=1, seed=0, val_fraction=0.1, shuffle_buffer=1
+    ), n
 
 
 def test_a_training_split_of_one_window_trains_and_a_smaller_one_is_refused_naming_it(tmp_path, monkeypatch):
@@ -208,11 +242,16 @@ def test_a_training_split_of_one_window_trains_and_a_smaller_one_is_refused_nami
     assert [next(it)[0].shape for _ in range(3)] == [(1, n - 1)] * 3
     with pytest.raises(DataConfigError) as err:
         next(iter(TokenStreamDataModule(**kw, seq_len=n).train_dataloader()))
-    assert str(err.value) == (f"the training split has {n} tokens per epoch, fewer than one window of "
-                              f"seq_len + 1 = {n + 1}. Fix: add data, lower seq_len")
+    assert str(err.value) == (
+        f"the training split has {n} tokens per epoch, fewer than one window of "
+        f"seq_len + 1 = {n + 1}. Fix: add data, lower seq_len"
+    )
     dm = TokenStreamDataModule(**kw, seq_len=n)
     monkeypatch.setattr(dm, "_rank_world", lambda: (1, 2))
-    with pytest.raises(DataConfigError, match=rf"^rank 1/2, worker 0/1: the training split has \d+ tokens per epoch, "
-                                              rf"fewer than one window of seq_len \+ 1 = {n + 1}\. Fix: add data, "
-                                              r"lower seq_len, or use fewer workers/devices$"):
+    with pytest.raises(
+        DataConfigError,
+        match=rf"^rank 1/2, worker 0/1: the training split has \d+ tokens per epoch, "
+        rf"fewer than one window of seq_len \+ 1 = {n + 1}\. Fix: add data, "
+        r"lower seq_len, or use fewer workers/devices$",
+    ):
         next(iter(dm.train_dataloader()))

@@ -52,8 +52,11 @@ def test_script_only_local_folder_names_a_parquet_folder(tmp_path):
     folder = tmp_path / "openwebtext"
     folder.mkdir()
     script_only(folder)
-    with pytest.raises(DataConfigError, match=r"only the loading script openwebtext.py.*fix: point `data.path` at a "
-                                              r"folder of its parquet files.*--revision refs/convert/parquet"):
+    with pytest.raises(
+        DataConfigError,
+        match=r"only the loading script openwebtext.py.*fix: point `data.path` at a "
+        r"folder of its parquet files.*--revision refs/convert/parquet",
+    ):
         module(path=str(folder)).setup("fit")
 
 
@@ -76,17 +79,24 @@ def test_partial_conversion_is_named_with_its_documents_and_shards(hub, capsys):
     dm = module(revision=CONVERSION, name="plain_text")
     dm.setup("fit")
     err = capsys.readouterr().err
-    assert "loopnet: warning:" in err and "partial parquet conversion: plain_text/partial-train holds 250 documents " \
-                                          "in 9 shard(s)" in err
+    assert (
+        "loopnet: warning:" in err
+        and "partial parquet conversion: plain_text/partial-train holds 250 documents in 9 shard(s)" in err
+    )
     summary = dm.summary()
     assert summary["partial"] is True and summary["documents"] == 250 and summary["files"] == 9
     assert "250 documents in 9 shard(s)" in summary["partial_note"]
     assert _data_summary(SimpleNamespace(datamodule=dm)) == summary  # what summary.json's "data" holds
 
 
-@pytest.mark.parametrize("layout,folder,partial", [("conversion", "plain_text/train", False),
-                                                   ("partial", "plain_text/partial-train", True),
-                                                   ("own", "plain_text", False)])
+@pytest.mark.parametrize(
+    "layout,folder,partial",
+    [
+        ("conversion", "plain_text/train", False),
+        ("partial", "plain_text/partial-train", True),
+        ("own", "plain_text", False),
+    ],
+)
 def test_local_folders_laid_out_as_the_hub(tmp_path, layout, folder, partial):
     write_corpus(tmp_path, 120, 8, layout, row_group_docs=7, mean_chars=200)
     dm = module(path=str(tmp_path), val_fraction=0.05)
@@ -96,8 +106,12 @@ def test_local_folders_laid_out_as_the_hub(tmp_path, layout, folder, partial):
 
 
 def test_layout_rules():
-    conv = ["README.md", "plain_text/train/0000.parquet", "plain_text/train/0001.parquet",
-            "plain_text/test/0000.parquet"]
+    conv = [
+        "README.md",
+        "plain_text/train/0000.parquet",
+        "plain_text/train/0001.parquet",
+        "plain_text/test/0000.parquet",
+    ]
     assert parquet_layout(conv, name=None, split="train", where="x", local=False).files == tuple(conv[1:3])
     assert parquet_layout(conv, name=None, split="test", where="x", local=False).folder == "plain_text/test"
     with pytest.raises(DataConfigError, match="no split 'validation'.*found: test, train.*fix: set `data.split`"):
@@ -117,9 +131,11 @@ def test_unreachable_hub_fails_fast_before_lightning_naming_the_overlay():
     local folder, before Lightning is imported."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=root)
-    code = ("import sys\nfrom loopnet.commands import main\n"
-            "try:\n    main(['fit', '--config', 'configs/deeploop_r6.yaml'])\nfinally:\n"
-            "    print('LIGHTNING' if 'lightning' in sys.modules else 'NO-LIGHTNING', file=sys.stderr)")
+    code = (
+        "import sys\nfrom loopnet.commands import main\n"
+        "try:\n    main(['fit', '--config', 'configs/deeploop_r6.yaml'])\nfinally:\n"
+        "    print('LIGHTNING' if 'lightning' in sys.modules else 'NO-LIGHTNING', file=sys.stderr)"
+    )
     res = run_command([sys.executable, "-c", code], env=env, cwd=root)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and lines[-1] == "NO-LIGHTNING", res.stderr
@@ -132,8 +148,19 @@ def test_a_fit_on_a_partial_conversion_records_it_in_summary_json(tmp_path):
     from tests.reliability.helpers import SHORT, loopnet
 
     write_corpus(tmp_path / "owt", 300, 8, "partial", row_group_docs=10, mean_chars=400)
-    res = loopnet("fit", *SHORT, "--data.source", "hub", "--data.path", str(tmp_path / "owt"),
-                  "--data.val_fraction", "0.05", "--data.cache_dir", str(tmp_path / "cache"), cwd=tmp_path)
+    res = loopnet(
+        "fit",
+        *SHORT,
+        "--data.source",
+        "hub",
+        "--data.path",
+        str(tmp_path / "owt"),
+        "--data.val_fraction",
+        "0.05",
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        cwd=tmp_path,
+    )
     assert res.code == 0, res.err[-2000:]
     assert "partial parquet conversion: plain_text/partial-train holds 300 documents in 8 shard(s)" in res.err
     (summary,) = (tmp_path / "runs").rglob("summary.json")
@@ -149,8 +176,9 @@ def test_a_fit_reads_openwebtext_as_base_yaml_pins_it_from_the_simulated_hub(hub
     hub.add(OWT, "main", script_only)  # what the main branch held: a loading script
     sha = hub.add(OWT, CONVERSION, owt("conversion", n_docs=300))
     pinned = [f"--data.{k}={BASE[k]}" for k in ("source", "path", "revision", "name")]
-    res = loopnet("fit", *SHORT, *pinned, "--data.val_fraction=0.02", "--data.cache_dir", str(tmp_path / "cache"),
-                  cwd=tmp_path)
+    res = loopnet(
+        "fit", *SHORT, *pinned, "--data.val_fraction=0.02", "--data.cache_dir", str(tmp_path / "cache"), cwd=tmp_path
+    )
     assert res.code == 0, res.err[-2000:]
     (summary,) = (tmp_path / "runs").rglob("summary.json")
     data = json.loads(summary.read_text())["data"]

@@ -27,8 +27,10 @@ def test_the_original_files_in_a_folder_of_any_name_get_the_one_line_fix(tmp_pat
         module(path=str(folder)).setup("fit")
     msg = str(info.value)
     assert "\n" not in msg and "holds only the loading script openwebtext.py" in msg
-    assert (f"fix: point `data.path` at a folder of its parquet files (e.g. `huggingface-cli download <id> "
-            f"--repo-type dataset --revision {CONVERSION} --local-dir <folder>`)") in msg
+    assert (
+        f"fix: point `data.path` at a folder of its parquet files (e.g. `huggingface-cli download <id> "
+        f"--repo-type dataset --revision {CONVERSION} --local-dir <folder>`)"
+    ) in msg
 
 
 def test_metadata_files_are_not_data():
@@ -36,16 +38,30 @@ def test_metadata_files_are_not_data():
     with pytest.raises(DataConfigError, match="holds only the loading script openwebtext.py"):
         parquet_layout(listing, name=None, split="train", where="x", local=True, script="owt.py")
     # a folder with data beside its description is still read by `datasets`
-    assert parquet_layout(["dataset_info.json", "state.json", "data-00000-of-00001.arrow"], name=None,
-                          split="train", where="x", local=True, script="x.py") is None
+    assert (
+        parquet_layout(
+            ["dataset_info.json", "state.json", "data-00000-of-00001.arrow"],
+            name=None,
+            split="train",
+            where="x",
+            local=True,
+            script="x.py",
+        )
+        is None
+    )
 
 
 def test_a_resume_whose_revision_moved_names_the_commit_to_pin(fake_hub):  # noqa: F811
     trained = "a1" * 20  # the commit the branch pointed at when the run was trained
-    state = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub",
-                                  revision=trained).train_dataloader().state_dict()
+    state = (
+        TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub", revision=trained)
+        .train_dataloader()
+        .state_dict()
+    )
     moved = TokenStreamDataModule(seq_len=8, batch_size=2, seed=0, source="hub")  # the branch: another commit now
     with pytest.raises(DataConfigError) as info:
         moved.train_dataloader().load_state_dict(state)
     msg = str(info.value)
-    assert "\n" not in msg and msg.endswith(f"; fix: read the commit it was trained on with `--data.revision {trained}`")
+    assert "\n" not in msg and msg.endswith(
+        f"; fix: read the commit it was trained on with `--data.revision {trained}`"
+    )

@@ -25,7 +25,7 @@ def write(folder, n_files=2, rows=10, group=5):
     paths = []
     for k in range(n_files):
         path = folder / f"{k}.parquet"
-        pq.write_table(pa.table({"text": TEXTS[k * rows:(k + 1) * rows]}), path, row_group_size=group)
+        pq.write_table(pa.table({"text": TEXTS[k * rows : (k + 1) * rows]}), path, row_group_size=group)
         paths.append(str(path))
     return paths
 
@@ -35,7 +35,7 @@ def damage(path, group):
     chunk = pq.ParquetFile(path).metadata.row_group(group).column(0)
     start = chunk.dictionary_page_offset or chunk.data_page_offset
     data = bytearray(open(path, "rb").read())
-    data[start:start + chunk.total_compressed_size] = bytes(chunk.total_compressed_size)
+    data[start : start + chunk.total_compressed_size] = bytes(chunk.total_compressed_size)
     open(path, "wb").write(bytes(data))
 
 
@@ -65,8 +65,17 @@ def test_a_damaged_row_group_read_by_a_loader_worker_is_one_line(tmp_path):
     paths = write(tmp_path, n_files=1, rows=20)
     damage(paths[0], 2)
     corpus = ParquetCorpus(paths, "text")
-    stream = TrainStream(corpus, text_column="text", seq_len=8, batch_size=2, seed=0, val=None, shuffle_buffer=4,
-                         num_slots=1, train_rows=20)
+    stream = TrainStream(
+        corpus,
+        text_column="text",
+        seq_len=8,
+        batch_size=2,
+        seed=0,
+        val=None,
+        shuffle_buffer=4,
+        num_slots=1,
+        train_rows=20,
+    )
     loader = ResumableLoader(stream, num_workers=1)
     with pytest.raises(DataConfigError) as info:
         for _ in loader:
@@ -87,9 +96,21 @@ def test_a_fit_on_a_damaged_row_group_ends_in_one_line(tmp_path):
         pq.write_table(pa.table({"text": make_docs(30, words=30, tag=f"f{k}d")}), path, row_group_size=10)
         paths.append(path)
     damage(str(paths[1]), 0)
-    res = loopnet("fit", *TINY, "--data.source", "files", "--data.path", str(folder / "*.parquet"),
-                  "--data.shuffle_buffer", "1", "--trainer.max_steps", "200", "--trainer.val_check_interval", "100",
-                  cwd=tmp_path)
+    res = loopnet(
+        "fit",
+        *TINY,
+        "--data.source",
+        "files",
+        "--data.path",
+        str(folder / "*.parquet"),
+        "--data.shuffle_buffer",
+        "1",
+        "--trainer.max_steps",
+        "200",
+        "--trainer.val_check_interval",
+        "100",
+        cwd=tmp_path,
+    )
     assert res.code == 2, res.err[-3000:]
     assert res.last_err_line.startswith(f"loopnet: error: Row group 0 of {paths[1]} (its rows 0-9) cannot be read")
     assert "Traceback" not in res.err
@@ -132,8 +153,16 @@ def http_error(status):
     return HfHubHTTPError(f"{status} Client Error", response=response)
 
 
-@pytest.mark.parametrize("error", [ConnectionError("reset by peer"), TimeoutError("read timed out"),
-                                   OSError(errno.ECONNRESET, "Connection reset"), http_error(429), http_error(503)])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionError("reset by peer"),
+        TimeoutError("read timed out"),
+        OSError(errno.ECONNRESET, "Connection reset"),
+        http_error(429),
+        http_error(503),
+    ],
+)
 def test_transient_failures_are_retried_with_backoff_then_read(tmp_path, sleeps, error):
     paths = write(tmp_path)
     fs = FlakyFS(error)
@@ -172,8 +201,16 @@ def test_a_footer_read_that_keeps_failing_ends_in_one_line(tmp_path, sleeps):
     assert len(sleeps) == parquet.RETRIES
 
 
-@pytest.mark.parametrize("error", [http_error(404), http_error(403), OSError("Couldn't deserialize thrift"),
-                                   OSError(errno.ENOENT, "No such file"), ValueError("bad")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        http_error(404),
+        http_error(403),
+        OSError("Couldn't deserialize thrift"),
+        OSError(errno.ENOENT, "No such file"),
+        ValueError("bad"),
+    ],
+)
 def test_what_is_not_transient_is_not_retried(error):
     assert not parquet.transient(error)
 
@@ -186,7 +223,10 @@ def test_a_local_read_that_keeps_failing_names_the_disk(tmp_path, sleeps, monkey
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     monkeypatch.setattr(corpus, "_parquet_file", failing)
-    with pytest.raises(DataConfigError, match=rf"^Cannot read row group 1 of {paths[0]}: 7 attempts .*\(OSError: "
-                                              rf"\[Errno 5\] .*fix: check the disk or the network filesystem"):
+    with pytest.raises(
+        DataConfigError,
+        match=rf"^Cannot read row group 1 of {paths[0]}: 7 attempts .*\(OSError: "
+        rf"\[Errno 5\] .*fix: check the disk or the network filesystem",
+    ):
         corpus.read_group(1)
     assert len(sleeps) == parquet.RETRIES

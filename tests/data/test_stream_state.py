@@ -36,22 +36,34 @@ def test_a_resume_past_the_first_64_documents_continues_exactly(tmp_path):
     d.mkdir()
     for i, text in enumerate(make_docs(150, words=8)):
         (d / f"{i:03d}.txt").write_text(text)
-    kw = dict(seq_len=16, batch_size=2, seed=3, source="files", path=str(d / "*.txt"), val_fraction=0.1,
-              shuffle_buffer=3)
+    kw = dict(
+        seq_len=16, batch_size=2, seed=3, source="files", path=str(d / "*.txt"), val_fraction=0.1, shuffle_buffer=3
+    )
     resumed_equals_uninterrupted(kw, ks=(5, 90, 130), n=150)
 
 
-@pytest.mark.parametrize("lengths, seq_len", [
-    ([5] * 9, 35),  # 9 × 6 = 54 tokens an epoch, windows every 35: window 2 starts in document 5
-    ([29] + [2] * 8, 30),  # 30 + 8 × 3 = 54, windows every 30: window 2 starts at document 1
-], ids=["doc5", "doc1"])
+@pytest.mark.parametrize(
+    "lengths, seq_len",
+    [
+        ([5] * 9, 35),  # 9 × 6 = 54 tokens an epoch, windows every 35: window 2 starts in document 5
+        ([29] + [2] * 8, 30),  # 30 + 8 × 3 = 54, windows every 30: window 2 starts at document 1
+    ],
+    ids=["doc5", "doc1"],
+)
 def test_a_resume_mid_epoch_on_a_corpus_of_under_two_windows(tmp_path, lengths, seq_len):
     """The second window spans the epoch's end: resumed from its start, the rest of that epoch holds less than
     a window, which is not the "training split too small" refusal (that counts whole epochs only)."""
     texts = [" word" * n for n in lengths] + [" held out" * 40]  # each document ends with end-of-text
     pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
-    kw = dict(seq_len=seq_len, batch_size=1, seed=0, source="files", path=str(tmp_path / "c.parquet"),
-              val_fraction=0.1, shuffle_buffer=1)
+    kw = dict(
+        seq_len=seq_len,
+        batch_size=1,
+        seed=0,
+        source="files",
+        path=str(tmp_path / "c.parquet"),
+        val_fraction=0.1,
+        shuffle_buffer=1,
+    )
     resumed_equals_uninterrupted(kw, ks=(1, 2, 3), n=6)
 
 
@@ -59,8 +71,9 @@ def test_each_pass_over_the_training_documents_is_the_next_epoch(tmp_path):
     """The stream reads epoch 0's documents, then epoch 1's (each epoch's order its own), and says so."""
     texts = [f"doc{i} " + " ".join(["word"] * 20) for i in range(10)]
     pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
-    dm = TokenStreamDataModule(seq_len=16, batch_size=1, source="files", path=str(tmp_path / "c.parquet"),
-                               val_fraction=0.1)
+    dm = TokenStreamDataModule(
+        seq_len=16, batch_size=1, source="files", path=str(tmp_path / "c.parquet"), val_fraction=0.1
+    )
     dm.setup()
     s = dm.train_stream(0, 1)
     epochs = [pos["epoch"] for pos, _ in itertools.islice(s.documents(0), 3 * 9)]
@@ -70,9 +83,10 @@ def test_each_pass_over_the_training_documents_is_the_next_epoch(tmp_path):
 def test_ranks_and_loader_workers_read_disjoint_parquet_parts_covering_the_training_rows(tmp_path):
     texts = [f"doc{i} " + " ".join(["word"] * 20) for i in range(40)]
     for k in range(4):
-        pq.write_table(pa.table({"text": texts[k * 10:(k + 1) * 10]}), tmp_path / f"{k}.parquet", row_group_size=3)
-    dm = TokenStreamDataModule(seq_len=16, batch_size=1, source="files", path=str(tmp_path / "*.parquet"),
-                               val_fraction=0.1, num_workers=2)  # 2 loader workers: 2 slots per rank
+        pq.write_table(pa.table({"text": texts[k * 10 : (k + 1) * 10]}), tmp_path / f"{k}.parquet", row_group_size=3)
+    dm = TokenStreamDataModule(
+        seq_len=16, batch_size=1, source="files", path=str(tmp_path / "*.parquet"), val_fraction=0.1, num_workers=2
+    )  # 2 loader workers: 2 slots per rank
     dm.setup()
     train_rows = dm.docs.n_docs - dm.n_held_out
     seen = []
@@ -88,8 +102,16 @@ def test_the_next_loader_worker_follows_the_batches_done(tmp_path):
     d = tmp_path / "txt"
     d.mkdir()
     (d / "a.txt").write_text("some text")
-    s = TrainStream(load_documents("files", str(d / "*.txt")), text_column="text", seq_len=4, batch_size=1, seed=0,
-                    val=None, shuffle_buffer=1, num_slots=3)
+    s = TrainStream(
+        load_documents("files", str(d / "*.txt")),
+        text_column="text",
+        seq_len=4,
+        batch_size=1,
+        seed=0,
+        val=None,
+        shuffle_buffer=1,
+        num_slots=3,
+    )
     s.start = {"next_slot": 1, "slots": [None] * 3}
     loader = ResumableLoader(s)
     assert loader.state_dict()["ranks"][0]["consumed"] == 0  # nothing yielded yet
@@ -143,23 +165,38 @@ def test_an_empty_corpus_is_refused_naming_its_documents(tmp_path):
     docs = jsonl(tmp_path, ["", "   ", "\n\n"])
     with pytest.raises(DataConfigError) as err:
         val_windows(docs, text_column="text", seq_len=8, val=Chosen(0.5))
-    assert str(err.value) == ("The corpus is empty: 3 document(s), none with text in column 'text'. "
-                              "Fix: point data.path at files that hold text (or set text_column:)")
+    assert str(err.value) == (
+        "The corpus is empty: 3 document(s), none with text in column 'text'. "
+        "Fix: point data.path at files that hold text (or set text_column:)"
+    )
 
 
-@pytest.mark.parametrize("texts, fraction, reason", [
-    # held-out documents too short for a window: their count, and the general fix
-    (["held a", "held b", "other " * 50, ""], 0.1, "(2 held-out document(s)), fewer than the 1 device(s). Fix: raise "
-                                                   "val_fraction, lower seq_len, or add data"),  # the last: empty
-    # none held out, and 10 documents × 0.1 = 1: the hold-out could have picked one, so the general fix
-    (["other " * 20] * 10, 0.1, "(0 held-out document(s)), fewer than the 1 device(s). Fix: raise val_fraction, "
-                                "lower seq_len, or add data"),
-    # none held out of 3 documents × 0.1 < 1: the hold-out is per document, so it says so
-    (["other " * 20] * 3, 0.1, "(0 held-out document(s)), fewer than the 1 device(s); the hold-out is chosen per "
-                               "document and this corpus is 3 document(s) (a .txt/.md file is one), so val_fraction "
-                               "0.1 selects none. Fix: cut the files into documents with data.sample_by: paragraph "
-                               "(or line), or raise val_fraction"),
-])
+@pytest.mark.parametrize(
+    "texts, fraction, reason",
+    [
+        # held-out documents too short for a window: their count, and the general fix
+        (
+            ["held a", "held b", "other " * 50, ""],
+            0.1,
+            "(2 held-out document(s)), fewer than the 1 device(s). Fix: raise val_fraction, lower seq_len, or add data",
+        ),  # the last: empty
+        # none held out, and 10 documents × 0.1 = 1: the hold-out could have picked one, so the general fix
+        (
+            ["other " * 20] * 10,
+            0.1,
+            "(0 held-out document(s)), fewer than the 1 device(s). Fix: raise val_fraction, lower seq_len, or add data",
+        ),
+        # none held out of 3 documents × 0.1 < 1: the hold-out is per document, so it says so
+        (
+            ["other " * 20] * 3,
+            0.1,
+            "(0 held-out document(s)), fewer than the 1 device(s); the hold-out is chosen per "
+            "document and this corpus is 3 document(s) (a .txt/.md file is one), so val_fraction "
+            "0.1 selects none. Fix: cut the files into documents with data.sample_by: paragraph "
+            "(or line), or raise val_fraction",
+        ),
+    ],
+)
 def test_a_held_out_split_without_a_window_says_why(tmp_path, texts, fraction, reason):
     docs = jsonl(tmp_path, texts)
     with pytest.raises(DataConfigError) as err:
@@ -189,8 +226,9 @@ def test_a_resume_at_the_start_of_a_later_read_of_64_documents_is_mid_epoch(tmp_
     d.mkdir()
     for i in range(70):
         (d / f"{i:02d}.txt").write_text(" w")
-    kw = dict(seq_len=128, batch_size=1, seed=0, source="files", path=str(d / "*.txt"), val_fraction=1e-9,
-              shuffle_buffer=1)
+    kw = dict(
+        seq_len=128, batch_size=1, seed=0, source="files", path=str(d / "*.txt"), val_fraction=1e-9, shuffle_buffer=1
+    )
     resumed_equals_uninterrupted(kw, ks=(1, 2), n=4)
 
 
@@ -198,7 +236,14 @@ def test_a_loader_built_without_pin_memory_yields_plain_tensors(tmp_path):
     d = tmp_path / "txt"
     d.mkdir()
     (d / "a.txt").write_text(" ".join(["word"] * 50))
-    s = TrainStream(load_documents("files", str(d / "*.txt")), text_column="text", seq_len=4, batch_size=1, seed=0,
-                    val=None, shuffle_buffer=1)
+    s = TrainStream(
+        load_documents("files", str(d / "*.txt")),
+        text_column="text",
+        seq_len=4,
+        batch_size=1,
+        seed=0,
+        val=None,
+        shuffle_buffer=1,
+    )
     x, y = next(iter(ResumableLoader(s)))
     assert not x.is_pinned() and not y.is_pinned() and x.shape == y.shape == (1, 4)

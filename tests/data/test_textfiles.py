@@ -66,10 +66,14 @@ def test_the_data_module_refuses_before_tokenizing(tmp_path, monkeypatch, sample
     (tmp_path / "b.txt").write_text("word " * (1 << 19))  # 2.5 MiB on one line
     encoded = []
     monkeypatch.setattr("loopnet.data.stream.encode", lambda *a, **k: encoded.append(1))
-    dm = TokenStreamDataModule(seq_len=8, batch_size=2, source="files", path=str(tmp_path / "*.txt"),
-                               sample_by=sample_by)
-    with pytest.raises(DataConfigError, match=rf"^{tmp_path}/b.txt (holds a {sample_by} of more than 1 MiB|is 2 MiB, "
-                                              rf"read and tokenized as one document)"):
+    dm = TokenStreamDataModule(
+        seq_len=8, batch_size=2, source="files", path=str(tmp_path / "*.txt"), sample_by=sample_by
+    )
+    with pytest.raises(
+        DataConfigError,
+        match=rf"^{tmp_path}/b.txt (holds a {sample_by} of more than 1 MiB|is 2 MiB, "
+        rf"read and tokenized as one document)",
+    ):
         dm.setup("fit")
     assert encoded == []
 
@@ -90,7 +94,7 @@ def test_the_first_byte_that_is_not_utf8_is_found_across_pieces(tmp_path, monkey
     rng = random.Random(seed)
     text = "".join(rng.choice(["a", "é", "€", "𝄞", "\n"]) for _ in range(rng.randint(0, 60))).encode("utf-8")
     bad = rng.choice([b"", b"\xff", b"\xc3", b"\xe2\x82", b"\xf0\x9d\x84", b"\x80", b"\xed\xa0\x80"])
-    data = text[:rng.randint(0, len(text))] + bad + text
+    data = text[: rng.randint(0, len(text))] + bad + text
     path = tmp_path / "c.txt"
     path.write_bytes(data)
     monkeypatch.setattr(textfiles, "CHUNK_BYTES", rng.randint(1, 7))
@@ -109,5 +113,7 @@ def test_the_file_that_is_not_utf8_is_named_among_several(tmp_path):
     files = [str(tmp_path / f) for f in ("a.txt", "b.jsonl", "c.txt")]
     with pytest.raises(DataConfigError) as info:
         textfiles.check_documents(files, "line")
-    assert str(info.value) == (f"{tmp_path}/b.jsonl is not valid UTF-8 (byte 0xe8 at offset 35). Fix: re-encode it "
-                               "as UTF-8, e.g. with `iconv -f <its encoding, e.g. latin1> -t UTF-8`")
+    assert str(info.value) == (
+        f"{tmp_path}/b.jsonl is not valid UTF-8 (byte 0xe8 at offset 35). Fix: re-encode it "
+        "as UTF-8, e.g. with `iconv -f <its encoding, e.g. latin1> -t UTF-8`"
+    )

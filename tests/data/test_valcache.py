@@ -22,8 +22,15 @@ TEXTS = make_docs(60, words=30)
 def corpus(tmp_path):
     for k in range(3):
         pq.write_table(pa.table({"text": TEXTS[k * 20 : (k + 1) * 20]}), tmp_path / f"{k}.parquet", row_group_size=6)
-    return dict(seq_len=16, batch_size=2, seed=0, source="files", path=str(tmp_path / "*.parquet"), val_fraction=0.1,
-                cache_dir=str(tmp_path / "cache"))
+    return dict(
+        seq_len=16,
+        batch_size=2,
+        seed=0,
+        source="files",
+        path=str(tmp_path / "*.parquet"),
+        val_fraction=0.1,
+        cache_dir=str(tmp_path / "cache"),
+    )
 
 
 @pytest.fixture

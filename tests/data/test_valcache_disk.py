@@ -22,9 +22,16 @@ TEXTS = make_docs(60, words=30)
 @pytest.fixture
 def corpus(tmp_path):
     for k in range(3):
-        pq.write_table(pa.table({"text": TEXTS[k * 20:(k + 1) * 20]}), tmp_path / f"{k}.parquet", row_group_size=6)
-    return dict(seq_len=16, batch_size=2, seed=0, source="files", path=str(tmp_path / "*.parquet"), val_fraction=0.1,
-                cache_dir=str(tmp_path / "cache"))
+        pq.write_table(pa.table({"text": TEXTS[k * 20 : (k + 1) * 20]}), tmp_path / f"{k}.parquet", row_group_size=6)
+    return dict(
+        seq_len=16,
+        batch_size=2,
+        seed=0,
+        source="files",
+        path=str(tmp_path / "*.parquet"),
+        val_fraction=0.1,
+        cache_dir=str(tmp_path / "cache"),
+    )
 
 
 EXPECTED = torch.from_numpy(np.stack(pack_windows(iter(TEXTS[-6:]), 16))).long()  # ceil(0.1 × 60) = 6 held out
@@ -94,8 +101,12 @@ def test_a_cache_path_that_is_a_file_costs_the_cache_and_leaves_nothing(corpus, 
     dm = TokenStreamDataModule(**corpus | {"cache_dir": str(tmp_path / "file" / "deeper")})
     assert torch.equal(dm.val_windows(), EXPECTED) and dm.val_cache is None
     assert "cannot use the validation cache" in capsys.readouterr().err
-    assert (tmp_path / "file").read_text() == "" and sorted(os.listdir(tmp_path)) == ["0.parquet", "1.parquet",
-                                                                                    "2.parquet", "file"]
+    assert (tmp_path / "file").read_text() == "" and sorted(os.listdir(tmp_path)) == [
+        "0.parquet",
+        "1.parquet",
+        "2.parquet",
+        "file",
+    ]
 
 
 def test_a_build_that_fails_leaves_no_lock_file(tmp_path):

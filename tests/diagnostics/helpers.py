@@ -47,9 +47,19 @@ def trainer(tmp_path, callbacks, max_steps: int, checkpoint: bool = False, **kw)
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
     warnings.filterwarnings("ignore", ".*but have no `val_dataloader`.*")
     args = dict(
-        default_root_dir=tmp_path, logger=TensorBoardLogger(tmp_path, name="run"), max_steps=max_steps,
-        accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, log_every_n_steps=1, enable_checkpointing=checkpoint, callbacks=callbacks,
-        limit_val_batches=2, val_check_interval=4, check_val_every_n_epoch=None,
+        default_root_dir=tmp_path,
+        logger=TensorBoardLogger(tmp_path, name="run"),
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        enable_checkpointing=checkpoint,
+        callbacks=callbacks,
+        limit_val_batches=2,
+        val_check_interval=4,
+        check_val_every_n_epoch=None,
     )
     return L.Trainer(**{**args, **kw})

@@ -39,9 +39,14 @@ def visit_gradients(model: LoopedTransformer, batches, scale: float = 1.0):
     for inputs, targets in batches:
         _, loss = flat(inputs, targets)
         (loss * scale).backward()
-    grads = {Visit(r, k, s): {name: p.grad.detach().clone()
-                              for name, p in getattr(flat.blocks[(r - 1) * K + k - 1], s).named_parameters()}
-             for r in range(1, R + 1) for k in range(1, K + 1) for s in SUBLAYERS}
+    grads = {
+        Visit(r, k, s): {
+            name: p.grad.detach().clone() for name, p in getattr(flat.blocks[(r - 1) * K + k - 1], s).named_parameters()
+        }
+        for r in range(1, R + 1)
+        for k in range(1, K + 1)
+        for s in SUBLAYERS
+    }
     others = [p.grad.detach().clone() for name, p in flat.named_parameters() if not name.startswith("blocks.")]
     return grads, others
 
@@ -62,7 +67,7 @@ def expected_values(grads: dict[Visit, dict[str, torch.Tensor]], others=()) -> d
         names = grads[visits[0]]
         num = sq(sum(grads[v][n].double() for v in visits) for n in names)
         den = sum(sq(grads[v].values()) for v in visits)
-        out[f"sublayers/grad_norm/{j}"] = num ** 0.5
+        out[f"sublayers/grad_norm/{j}"] = num**0.5
         out[f"sublayers/kappa/{j}"] = num / den
         num_all, den_all = num_all + num, den_all + den
     out["grad/kappa_model"] = num_all / den_all

@@ -126,15 +126,18 @@ def test_per_round_charts_hold_that_rounds_visits(fitted):
         for q in VISIT_QUANTITIES + ATTN_QUANTITIES:
             matched = sorted(t for t in scalars if any(re.match(rx, t) for rx in charts[f"{q} r{r:02d}"]))
             sublayers = ("attn",) if q in ATTN_QUANTITIES else ("attn", "ffn")
-            assert matched == sorted(f"visits/{q}/{v.tag}" for v in visit_order(K, R)
-                                     if v.round == r and v.sublayer in sublayers)
+            assert matched == sorted(
+                f"visits/{q}/{v.tag}" for v in visit_order(K, R) if v.round == r and v.sublayer in sublayers
+            )
     # re.match, as TensorBoard's custom-scalars plugin selects a chart's tags (a prefix match).
     for category in layout.category:  # every chart of every category: at most one round's visits
         for chart in category.chart:
             matched = [t for t in scalars if any(re.match(rx, t) for rx in chart.multiline.tag)]
             assert len({parse_tag(t)[2].round for t in matched if t.startswith("visits/")}) <= 1, chart.title
-    training = {c.title: sorted(t for t in scalars if any(re.match(rx, t) for rx in c.multiline.tag))
-                for c in categories["training"].chart}
+    training = {
+        c.title: sorted(t for t in scalars if any(re.match(rx, t) for rx in c.multiline.tag))
+        for c in categories["training"].chart
+    }
     # The update-size chart held every per-round output change too (its regex matched them as prefixes).
     assert training["update size (output change of the step)"] == ["update/logit_change", "update/output_change"]
     assert "update size per round" not in training  # one line per round, unlabelled: an image instead
@@ -148,12 +151,13 @@ def test_depth_profile_plots_each_quantity_against_the_visit_index(fitted):
     are the logged per-visit values in forward order (x = 1 … 2·K·R; attention quantities at the
     attention visits only), drawn at 360 × 240 px for TensorBoard's ~270 px card."""
     _, _, _, acc = fitted
-    assert sorted(acc.Tags()["images"]) == sorted([f"depth/{view}" for view in VIEWS] + ["update/per_round/output_change"])
+    assert sorted(acc.Tags()["images"]) == sorted(
+        [f"depth/{view}" for view in VIEWS] + ["update/per_round/output_change"]
+    )
     for view in VIEWS:
         images = acc.Images(f"depth/{view}")
         assert [e.step for e in images] == [0, 2, 4]
-        assert all(e.encoded_image_string.startswith(b"\x89PNG") and (e.width, e.height) == (360, 240)
-                   for e in images)
+        assert all(e.encoded_image_string.startswith(b"\x89PNG") and (e.width, e.height) == (360, 240) for e in images)
 
     visits = visit_order(K, R)
     assert [v.tag for v in visits[:5]] == ["r01_k1_attn", "r01_k1_ffn", "r01_k2_attn", "r01_k2_ffn", "r02_k1_attn"]
@@ -188,8 +192,13 @@ def test_the_depth_images_keep_one_y_axis_across_the_steps(fitted):
     ylims = {view: tuple(lim) for view, lim in state["profile_ylims"].items()}
     assert sorted(ylims) == sorted([*VIEWS, "update/per_round/output_change"])
     for view, (_, quantities, log) in VIEWS.items():
-        values = [v for scalars in by_step.values() for q in quantities
-                  for t, v in scalars.items() if t.startswith(f"visits/{q}/") and (v > 0 or not log)]
+        values = [
+            v
+            for scalars in by_step.values()
+            for q in quantities
+            for t, v in scalars.items()
+            if t.startswith(f"visits/{q}/") and (v > 0 or not log)
+        ]
         lo, hi = ylims[view]
         assert lo <= min(values) and max(values) <= hi, view
         for step in by_step:  # any step drawn with the run's range gets exactly that range
@@ -240,9 +249,24 @@ def test_tensorboard_server_lists_the_tags(fitted):
     t, _, _, _ = fitted
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(t.logger.save_dir), "--host", "127.0.0.1",
-         "--port", str(port), "--load_fast", "false", "--reload_interval", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(t.logger.save_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",
+            "--reload_interval",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     base, expected = f"http://127.0.0.1:{port}", set(expected_scalar_tags(K, R))
     try:
@@ -353,10 +377,13 @@ def test_depth_profile_is_drawn_off_the_main_thread_and_its_errors_come_back(tmp
     assert diagnostics.profile is False and diagnostics.last_stats["step"] == 4
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"every_n_steps": -1}, "diagnostics.every_n_steps must be >= 0 (0 turns it off), got -1"),
-    ({"hist_samples": 0}, "diagnostics.hist_samples must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"every_n_steps": -1}, "diagnostics.every_n_steps must be >= 0 (0 turns it off), got -1"),
+        ({"hist_samples": 0}, "diagnostics.hist_samples must be >= 1, got 0"),
+    ],
+)
 def test_bad_settings_are_refused_with_the_setting_named(kwargs, message):
     with pytest.raises(ValueError) as err:
         VisitDiagnostics(**kwargs)
@@ -367,4 +394,3 @@ def test_bad_settings_are_refused_with_the_setting_named(kwargs, message):
 def test_the_edge_values_are_accepted(kwargs):
     diagnostics = VisitDiagnostics(**kwargs)
     assert all(getattr(diagnostics, k) == v for k, v in kwargs.items())
-

@@ -17,8 +17,9 @@ from .helpers import random_tokens, tiny_module
 
 @pytest.mark.parametrize("accumulate, world, keep", [(1, 1, False), (2, 1, True), (1, 2, True)])
 @pytest.mark.parametrize("histograms", [True, False])
-def test_a_logging_steps_probe_keeps_gradient_tensors_only_where_the_sums_need_them(accumulate, world, keep,
-                                                                                      histograms):
+def test_a_logging_steps_probe_keeps_gradient_tensors_only_where_the_sums_need_them(
+    accumulate, world, keep, histograms
+):
     """keep_grads (R copies of the block gradients in memory) only under accumulation or several processes;
     histogram samples only with histograms on; the update size reads the step's inputs at its own rounds."""
     lm = tiny_module()
@@ -45,6 +46,7 @@ def test_total_norm_is_the_l2_norm_of_all_tensors_together():
 def test_physical_sublayers_are_what_the_visits_name_with_the_parameters_they_read():
     """Loop, prelude and coda: one entry per physical sublayer the model's visits name (`Visit.physical`),
     holding the very parameters those visits read through their views."""
+
     class Keep:
         def __init__(self):
             self.params = {}
@@ -68,8 +70,9 @@ def test_physical_sublayers_are_what_the_visits_name_with_the_parameters_they_re
 def test_with_sampled_rounds_the_update_size_reads_the_steps_own_draw():
     """A model that samples R per step: the step's outputs before its update are taken at that step's drawn
     rounds and α (LoopedLM.draw), not at the mean R."""
-    config = tiny_config(wiring="inject", round_sampling="poisson_truncated", backprop_rounds=2, max_rounds=6,
-                         scales_depth="sampled")
+    config = tiny_config(
+        wiring="inject", round_sampling="poisson_truncated", backprop_rounds=2, max_rounds=6, scales_depth="sampled"
+    )
     lm = tiny_module(config=config)
     # a step whose draw is neither the mean R nor step 0's (the module's own step outside a Trainer)
     step = next(s for s in range(1, 100) if lm.draw(s).rounds not in (config.n_rounds, lm.draw(0).rounds))

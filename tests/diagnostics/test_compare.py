@@ -53,18 +53,30 @@ def test_each_panel_holds_each_run_at_each_step(two_runs):
             assert list(line.get_xdata()) == at
             assert list(line.get_ydata()) == pytest.approx([value(run, step, q, i) for i in at]), (q, run, step)
     assert [ax.get_title() for ax in fig.axes] == [
-        "gradient: ‖∂L/∂x‖", "gradient: ‖g_r,j‖", "residual stream RMS", "attention: max q·k/√d",
-        "attention: mean log Z", "branch / skip ‖f‖/‖αx‖"]
+        "gradient: ‖∂L/∂x‖",
+        "gradient: ‖g_r,j‖",
+        "residual stream RMS",
+        "attention: max q·k/√d",
+        "attention: mean log Z",
+        "branch / skip ‖f‖/‖αx‖",
+    ]
 
 
 def test_command_writes_the_png_without_lightning(two_runs, tmp_path):
     a, b = two_runs
     out = tmp_path / "compare.png"
-    code = ("import sys\nfrom loopnet.commands import main\nmain(sys.argv[1:])\n"
-            "print(sorted({'lightning'} & set(sys.modules)))")
+    code = (
+        "import sys\nfrom loopnet.commands import main\nmain(sys.argv[1:])\n"
+        "print(sorted({'lightning'} & set(sys.modules)))"
+    )
     # The name folder of a run with a single version is accepted for the version folder.
-    proc = subprocess.run([sys.executable, "-c", code, "compare", str(a.parent), str(b), "--steps", "0", "20",
-                           "--out", str(out)], env=env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "compare", str(a.parent), str(b), "--steps", "0", "20", "--out", str(out)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out.read_bytes().startswith(b"\x89PNG")
     assert "deeploop/version_0: steps 0, 20" in proc.stdout and proc.stdout.strip().endswith("[]")
@@ -74,16 +86,22 @@ def test_command_writes_the_png_without_lightning(two_runs, tmp_path):
 def test_bad_input_gets_one_line_with_the_fix(two_runs, tmp_path, case):
     a, b = two_runs
     out = tmp_path / "c.png"
-    runs = {"missing": [str(tmp_path / "nope"), str(b)], "empty": [str(tmp_path / "empty"), str(b)],
-            "several": [str(tmp_path), str(b)], "no_visits": [str(tmp_path / "loss_only"), str(b)],
-            "one_run": [str(a)], "bad_out": [str(a), str(b)]}[case]
+    runs = {
+        "missing": [str(tmp_path / "nope"), str(b)],
+        "empty": [str(tmp_path / "empty"), str(b)],
+        "several": [str(tmp_path), str(b)],
+        "no_visits": [str(tmp_path / "loss_only"), str(b)],
+        "one_run": [str(a)],
+        "bad_out": [str(a), str(b)],
+    }[case]
     (tmp_path / "empty").mkdir()
     writer = SummaryWriter(str(tmp_path / "loss_only"))
     writer.add_scalar("train/loss", 1.0, 0)
     writer.close()
     args = ["compare", *runs, "--out", str(tmp_path / "no" / "c.png") if case == "bad_out" else str(out)]
-    proc = subprocess.run([sys.executable, "-m", "loopnet", *args], env=env(), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "loopnet", *args], env=env(), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("loopnet compare: error: ") and "; fix: " in line
@@ -102,8 +120,11 @@ def test_depth_views_have_few_distinct_y_labels():
 
     visits = visit_order(2, 6)
     for spread in (1.05, 3.0, 1e4):  # within a few percent, within a decade, over four decades
-        scalars = {visit_tag(q, v): 0.01 * spread ** (i / len(visits)) for i, v in enumerate(visits)
-                   for q in visit_quantities(v)}
+        scalars = {
+            visit_tag(q, v): 0.01 * spread ** (i / len(visits))
+            for i, v in enumerate(visits)
+            for q in visit_quantities(v)
+        }
         profile = depth_profile(scalars, visits)
         for view in VIEWS:
             fig = view_figure(view, profile, visits)

@@ -14,8 +14,9 @@ def test_long_labels_stay_inside_the_figure(tmp_path):
     write_run(a, 0)
     write_run(b, 1)
     long = "deeploop_carry_k2_r6_d128_h4_ctx128/version_0"  # a default label: the run's folder names
-    fig = compare_figure([(long, *read_visits(a)), (long.replace("deeploop", "deepnorm"), *read_visits(b))],
-                         steps=[0, 10, 20])
+    fig = compare_figure(
+        [(long, *read_visits(a)), (long.replace("deeploop", "deepnorm"), *read_visits(b))], steps=[0, 10, 20]
+    )
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     (legend,) = fig.legends
@@ -29,8 +30,27 @@ def test_a_step_not_logged_is_said_to_be_drawn_at_the_nearest(tmp_path):
     a, b = tmp_path / "A" / "version_0", tmp_path / "B" / "version_0"
     write_run(a, 0)
     write_run(b, 1)
-    proc = subprocess.run([sys.executable, "-m", "loopnet", "compare", str(a), str(b), "--steps", "9", "20",
-                           "--out", str(tmp_path / "c.png")], env=env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loopnet",
+            "compare",
+            str(a),
+            str(b),
+            "--steps",
+            "9",
+            "20",
+            "--out",
+            str(tmp_path / "c.png"),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert ("A/version_0: steps 10, 20 (logged: 0..20, 3 steps; not logged, drawn at the nearest: 9 -> 10)"
-            in proc.stdout.splitlines()), proc.stdout
+    assert (
+        "A/version_0: steps 10, 20 (logged: 0..20, 3 steps; not logged, drawn at the nearest: 9 -> 10)"
+        in proc.stdout.splitlines()
+    ), proc.stdout

@@ -37,10 +37,19 @@ def measured():
     dm.setup("fit")
     loader = iter(dm.train_dataloader())
     batches = [tuple(t.long() for t in next(loader)) for _ in range(3)]
-    base = LoopConfig(vocab_size=320, seq_len=32, d_model=32, n_heads=4, n_blocks=2, n_rounds=2, residual="preln",
-                      tie_embeddings=False)
-    rows = run(base, OptimConfig(lr=1e-2), batches, ["standard", "mup"], WIDTHS, [2], [1, 2, 3], 1.0,
-               log=lambda *_: None)
+    base = LoopConfig(
+        vocab_size=320,
+        seq_len=32,
+        d_model=32,
+        n_heads=4,
+        n_blocks=2,
+        n_rounds=2,
+        residual="preln",
+        tie_embeddings=False,
+    )
+    rows = run(
+        base, OptimConfig(lr=1e-2), batches, ["standard", "mup"], WIDTHS, [2], [1, 2, 3], 1.0, log=lambda *_: None
+    )
     return rows, slopes(rows)
 
 
@@ -49,8 +58,11 @@ def _hidden(q: str) -> bool:
 
 
 def _band(summary, param: str, step: int) -> float:
-    return F * max(max(s["per_seed"]) - min(s["per_seed"]) for s in summary
-                   if (s["parametrization"], s["step"]) == (param, step) and _hidden(s["quantity"]))
+    return F * max(
+        max(s["per_seed"]) - min(s["per_seed"])
+        for s in summary
+        if (s["parametrization"], s["step"]) == (param, step) and _hidden(s["quantity"])
+    )
 
 
 def _get(summary, param, step, quantity):
@@ -81,8 +93,11 @@ def test_mup_stays_flat_within_the_seeds_band(measured):
 def test_standard_grows_beyond_the_band(measured):
     _, summary = measured
     band = _band(summary, "standard", 1)
-    branches = [s for s in summary if (s["parametrization"], s["step"]) == ("standard", 1)
-                and s["quantity"].startswith("branch/")]
+    branches = [
+        s
+        for s in summary
+        if (s["parametrization"], s["step"]) == ("standard", 1) and s["quantity"].startswith("branch/")
+    ]
     assert branches and all(s["slope"] > band for s in branches), [(s["quantity"], s["slope"]) for s in branches]
     sp, mup = _get(summary, "standard", 2, "logits"), _get(summary, "mup", 2, "logits")
     spread = lambda s: max(s["per_seed"]) - min(s["per_seed"])  # noqa: E731
@@ -106,9 +121,36 @@ def test_command_writes_csvs_figures_report_and_tensorboard_images(tmp_path, cap
     from loopnet.commands import main
 
     out = tmp_path / "cc"
-    main(["coordcheck", "--config", "configs/preln_r6.yaml", "--config", "configs/cpu.yaml", "--config",
-          "configs/study_map.yaml", "--data.batch_size", "2", "--model.config.seq_len", "16", "--widths", "32", "64",
-          "--rounds", "1", "2", "--seeds", "1", "2", "--steps", "2", "--lr", "1e-2", "--out", str(out)])
+    main(
+        [
+            "coordcheck",
+            "--config",
+            "configs/preln_r6.yaml",
+            "--config",
+            "configs/cpu.yaml",
+            "--config",
+            "configs/study_map.yaml",
+            "--data.batch_size",
+            "2",
+            "--model.config.seq_len",
+            "16",
+            "--widths",
+            "32",
+            "64",
+            "--rounds",
+            "1",
+            "2",
+            "--seeds",
+            "1",
+            "2",
+            "--steps",
+            "2",
+            "--lr",
+            "1e-2",
+            "--out",
+            str(out),
+        ]
+    )
     assert "loopnet coordcheck:" in capsys.readouterr().out
     for name in ("coord_check.csv", "coord_slopes.csv", "coord_width.png", "coord_rounds.png", "report.md"):
         assert (out / name).stat().st_size > 0, name

@@ -82,8 +82,9 @@ def test_every_rank_holds_the_profile_and_frontier_of_all_batches(synced):
         assert sorted(got["profile"]) == sorted(expected_profile)
         for q, values in expected_profile.items():
             assert [v is None for v in got["profile"][q]] == [v is None for v in values], q
-            assert [v for v in got["profile"][q] if v is not None] == \
-                pytest.approx([v for v in values if v is not None], rel=1e-9), q
+            assert [v for v in got["profile"][q] if v is not None] == pytest.approx(
+                [v for v in values if v is not None], rel=1e-9
+            ), q
 
 
 def test_a_rank_without_batches_adds_nothing():

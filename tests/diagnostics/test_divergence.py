@@ -28,20 +28,35 @@ class CheckpointSnapshots(Callback):
 def _hashes(folder):
     if not os.path.isdir(folder):
         return {}
-    return {name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest()
-            for name in sorted(os.listdir(folder))}
+    return {
+        name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest()
+        for name in sorted(os.listdir(folder))
+    }
 
 
 def fit_forced(tmp_path, at_step, factor, guard=None, max_steps=16):
     folder = str(tmp_path / "ckpt")
     # As the CLI configures it: best by val/loss, plus last.ckpt; and a save at every step.
-    ckpt = ModelCheckpoint(dirpath=folder, monitor="val/loss", mode="min", save_last=True, save_top_k=1,
-                           every_n_train_steps=1, filename="best-{step}")
+    ckpt = ModelCheckpoint(
+        dirpath=folder,
+        monitor="val/loss",
+        mode="min",
+        save_last=True,
+        save_top_k=1,
+        every_n_train_steps=1,
+        filename="best-{step}",
+    )
     snaps = CheckpointSnapshots(folder)
     guard = guard or DivergenceGuard()
     module = tiny_module(ForcedLM, at_step=at_step, factor=factor)
-    t = trainer(tmp_path, [ckpt, snaps, guard], max_steps=max_steps, checkpoint=True, val_check_interval=2,
-                gradient_clip_val=1.0)
+    t = trainer(
+        tmp_path,
+        [ckpt, snaps, guard],
+        max_steps=max_steps,
+        checkpoint=True,
+        val_check_interval=2,
+        gradient_clip_val=1.0,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t.fit(module, random_tokens(), random_tokens(8, seed=1))
@@ -99,8 +114,15 @@ def test_completed_run_summary(tmp_path):
     assert math.isfinite(summary["final_train_loss"])
     assert summary["diagnostics_step"] == 7 and len(summary["last_visit_stats"]) == 12  # the last step is measured
     assert set(summary["last_visit_stats"]["r03_k1_attn"]) == {
-        "resid_norm", "state_norm_dev", "branch_ratio", "act_grad_norm", "param_grad_norm",
-        "attn_logit_max", "attn_logit_absmax", "attn_log_z"}
+        "resid_norm",
+        "state_norm_dev",
+        "branch_ratio",
+        "act_grad_norm",
+        "param_grad_norm",
+        "attn_logit_max",
+        "attn_logit_absmax",
+        "attn_log_z",
+    }
     assert set(summary["last_output_stats"]) == {"log_z", "logit_absmax"}
     assert set(summary["kappa"]) == {"k1_attn", "k1_ffn", "k2_attn", "k2_ffn", "model"}
     assert not [f for f in os.listdir(t.log_dir) if f.endswith(".tmp")]  # written atomically

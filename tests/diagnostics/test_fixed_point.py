@@ -8,13 +8,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loopnet.diagnostics.fixed_point import (RoundProfileMeter, jacobian_profile, round_jacobian_norm, round_map,
-                                             round_profile)
+from loopnet.diagnostics.fixed_point import (
+    RoundProfileMeter,
+    jacobian_profile,
+    round_jacobian_norm,
+    round_map,
+    round_profile,
+)
 from loopnet.model import LoopedTransformer
 from tests.helpers import tiny_config
 
-WIRINGS = [dict(wiring="carry"), dict(wiring="lt"), dict(wiring="inject", injection="add", inject_into="every"),
-           dict(wiring="inject", injection="attention", inject_into="first"), dict(wiring="flt")]
+WIRINGS = [
+    dict(wiring="carry"),
+    dict(wiring="lt"),
+    dict(wiring="inject", injection="add", inject_into="every"),
+    dict(wiring="inject", injection="attention", inject_into="first"),
+    dict(wiring="flt"),
+]
 
 
 def tiny(**overrides) -> LoopedTransformer:
@@ -128,8 +138,12 @@ def test_the_meter_weights_batches_by_their_tokens():
 def test_the_report_table_shows_rounds_2_R_and_the_last():
     from loopnet.diagnostics.fixed_point import fixed_point_table
 
-    profile = {"loss": [5.0, 4.0, 3.5, 3.4, 3.45, 3.5], "latent_change": [None, 0.5, 0.2, 0.1, 0.05, 0.02],
-               "kl": [None, 0.3, 0.1, 0.01, 0.001, 0.0001], "sigma_max": [None, 1.5, 1.1, 0.9, 0.8, 0.7]}
+    profile = {
+        "loss": [5.0, 4.0, 3.5, 3.4, 3.45, 3.5],
+        "latent_change": [None, 0.5, 0.2, 0.1, 0.05, 0.02],
+        "kl": [None, 0.3, 0.1, 0.01, 0.001, 0.0001],
+        "sigma_max": [None, 1.5, 1.1, 0.9, 0.8, 0.7],
+    }
     table = fixed_point_table([("a", {"config": {"n_rounds": 3}, "fixed_point": profile}), ("b", {"config": {}})])
     lines = table.splitlines()
     assert len(lines) == 3  # run b has no profile
@@ -146,7 +160,10 @@ def test_the_jacobian_measurement_reports_its_progress(capsys):
     jacobian_profile(model, idx, 4, iters=1, progress=JacobianProgress("val", True, every=0))
     lines = capsys.readouterr().err.splitlines()
     assert [line.split("model.extrapolate_rounds): ")[1].rsplit(",", 1)[0] for line in lines] == [
-        "round 2 of 4", "round 3 of 4", "done"]
+        "round 2 of 4",
+        "round 3 of 4",
+        "done",
+    ]
     assert all(line.startswith("loopnet: val: σ_max of the round Jacobians") for line in lines)
     jacobian_profile(model, idx, 4, iters=1, progress=JacobianProgress("val", False, every=0))
     assert capsys.readouterr().err == ""

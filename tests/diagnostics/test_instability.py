@@ -45,7 +45,7 @@ def hand_logits(model: LoopedTransformer, visit: Visit, x: torch.Tensor) -> torc
     h = x if norm_in is None else norm_in(x)
     d, H = cfg.d_model, cfg.n_heads
     w = sub.f.qkv_proj.weight
-    q, k = h @ w[:d].T, h @ w[d:2 * d].T  # rows [W_Q; W_K; W_V]
+    q, k = h @ w[:d].T, h @ w[d : 2 * d].T  # rows [W_Q; W_K; W_V]
     B, T, _ = x.shape
     q, k = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k))
     d_h = d // H
@@ -55,7 +55,7 @@ def hand_logits(model: LoopedTransformer, visit: Visit, x: torch.Tensor) -> torc
         cos, sin = angle.cos(), angle.sin()
 
         def rope(t):
-            t1, t2 = t[..., : d_h // 2], t[..., d_h // 2:]
+            t1, t2 = t[..., : d_h // 2], t[..., d_h // 2 :]
             return torch.cat((t1 * cos - t2 * sin, t1 * sin + t2 * cos), dim=-1)
 
         q, k = rope(q), rope(k)
@@ -64,11 +64,14 @@ def hand_logits(model: LoopedTransformer, visit: Visit, x: torch.Tensor) -> torc
     return logits.masked_fill(~causal, -math.inf)
 
 
-@pytest.mark.parametrize("overrides", [
-    {},  # DeepLoop, learned positions
-    {"positions": "rope", "residual": "preln"},  # the query and key of a Pre-LN visit pass its Norm
-    {"positions": "rope", "sandwich": True, "residual": "deepnorm"},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # DeepLoop, learned positions
+        {"positions": "rope", "residual": "preln"},  # the query and key of a Pre-LN visit pass its Norm
+        {"positions": "rope", "sandwich": True, "residual": "deepnorm"},
+    ],
+)
 @torch.no_grad()
 def test_attention_logit_signals_match_a_hand_computation(overrides):
     torch.manual_seed(0)
@@ -134,8 +137,9 @@ def test_chunked_logits_equal_the_whole():
     chunked = probe_module.attention_logit_stats(q, k, chunk=2 * 7 * 7)  # one batch row at a time
     assert torch.allclose(whole, chunked, rtol=RTOL, atol=ATOL)
     logits = torch.randn(3, 5, 11)
-    assert torch.allclose(probe_module.output_logit_stats(logits), probe_module.output_logit_stats(logits, chunk=11),
-                          rtol=RTOL, atol=ATOL)
+    assert torch.allclose(
+        probe_module.output_logit_stats(logits), probe_module.output_logit_stats(logits, chunk=11), rtol=RTOL, atol=ATOL
+    )
     z = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), -math.inf)
     assert float(whole[0]) == pytest.approx(float(z.amax()), rel=RTOL)
     assert float(whole[2] / whole[3]) == pytest.approx(float(torch.logsumexp(z, -1).mean()), rel=RTOL)

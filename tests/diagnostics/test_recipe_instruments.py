@@ -27,8 +27,14 @@ MODELS = {
     "prelude_coda_linear": dict(n_prelude=1, n_coda=1, wiring="inject", injection="linear"),
     "diagonal": dict(n_prelude=1, wiring="inject", injection="diagonal"),
     "qk_norm": dict(qk_norm=True, residual="preln"),
-    "sampled": dict(n_coda=1, wiring="inject", round_sampling="poisson_truncated", backprop_rounds=2, max_rounds=5,
-                    scales_depth="sampled"),
+    "sampled": dict(
+        n_coda=1,
+        wiring="inject",
+        round_sampling="poisson_truncated",
+        backprop_rounds=2,
+        max_rounds=5,
+        scales_depth="sampled",
+    ),
 }
 
 
@@ -128,8 +134,11 @@ def test_the_layout_has_a_category_per_round_up_to_max_rounds_and_one_for_prelud
 
 
 # ------------------------------------------------------------------------------ end to end: callback, profile, compare
-FITS = {**{k: (v, {}) for k, v in MODELS.items()}, "z_loss": ({"n_prelude": 1, "wiring": "inject"}, {"z_loss": 0.01}),
-        "muon": ({"n_coda": 1}, {"optimizer": "muon", "muon_lr": 0.02})}
+FITS = {
+    **{k: (v, {}) for k, v in MODELS.items()},
+    "z_loss": ({"n_prelude": 1, "wiring": "inject"}, {"z_loss": 0.01}),
+    "muon": ({"n_coda": 1}, {"optimizer": "muon", "muon_lr": 0.02}),
+}
 
 
 @pytest.mark.slow
@@ -174,8 +183,12 @@ def test_diagnostics_profile_and_compare_on_each_recipe_model(tmp_path, case):
     fig = compare_figure([("A", order, by_step)], steps=[2])
     for ax, q in zip(fig.axes, PROFILE_QUANTITIES):
         (line,) = [ln for ln in ax.lines if ln.get_label().startswith("A")]
-        want = [(i, by_step[2][visit_tag(q, v)]) for i, v in enumerate(order, start=1)
-                if visit_tag(q, v) in by_step[2] and math.isfinite(by_step[2][visit_tag(q, v)])
-                and (by_step[2][visit_tag(q, v)] > 0 or q in ("attn_logit_max", "attn_log_z"))]
+        want = [
+            (i, by_step[2][visit_tag(q, v)])
+            for i, v in enumerate(order, start=1)
+            if visit_tag(q, v) in by_step[2]
+            and math.isfinite(by_step[2][visit_tag(q, v)])
+            and (by_step[2][visit_tag(q, v)] > 0 or q in ("attn_logit_max", "attn_log_z"))
+        ]
         assert list(line.get_xdata()) == [i for i, _ in want], q
         assert list(line.get_ydata()) == pytest.approx([y for _, y in want]), q

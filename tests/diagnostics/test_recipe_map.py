@@ -24,13 +24,19 @@ RULES, RATES = ["fixed", "poisson_truncated"], [1e-3, 4e-3]
 
 
 def test_the_map_over_round_sampling_and_learning_rate(tmp_path):
-    spec = {"base": [str(REPO / "configs/deeploop_r6.yaml"), str(REPO / "configs/cpu.yaml")],
-            "overrides": {**TINY, "model.config.n_rounds": 2, "model.config.max_rounds": 4, "trainer.max_steps": 4},
-            "grid": {"model.config.round_sampling": RULES, "model.optim.lr": RATES, "seed_everything": [1]},
-            "out": str(tmp_path / "sweep")}
+    spec = {
+        "base": [str(REPO / "configs/deeploop_r6.yaml"), str(REPO / "configs/cpu.yaml")],
+        "overrides": {**TINY, "model.config.n_rounds": 2, "model.config.max_rounds": 4, "trainer.max_steps": 4},
+        "grid": {"model.config.round_sampling": RULES, "model.optim.lr": RATES, "seed_everything": [1]},
+        "out": str(tmp_path / "sweep"),
+    }
     (tmp_path / "map.yaml").write_text(yaml.safe_dump(spec))
-    proc = subprocess.Popen([sys.executable, "-m", "loopnet", "sweep", str(tmp_path / "map.yaml")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopnet", "sweep", str(tmp_path / "map.yaml")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out, _ = communicate(proc, "the sweep ended")
     assert proc.returncode == 0, out[-3000:]
     sweep = tmp_path / "sweep"
@@ -46,8 +52,11 @@ def test_the_map_over_round_sampling_and_learning_rate(tmp_path):
     method = {rule: "deeploop-carry-" + param_label("model.config.round_sampling", rule) for rule in RULES}
     assert set(rows) == {(method[rule], 2) for rule in RULES}
     for rule in RULES:  # the best rate of each rule: the one with the lower final validation loss (one seed)
-        by_lr = {p["model.optim.lr"]: summaries[cid]["final_val_loss"] for cid, p in cells.items()
-                 if p["model.config.round_sampling"] == rule}
+        by_lr = {
+            p["model.optim.lr"]: summaries[cid]["final_val_loss"]
+            for cid, p in cells.items()
+            if p["model.config.round_sampling"] == rule
+        }
         best = min(by_lr, key=by_lr.get)
         row = rows[(method[rule], 2)]
         assert row[2] == "1" and float(row[4]) == best
@@ -56,5 +65,6 @@ def test_the_map_over_round_sampling_and_learning_rate(tmp_path):
     for cid, p in cells.items():
         visits = summaries[cid]["last_visit_stats"]
         rounds = {int(t[1:3]) for t in visits}
-        assert rounds == set(range(1, max(rounds) + 1)) and (p["model.config.round_sampling"] != "fixed"
-                                                              or max(rounds) == 2)
+        assert rounds == set(range(1, max(rounds) + 1)) and (
+            p["model.config.round_sampling"] != "fixed" or max(rounds) == 2
+        )

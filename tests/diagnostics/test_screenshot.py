@@ -16,8 +16,10 @@ from tests.helpers import run_command
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not any(shutil.which(c) for c in ("chromium", "chromium-headless-shell")),
-                       reason="no Chromium (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not any(shutil.which(c) for c in ("chromium", "chromium-headless-shell")),
+        reason="no Chromium (apt-get install chromium)",
+    ),
 ]
 
 
@@ -29,8 +31,20 @@ def test_screenshot_of_a_logdir(tmp_path):
         write_png(writer, tag, png, 0)
     writer.close()
     out = tmp_path / "shot.png"
-    proc = run_command([sys.executable, str(ROOT / "scripts/tensorboard_screenshot.py"), "--logdir",
-                        str(tmp_path / "runs"), "--out", str(out), "--size", "1024", "800"], env=env())
+    proc = run_command(
+        [
+            sys.executable,
+            str(ROOT / "scripts/tensorboard_screenshot.py"),
+            "--logdir",
+            str(tmp_path / "runs"),
+            "--out",
+            str(out),
+            "--size",
+            "1024",
+            "800",
+        ],
+        env=env(),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     image = Image.open(out)
     assert image.size == (1024, 800)

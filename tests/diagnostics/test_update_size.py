@@ -75,7 +75,9 @@ def test_callback_logs_the_update_size_and_leaves_training_unchanged(tmp_path):
     acc = EventAccumulator(tr.logger.log_dir, size_guidance={"scalars": 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"update/output_change", "update/logit_change"} | {f"update/output_change/r{r:02d}" for r in (1, 2, 3)} <= tags
+    assert {"update/output_change", "update/logit_change"} | {
+        f"update/output_change/r{r:02d}" for r in (1, 2, 3)
+    } <= tags
     values = [e.value for e in acc.Scalars("update/output_change")]
     assert [e.step for e in acc.Scalars("update/output_change")] == [0, 2, 4]
     assert all(0 < v < 10 for v in values)

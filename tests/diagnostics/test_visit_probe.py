@@ -59,8 +59,9 @@ def test_kappa_from_norms_equals_kappa_from_kept_gradients(residual):
             want = expected["grad/kappa_model" if j == "model" else f"sublayers/kappa/{j}"]
             assert float(value) == pytest.approx(want, rel=1e-4), (keep, j)  # fp32 sums vs float64
         for v in probe.visits:
-            assert float(probe.visit_grad_sq(v)) == pytest.approx(expected[f"visits/param_grad_norm/{v.tag}"] ** 2,
-                                                                  rel=1e-4), (keep, v)
+            assert float(probe.visit_grad_sq(v)) == pytest.approx(
+                expected[f"visits/param_grad_norm/{v.tag}"] ** 2, rel=1e-4
+            ), (keep, v)
     if residual == "preln":  # here the pooled ratio is not the mean of the sublayers' κ̂: either would not pass
         mean = sum(expected[f"sublayers/kappa/{j}"] for j in ("k1_attn", "k1_ffn", "k2_attn", "k2_ffn")) / 4
         assert abs(expected["grad/kappa_model"] - mean) > 1e-3 * mean
@@ -223,7 +224,9 @@ def test_micro_batches_average_the_forward_values_and_the_output_is_read_off_the
     torch.manual_seed(0)
     model = LoopedTransformer(tiny_config(residual="deeploop"))
     g = torch.Generator().manual_seed(3)
-    batches = [(torch.randint(0, VOCAB, (2, T), generator=g), torch.randint(0, VOCAB, (2, T), generator=g)) for _ in "AB"]
+    batches = [
+        (torch.randint(0, VOCAB, (2, T), generator=g), torch.randint(0, VOCAB, (2, T), generator=g)) for _ in "AB"
+    ]
     alone = []
     for idx, tgt in batches:
         probe = VisitProbe()
@@ -244,7 +247,9 @@ def test_micro_batches_average_the_forward_values_and_the_output_is_read_off_the
     a, b = alone
     for v in both.visits:
         assert torch.allclose(both.forward_stats(v), (a.forward_stats(v) + b.forward_stats(v)) / 2, rtol=1e-5), v
-        assert float(both.act_grad_norm(v)) == pytest.approx(float(a.act_grad_norm(v) + b.act_grad_norm(v)) / 2, rel=1e-5)
+        assert float(both.act_grad_norm(v)) == pytest.approx(
+            float(a.act_grad_norm(v) + b.act_grad_norm(v)) / 2, rel=1e-5
+        )
         qa, qb, q = a.attention_quantities(v), b.attention_quantities(v), both.attention_quantities(v)
         if v.sublayer == "attn":
             assert float(q["attn_logit_max"]) == max(float(qa["attn_logit_max"]), float(qb["attn_logit_max"]))

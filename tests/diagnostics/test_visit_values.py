@@ -51,8 +51,15 @@ def fit_one_step(tmp_path, accumulate: int = 1, clip: float | None = None, resid
     data = random_tokens(4 * accumulate)
     diagnostics = VisitDiagnostics(every_n_steps=1, histograms=False, update_size=False, profile=False)
     recorder = Recorder()
-    t = trainer(tmp_path, [diagnostics], max_steps=1, logger=recorder, limit_val_batches=0,
-                accumulate_grad_batches=accumulate, gradient_clip_val=clip)
+    t = trainer(
+        tmp_path,
+        [diagnostics],
+        max_steps=1,
+        logger=recorder,
+        limit_val_batches=0,
+        accumulate_grad_batches=accumulate,
+        gradient_clip_val=clip,
+    )
     t.fit(module, data)
     return before, module.model, list(data), recorder.logged(0), diagnostics
 
@@ -71,16 +78,26 @@ def test_every_logged_gradient_value_matches_the_unrolled_model(tmp_path, accumu
     # Visits differ from the same sublayer's visit in the round before by far more than the tolerance
     # (DeepLoop evens them out, so not all do): a value read from the previous round cannot pass.
     norm = lambda r, k, s: expected[f"visits/param_grad_norm/{Visit(r, k, s).tag}"]  # noqa: E731
-    assert max(abs(norm(v.round, v.block, v.sublayer) / norm(v.round - 1, v.block, v.sublayer) - 1)
-               for v in grads if v.round > 1) > 10 * REL
+    assert (
+        max(
+            abs(norm(v.round, v.block, v.sublayer) / norm(v.round - 1, v.block, v.sublayer) - 1)
+            for v in grads
+            if v.round > 1
+        )
+        > 10 * REL
+    )
     assert expected["grad/global_norm"] > 100 * 1e-4  # the clip was active
     stats = diagnostics.last_stats
     assert stats["step"] == 0
     for v in grads:
-        assert stats["visits"][v.tag]["param_grad_norm"] == pytest.approx(expected[f"visits/param_grad_norm/{v.tag}"], rel=REL)
-    assert stats["kappa"] == pytest.approx({j.removeprefix("sublayers/kappa/"): value for j, value in expected.items()
-                                            if j.startswith("sublayers/kappa/")} | {"model": expected["grad/kappa_model"]},
-                                           rel=REL)
+        assert stats["visits"][v.tag]["param_grad_norm"] == pytest.approx(
+            expected[f"visits/param_grad_norm/{v.tag}"], rel=REL
+        )
+    assert stats["kappa"] == pytest.approx(
+        {j.removeprefix("sublayers/kappa/"): value for j, value in expected.items() if j.startswith("sublayers/kappa/")}
+        | {"model": expected["grad/kappa_model"]},
+        rel=REL,
+    )
     assert stats["global_grad_norm"] == pytest.approx(expected["grad/global_norm"], rel=REL)
 
 
@@ -105,4 +122,6 @@ def test_the_unrolled_reference_computes_the_looped_models_loss():
     from .reference import unrolled
 
     with torch.no_grad():
-        assert float(unrolled(module.model)(inputs, targets)[1]) == pytest.approx(float(module.model(inputs, targets)[1]), rel=1e-6)
+        assert float(unrolled(module.model)(inputs, targets)[1]) == pytest.approx(
+            float(module.model(inputs, targets)[1]), rel=1e-6
+        )

@@ -35,8 +35,13 @@ def tiny_ckpt(tmp_path_factory) -> str:
         optim={"lr": 1e-2, "warmup_steps": 1},
     )
     trainer = L.Trainer(
-        max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", devices=1,
+        max_steps=12,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
     )
     trainer.fit(module, loader)
     path = tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"

@@ -36,11 +36,11 @@ def direct_loglikelihood(model, context: str, continuation: str, rounds: int) ->
     enc = gpt2_encoding()
     ctx = enc.encode(context) if context else [enc.eot_token]
     whole = enc.encode(context + continuation) if context else ctx + enc.encode(continuation)
-    cont = whole[len(ctx):]
-    inputs = whole[-(model.config.seq_len + 1):][:-1]
+    cont = whole[len(ctx) :]
+    inputs = whole[-(model.config.seq_len + 1) :][:-1]
     logprobs = token_logprobs(model, inputs, rounds)
     n = len(cont)
-    picked = logprobs[len(inputs) - n:].gather(1, torch.tensor(cont).unsqueeze(1))
+    picked = logprobs[len(inputs) - n :].gather(1, torch.tensor(cont).unsqueeze(1))
     return float(picked.sum())
 
 

@@ -127,7 +127,14 @@ def test_a_compact_vocabulary_checkpoint_is_refused(tmp_path):
     cfg = tiny_config(seq_len=8, d_model=16, n_heads=2, n_blocks=1, n_rounds=1)
     path = tmp_path / "compact.ckpt"
     from dataclasses import asdict
-    torch.save({"hyper_parameters": {"config": asdict(cfg)}, "state_dict": {},
-                "datamodule_hyper_parameters": {"vocab": "compact"}}, path)
+
+    torch.save(
+        {
+            "hyper_parameters": {"config": asdict(cfg)},
+            "state_dict": {},
+            "datamodule_hyper_parameters": {"vocab": "compact"},
+        },
+        path,
+    )
     with pytest.raises(ValueError, match="data.vocab: compact.*fix: evaluate a model trained with data.vocab: gpt2"):
         load_checkpoint(path)

@@ -30,8 +30,19 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_table_for_each_round_count(tiny_ckpt, reference_scores, in_data_dir, tmp_path, capsys):
     code, out, err = run_cli(
-        capsys, "--ckpt_path", tiny_ckpt, "--tasks", TASK, "--rounds", "1,2", "--batch_size", "16",
-        "--include_path", str(DATA_DIR), "--output_dir", str(tmp_path),
+        capsys,
+        "--ckpt_path",
+        tiny_ckpt,
+        "--tasks",
+        TASK,
+        "--rounds",
+        "1,2",
+        "--batch_size",
+        "16",
+        "--include_path",
+        str(DATA_DIR),
+        "--output_dir",
+        str(tmp_path),
     )
     assert code == 0, err
     stem = "eval_" + Path(tiny_ckpt).stem
@@ -52,8 +63,13 @@ def test_table_for_each_round_count(tiny_ckpt, reference_scores, in_data_dir, tm
 
 def test_results_files_are_never_overwritten(tmp_path):
     report = {
-        "checkpoint": "x.ckpt", "rounds": [1], "train_rounds": 1, "lm_eval_version": "0", "num_fewshot": None,
-        "limit": None, "table": {"t": {"acc": {"1": {"value": 0.5, "stderr": 0.1}}}},
+        "checkpoint": "x.ckpt",
+        "rounds": [1],
+        "train_rounds": 1,
+        "lm_eval_version": "0",
+        "num_fewshot": None,
+        "limit": None,
+        "table": {"t": {"acc": {"1": {"value": 0.5, "stderr": 0.1}}}},
     }
     first = write_report(report, tmp_path, "eval_x")
     before = first[0].read_bytes()
@@ -103,10 +119,13 @@ def test_standard_task_name_on_local_files(tiny_ckpt, tmp_path, capsys):
         ("What do plants need to grow?", ["sunlight", "plastic", "metal"], "A"),
     ]
     data = tmp_path / "arc_easy.jsonl"
-    data.write_text("".join(
-        json.dumps({"id": str(i), "question": q, "choices": {"text": c, "label": ["A", "B", "C"]}, "answerKey": k}) + "\n"
-        for i, (q, c, k) in enumerate(items)
-    ))
+    data.write_text(
+        "".join(
+            json.dumps({"id": str(i), "question": q, "choices": {"text": c, "label": ["A", "B", "C"]}, "answerKey": k})
+            + "\n"
+            for i, (q, c, k) in enumerate(items)
+        )
+    )
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "arc_easy_local.yaml").write_text(
@@ -114,8 +133,19 @@ def test_standard_task_name_on_local_files(tiny_ckpt, tmp_path, capsys):
         "training_split: null\nvalidation_split: null\n"
         f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
     )
-    code, _, err = run_cli(capsys, "--ckpt_path", tiny_ckpt, "--tasks", "arc_easy", "--rounds", "1",
-                           "--include_path", str(tasks), "--output_dir", str(tmp_path))
+    code, _, err = run_cli(
+        capsys,
+        "--ckpt_path",
+        tiny_ckpt,
+        "--tasks",
+        "arc_easy",
+        "--rounds",
+        "1",
+        "--include_path",
+        str(tasks),
+        "--output_dir",
+        str(tmp_path),
+    )
     assert code == 0, err
     report = json.loads((tmp_path / f"eval_{Path(tiny_ckpt).stem}.json").read_text())
     assert report["harness"]["1"]["n-samples"]["arc_easy"]["effective"] == 2
@@ -126,8 +156,10 @@ def test_local_task_with_missing_data_file(tmp_path):
     from lm_eval.tasks import TaskManager
 
     (tmp_path / "broken.yaml").write_text(
-        (DATA_DIR / "tiny_mc.yaml").read_text()
-        .replace(f"task: {TASK}", "task: broken_task").replace("test: tiny_mc.jsonl", "test: /nonexistent/x.jsonl")
+        (DATA_DIR / "tiny_mc.yaml")
+        .read_text()
+        .replace(f"task: {TASK}", "task: broken_task")
+        .replace("test: tiny_mc.jsonl", "test: /nonexistent/x.jsonl")
     )
     manager = TaskManager(include_path=str(tmp_path), include_defaults=False)
     with pytest.raises(TaskSetupError, match="broken_task.*/nonexistent/x.jsonl.*not found"):
@@ -139,7 +171,11 @@ def test_local_task_with_missing_data_file(tmp_path):
 def test_deeploop_preset():
     assert expand_tasks("deeploop") == list(DEEPLOOP_TASKS)
     assert len(DEEPLOOP_TASKS) == 8 and "social_iqa" in DEEPLOOP_TASKS
-    assert expand_tasks("arc_easy, deeploop,my_task") == ["arc_easy", *[t for t in DEEPLOOP_TASKS if t != "arc_easy"], "my_task"]
+    assert expand_tasks("arc_easy, deeploop,my_task") == [
+        "arc_easy",
+        *[t for t in DEEPLOOP_TASKS if t != "arc_easy"],
+        "my_task",
+    ]
     with pytest.raises(TaskSetupError):
         expand_tasks(" , ")
 
@@ -162,11 +198,14 @@ class _Payload:
         return os.system, (f"touch {self.marker}",)
 
 
-@pytest.mark.parametrize("kind, problem", [
-    ("zero_byte", "is empty (0 bytes), not a checkpoint"),  # not torch's "cannot mmap an empty file"
-    ("truncated", "is not a readable checkpoint, it is corrupt or truncated"),
-    ("malicious", "unpickling it would import or run code (posix.system"),
-])
+@pytest.mark.parametrize(
+    "kind, problem",
+    [
+        ("zero_byte", "is empty (0 bytes), not a checkpoint"),  # not torch's "cannot mmap an empty file"
+        ("truncated", "is not a readable checkpoint, it is corrupt or truncated"),
+        ("malicious", "unpickling it would import or run code (posix.system"),
+    ],
+)
 def test_bad_checkpoint_is_one_line_before_evaluating(kind, problem, tiny_ckpt, tmp_path, capsys, monkeypatch):
     """These gave raw tracebacks (with torch's hint to use weights_only=False)."""
     import lm_eval
@@ -192,8 +231,17 @@ def test_unwritable_output_folder_fails_before_evaluating(tiny_ckpt, tmp_path, c
 
     monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: pytest.fail("evaluated before checking --output_dir"))
     (tmp_path / "a_file").write_text("not a folder\n")
-    code, _, err = run_cli(capsys, "--ckpt_path", tiny_ckpt, "--tasks", TASK, "--include_path", str(DATA_DIR),
-                           "--output_dir", str(tmp_path / "a_file" / "out"))
+    code, _, err = run_cli(
+        capsys,
+        "--ckpt_path",
+        tiny_ckpt,
+        "--tasks",
+        TASK,
+        "--include_path",
+        str(DATA_DIR),
+        "--output_dir",
+        str(tmp_path / "a_file" / "out"),
+    )
     assert code == 2, err
     assert f"cannot write to the folder {tmp_path / 'a_file' / 'out'} given by --output_dir (Not a directory)" in err
     assert "fix: pass a writable folder with --output_dir" in err

@@ -15,12 +15,28 @@ from tests.eval.test_cli import run_cli
 
 
 @pytest.mark.parametrize("threshold,rounds_used", [("0", 2.0), ("inf", 1.0)])
-def test_exit_thresholds_score_as_full_depth_or_one_round(tiny_ckpt, reference_scores, in_data_dir, tmp_path, capsys,
-                                                          threshold, rounds_used):
+def test_exit_thresholds_score_as_full_depth_or_one_round(
+    tiny_ckpt, reference_scores, in_data_dir, tmp_path, capsys, threshold, rounds_used
+):
     """KL below 0 never holds: every scored token runs R' = 2 rounds, as without exit; below ∞ always
     holds: one round, the scores of R' = 1."""
-    code, out, err = run_cli(capsys, "--ckpt_path", tiny_ckpt, "--tasks", TASK, "--rounds", "2", "--exit", "kl",
-                             "--exit_threshold", threshold, "--include_path", str(DATA_DIR), "--output_dir", str(tmp_path))
+    code, out, err = run_cli(
+        capsys,
+        "--ckpt_path",
+        tiny_ckpt,
+        "--tasks",
+        TASK,
+        "--rounds",
+        "2",
+        "--exit",
+        "kl",
+        "--exit_threshold",
+        threshold,
+        "--include_path",
+        str(DATA_DIR),
+        "--output_dir",
+        str(tmp_path),
+    )
     assert code == 0, err
     report = json.loads(next(Path(tmp_path).glob("eval_*.json")).read_text())
     expected = reference_scores(int(rounds_used))
@@ -34,8 +50,16 @@ def test_generation_records_rounds_per_task(tiny_model):
     from lm_eval.api.instance import Instance
 
     lm = LoopnetLM(model=tiny_model, rounds=3, exit="argmax", exit_threshold=0, batch_size=2)
-    requests = [Instance(request_type="generate_until", doc={}, arguments=(text, {"until": ["\n\n"], "max_gen_toks": 5}),
-                         idx=0, metadata=("gen_task", i, 1)) for i, text in enumerate(["Question: a", "Question: bb"])]
+    requests = [
+        Instance(
+            request_type="generate_until",
+            doc={},
+            arguments=(text, {"until": ["\n\n"], "max_gen_toks": 5}),
+            idx=0,
+            metadata=("gen_task", i, 1),
+        )
+        for i, text in enumerate(["Question: a", "Question: bb"])
+    ]
     texts = lm.generate_until(requests, disable_tqdm=True)
     assert len(texts) == 2
     assert lm.mean_rounds_by_task() == {"gen_task": 1.0}  # argmax with n = 0 stops every token after round 1

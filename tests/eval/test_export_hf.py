@@ -22,11 +22,17 @@ from tests.eval.helpers import TASK
 
 def test_the_hf_model_on_the_export_gives_loopnet_evals_numbers(tiny_ckpt, tmp_path, in_data_dir, task_manager):
     out = hf.export(tiny_ckpt, tmp_path / "exported")
-    ours = lm_eval.simple_evaluate(model=LoopnetLM(ckpt_path=tiny_ckpt, batch_size=16), tasks=[TASK],
-                                   task_manager=task_manager, log_samples=True)
-    theirs = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(out), "trust_remote_code": True,
-                                                             "device": "cpu", "dtype": "float32"},
-                                     batch_size=16, tasks=[TASK], task_manager=task_manager, log_samples=True)
+    ours = lm_eval.simple_evaluate(
+        model=LoopnetLM(ckpt_path=tiny_ckpt, batch_size=16), tasks=[TASK], task_manager=task_manager, log_samples=True
+    )
+    theirs = lm_eval.simple_evaluate(
+        model="hf",
+        model_args={"pretrained": str(out), "trust_remote_code": True, "device": "cpu", "dtype": "float32"},
+        batch_size=16,
+        tasks=[TASK],
+        task_manager=task_manager,
+        log_samples=True,
+    )
 
     def lls(run):
         return [[ll for ll, _ in s["filtered_resps"]] for s in sorted(run["samples"][TASK], key=lambda s: s["doc_id"])]

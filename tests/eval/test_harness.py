@@ -13,7 +13,9 @@ from tests.eval.helpers import TASK
 
 
 @pytest.mark.parametrize("rounds", [1, 2])
-def test_accuracy_equals_argmax_of_direct_loglikelihoods(tiny_ckpt, reference_scores, in_data_dir, task_manager, rounds):
+def test_accuracy_equals_argmax_of_direct_loglikelihoods(
+    tiny_ckpt, reference_scores, in_data_dir, task_manager, rounds
+):
     lm = LoopnetLM(ckpt_path=tiny_ckpt, rounds=rounds, batch_size=16)
     out = lm_eval.simple_evaluate(model=lm, tasks=[TASK], task_manager=task_manager, log_samples=True)
     reference = reference_scores(rounds)

@@ -31,20 +31,33 @@ def direct_acc(model, tok: HFTokenizer, rounds: int) -> float:
         scores = []
         for choice in doc["choices"]:
             ctx, whole = tok.encode(context), tok.encode(context + " " + choice)
-            inputs, cont = whole[:-1], whole[len(ctx):]
+            inputs, cont = whole[:-1], whole[len(ctx) :]
             logp = F.log_softmax(model(torch.tensor([inputs]), rounds=rounds)[0][0].float(), -1)
-            scores.append(float(logp[len(inputs) - len(cont):].gather(1, torch.tensor(cont)[:, None]).sum()))
+            scores.append(float(logp[len(inputs) - len(cont) :].gather(1, torch.tensor(cont)[:, None]).sum()))
         right += max(range(len(scores)), key=scores.__getitem__) == doc["answer"]
     return right / len(load_docs())
 
 
 def test_eval_reads_an_imported_folder_with_its_tokenizer(in_data_dir, tmp_path, capsys):
     cfg, state, _ = read_huginn(HUGINN)
-    folder = write_folder(tmp_path / "huginn", dataclasses.replace(cfg, state_init="zero"), state, {},
-                          tokenizer_dir=HUGINN)  # the zero state: every pass deterministic
+    folder = write_folder(
+        tmp_path / "huginn", dataclasses.replace(cfg, state_init="zero"), state, {}, tokenizer_dir=HUGINN
+    )  # the zero state: every pass deterministic
     try:
-        main(["--ckpt_path", str(folder), "--tasks", TASK, "--rounds", "1,4", "--include_path", str(DATA_DIR),
-              "--output_dir", str(tmp_path)])
+        main(
+            [
+                "--ckpt_path",
+                str(folder),
+                "--tasks",
+                TASK,
+                "--rounds",
+                "1,4",
+                "--include_path",
+                str(DATA_DIR),
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
     except SystemExit as exit_:
         assert exit_.code == 0, capsys.readouterr().err
     report = json.loads((tmp_path / "eval_huginn.json").read_text())

@@ -32,9 +32,15 @@ def quad_cells(shift: dict[str, list[float]], rounds=(2, 24), rates=LADDER) -> d
             for r in rounds:
                 x = X2 + JITTER[s - 1] + (d if r != 2 else 0.0)
                 for lr in rates:
-                    cells[(arm, r, lr, s)] = {"cell": f"{arm}-r{r}-lr{lr:g}-s{s}", "scheme": arm, "R": r, "lr": lr,
-                                              "seed": s, "status": "completed",
-                                              "loss": 2.6 + 0.2 * (math.log10(lr) - x) ** 2}
+                    cells[(arm, r, lr, s)] = {
+                        "cell": f"{arm}-r{r}-lr{lr:g}-s{s}",
+                        "scheme": arm,
+                        "R": r,
+                        "lr": lr,
+                        "seed": s,
+                        "status": "completed",
+                        "loss": 2.6 + 0.2 * (math.log10(lr) - x) ** 2,
+                    }
     return cells
 
 
@@ -67,14 +73,17 @@ def test_arm_means_estimands_and_t_intervals_are_the_textbook_ones():
     assert res["verdict"] == "γ = 1 (Wang) supported"
 
 
-@pytest.mark.parametrize("wang, sqrt_depth, verdict", [
-    ([0.3 + j for j in JITTER], SQRT, "γ between ½ and 1"),
-    ([-0.5 + j for j in JITTER], [-0.9 + j for j in JITTER], "γ above 1"),
-    ([0.5 + j for j in JITTER], [0.3 + j for j in JITTER], "γ below ½"),
-    ([0.0 + j for j in JITTER], [0.0 + j for j in JITTER], "γ not identified within ½ … 1 (both transfer)"),
-    ([0.4 + j for j in JITTER], [0.0 + j for j in JITTER], "γ = ½ supported"),  # Wang's best rate rises
-    ([-0.1 + 4 * j for j in JITTER], SQRT, "not resolved"),  # Wang's interval too wide to transfer or fall
-])
+@pytest.mark.parametrize(
+    "wang, sqrt_depth, verdict",
+    [
+        ([0.3 + j for j in JITTER], SQRT, "γ between ½ and 1"),
+        ([-0.5 + j for j in JITTER], [-0.9 + j for j in JITTER], "γ above 1"),
+        ([0.5 + j for j in JITTER], [0.3 + j for j in JITTER], "γ below ½"),
+        ([0.0 + j for j in JITTER], [0.0 + j for j in JITTER], "γ not identified within ½ … 1 (both transfer)"),
+        ([0.4 + j for j in JITTER], [0.0 + j for j in JITTER], "γ = ½ supported"),  # Wang's best rate rises
+        ([-0.1 + 4 * j for j in JITTER], SQRT, "not resolved"),  # Wang's interval too wide to transfer or fall
+    ],
+)
 def test_verdict_rules_in_order(wang, sqrt_depth, verdict):
     assert gamma.reading(quad_cells({"wang": wang, "sqrt_depth": sqrt_depth}), PLATEAU)["verdict"] == verdict
 
@@ -105,7 +114,7 @@ def test_gamma_star_and_fieller_interval():
     vab = sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (n - 1) / n
     for g in (gs["lo"], gs["hi"]):  # each end solves Fieller's equation
         th = 2 * (g - 0.5)
-        assert (ma - th * mb) ** 2 == pytest.approx(T7 ** 2 * (vaa - 2 * th * vab + th * th * vbb), rel=1e-6)
+        assert (ma - th * mb) ** 2 == pytest.approx(T7**2 * (vaa - 2 * th * vab + th * th * vbb), rel=1e-6)
     assert gs["lo"] < gs["gamma"] < gs["hi"]
     # a denominator not distinguished from 0: Fieller's set is unbounded
     assert gamma.fieller([0.1, 0.2, 0.15], [0.1, -0.1, 0.02])["lo"] is None
@@ -129,15 +138,28 @@ def pattern_cells(offsets: dict[tuple[str, int], int]) -> dict:
             lr = 2.5e-4 * 2 ** ((off + i) / 2)
             for s in (1, 2, 3):
                 loss = 2.6 if s <= k else 3.3
-                cells[(arm, r, lr, s)] = {"cell": "x", "scheme": arm, "R": r, "lr": lr, "seed": s,
-                                          "status": "completed", "loss": loss}
+                cells[(arm, r, lr, s)] = {
+                    "cell": "x",
+                    "scheme": arm,
+                    "R": r,
+                    "lr": lr,
+                    "seed": s,
+                    "status": "completed",
+                    "loss": loss,
+                }
     return cells
 
 
 def test_delta50_moves_by_exactly_the_translation():
     half = math.log10(2) / 2
-    offsets = {("sqrt_depth", 2): 6, ("sqrt_depth", 24): 3, ("wang", 2): 6, ("wang", 24): 5,
-               ("deeploop", 2): 7, ("deeploop", 24): 7}
+    offsets = {
+        ("sqrt_depth", 2): 6,
+        ("sqrt_depth", 24): 3,
+        ("wang", 2): 6,
+        ("wang", 24): 5,
+        ("deeploop", 2): 7,
+        ("deeploop", 24): 7,
+    }
     out = gamma.logistic(pattern_cells(offsets), PLATEAU)
     assert out[f"Δ50 {gamma.ARM_NAMES['sqrt_depth']}"][0] == pytest.approx(-3 * half, abs=1e-6)
     assert out[f"Δ50 {gamma.ARM_NAMES['wang']}"][0] == pytest.approx(-1 * half, abs=1e-6)
@@ -166,15 +188,33 @@ def test_long_check_rates_follow_the_rule_and_expand_to_120_cells():
 
 
 def test_reproducibility_counts_bitwise_equal_cells():
-    a = {("wang", 2, 1e-3, 1): {"loss": 2.7}, ("wang", 2, 1e-3, 2): {"loss": 2.71},
-         ("wang", 24, 1e-3, 1): {"loss": 2.8}}
+    a = {
+        ("wang", 2, 1e-3, 1): {"loss": 2.7},
+        ("wang", 2, 1e-3, 2): {"loss": 2.71},
+        ("wang", 24, 1e-3, 1): {"loss": 2.8},
+    }
     b = {("wang", 2, 1e-3, 1): {"loss": 2.7}, ("wang", 2, 1e-3, 2): {"loss": 2.7105}}
     out = gamma.reproducibility(a, b)
     assert out["shared"] == 2 and out["equal"] == 1 and out["max_diff"] == pytest.approx(0.0005, abs=1e-12)
 
 
-HEADER = ["cell", "method", "scheme", "p", "R", "seed", "status", "final_val_loss", "best_val_loss", "final_train_loss",
-          "diverged_at_step", "global_step", "wall_time_s", "kappa_model", "escaped"]
+HEADER = [
+    "cell",
+    "method",
+    "scheme",
+    "p",
+    "R",
+    "seed",
+    "status",
+    "final_val_loss",
+    "best_val_loss",
+    "final_train_loss",
+    "diverged_at_step",
+    "global_step",
+    "wall_time_s",
+    "kappa_model",
+    "escaped",
+]
 
 
 def write_report(folder, cells):
@@ -187,8 +227,11 @@ def write_report(folder, cells):
             if arm == "deeploop":
                 cid, scheme = f"deeploop-r{r}-lr{lr:g}-s{s}", "deeploop"
             else:
-                slug = {"sqrt_depth": "eps_sqrtdepth", "wang": "eps_wang",
-                        "threequarter": f"eps_wang-branch_lambda{r ** 0.25:g}"}[arm]
+                slug = {
+                    "sqrt_depth": "eps_sqrtdepth",
+                    "wang": "eps_wang",
+                    "threequarter": f"eps_wang-branch_lambda{r**0.25:g}",
+                }[arm]
                 cid, scheme = f"preln-{slug}-r{r}-lr{lr:g}-s{s}", "preln"
             w.writerow([cid, "m", scheme, "", r, s, "completed", c["loss"], c["loss"], c["loss"], "", 200, 1, 1, True])
 
@@ -224,20 +267,32 @@ def test_the_sweep_files_hold_the_preregistered_design():
     ids = [c.id for cs in cells.values() for c in cs]
     assert len(ids) == len(set(ids)) and len({s.out for s in sweeps.values()}) == 3
     assert all(s.base == grid.load_sweep("configs/sweeps/rival/grid.yaml").base for s in sweeps.values())
-    arm = lambda p: ("deeploop" if p["model.config.residual"] == "deeploop" else "threequarter"
-                     if "model.config.branch_lambda" in p else p["model.config.branch_scale"])
-    core = {(arm(c.params), c.params["model.config.n_rounds"], c.params["model.optim.lr"], c.params["seed_everything"])
-            for c in cells["core"]}
-    assert core == {(a, r, lr, s) for a in ("sqrt_depth", "wang") for r in (2, 24) for lr in gamma.LADDER[:9]
-                    for s in range(1, 9)}
-    both = {(arm(c.params), c.params["model.config.n_rounds"], c.params["model.optim.lr"], c.params["seed_everything"])
-            for n in ("core", "ladder") for c in cells[n]}
+    arm = lambda p: (
+        "deeploop"
+        if p["model.config.residual"] == "deeploop"
+        else "threequarter"
+        if "model.config.branch_lambda" in p
+        else p["model.config.branch_scale"]
+    )
+    core = {
+        (arm(c.params), c.params["model.config.n_rounds"], c.params["model.optim.lr"], c.params["seed_everything"])
+        for c in cells["core"]
+    }
+    assert core == {
+        (a, r, lr, s) for a in ("sqrt_depth", "wang") for r in (2, 24) for lr in gamma.LADDER[:9] for s in range(1, 9)
+    }
+    both = {
+        (arm(c.params), c.params["model.config.n_rounds"], c.params["model.optim.lr"], c.params["seed_everything"])
+        for n in ("core", "ladder")
+        for c in cells[n]
+    }
     assert both == {(a, r, lr, s) for a in gamma.ARMS for r in (2, 12, 24) for lr in gamma.LADDER for s in range(1, 9)}
     for c in (c for cs in cells.values() for c in cs if "model.config.branch_lambda" in c.params):
-        assert c.params["model.config.branch_lambda"] == pytest.approx(c.params["model.config.n_rounds"] ** 0.25,
-                                                                       abs=1e-6)
+        assert c.params["model.config.branch_lambda"] == pytest.approx(
+            c.params["model.config.n_rounds"] ** 0.25, abs=1e-6
+        )
         assert c.params["model.config.branch_scale"] == "wang"
     tail = {c.params["model.optim.lr"] for c in cells["tail"]}
-    assert max(tail) == 0.256 and min(tail) == pytest.approx(gamma.LADDER[-1] * 2 ** 0.5, rel=0.01)
+    assert max(tail) == 0.256 and min(tail) == pytest.approx(gamma.LADDER[-1] * 2**0.5, rel=0.01)
     assert {c.params["seed_everything"] for c in cells["tail"]} == {1, 2, 3}
     assert all("trainer.max_steps" not in s.overrides for s in sweeps.values())  # study_map.yaml's 200 steps

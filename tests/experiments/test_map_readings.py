@@ -30,8 +30,17 @@ def test_controls_and_failures_from_the_committed_cells():
 
 
 def _cell(scheme, R, lr, seed, loss, sweep="controls_grid"):
-    return {"sweep": sweep, "cell": f"{scheme}-r{R}-lr{lr:g}-s{seed}", "scheme": scheme, "p": "", "R": R, "lr": lr,
-            "seed": seed, "status": "completed", "loss": loss}
+    return {
+        "sweep": sweep,
+        "cell": f"{scheme}-r{R}-lr{lr:g}-s{seed}",
+        "scheme": scheme,
+        "p": "",
+        "R": R,
+        "lr": lr,
+        "seed": seed,
+        "status": "completed",
+        "loss": loss,
+    }
 
 
 def test_the_controls_best_rate_censoring_and_paired_difference():
@@ -39,20 +48,35 @@ def test_the_controls_best_rate_censoring_and_paired_difference():
     lowest (censored, on the plateau), and Pre-LN − DeepNorm at their own best rates is, per seed, 0.06 and
     0.05: mean 0.055, 95% t interval 0.055 ± 12.706·0.005 on 1 degree of freedom."""
     plateau = 3.3
-    grid = [_cell("deepnorm", 2, 1e-3, 1, 2.60, "grid"), _cell("deepnorm", 2, 1e-3, 2, 2.50, "grid"),
-            _cell("deepnorm", 2, 2e-3, 1, 2.70, "grid"), _cell("deepnorm", 2, 2e-3, 2, 2.60, "grid")]
-    controls = [_cell("preln", 2, 1e-3, 1, 2.70), _cell("preln", 2, 1e-3, 2, 2.60),
-                _cell("preln", 2, 2e-3, 1, 2.66), _cell("preln", 2, 2e-3, 2, 2.55),
-                _cell("preln", 2, 4e-3, 1, 2.80), _cell("preln", 2, 4e-3, 2, 2.90),
-                _cell("postln", 2, 1e-3, 1, 3.30), _cell("postln", 2, 1e-3, 2, 3.31),
-                _cell("postln", 2, 2e-3, 1, 3.31), _cell("postln", 2, 2e-3, 2, 3.32)]
+    grid = [
+        _cell("deepnorm", 2, 1e-3, 1, 2.60, "grid"),
+        _cell("deepnorm", 2, 1e-3, 2, 2.50, "grid"),
+        _cell("deepnorm", 2, 2e-3, 1, 2.70, "grid"),
+        _cell("deepnorm", 2, 2e-3, 2, 2.60, "grid"),
+    ]
+    controls = [
+        _cell("preln", 2, 1e-3, 1, 2.70),
+        _cell("preln", 2, 1e-3, 2, 2.60),
+        _cell("preln", 2, 2e-3, 1, 2.66),
+        _cell("preln", 2, 2e-3, 2, 2.55),
+        _cell("preln", 2, 4e-3, 1, 2.80),
+        _cell("preln", 2, 4e-3, 2, 2.90),
+        _cell("postln", 2, 1e-3, 1, 3.30),
+        _cell("postln", 2, 1e-3, 2, 3.31),
+        _cell("postln", 2, 2e-3, 1, 3.31),
+        _cell("postln", 2, 2e-3, 2, 3.32),
+    ]
     md = "\n".join(map_readings.controls_and_failures(grid, [], [], plateau, [controls]))
     assert "- preln at R = 2: 0.001: 2.700✓, 2.600✓; 0.002: 2.660✓, 2.550✓; 0.004: 2.800✓, 2.900✓; η* = 0.002." in md
-    assert "- postln at R = 2: 0.001: 3.300, 3.310; 0.002: 3.310, 3.320; η* = 0.001 (censored: the lowest rate run), " \
-           "on the plateau." in md
+    assert (
+        "- postln at R = 2: 0.001: 3.300, 3.310; 0.002: 3.310, 3.320; η* = 0.001 (censored: the lowest rate run), "
+        "on the plateau." in md
+    )
     half = 12.7062 * 0.005
-    assert (f"- R = 2: Pre-LN (η* 0.002) − deepnorm (η* 0.001) best loss, seeds 1, 2: +0.055 nat "
-            f"[{0.055 - half:+.3f}, {0.055 + half:+.3f}] (per seed +0.060, +0.050).") in md
+    assert (
+        f"- R = 2: Pre-LN (η* 0.002) − deepnorm (η* 0.001) best loss, seeds 1, 2: +0.055 nat "
+        f"[{0.055 - half:+.3f}, {0.055 + half:+.3f}] (per seed +0.060, +0.050)."
+    ) in md
     assert "- preln at R = 6: not run." in md and "deeploop" not in md
 
 

@@ -17,8 +17,23 @@ from experiments.rival import readings as rival
 MAP = Path(__file__).resolve().parents[2] / "docs" / "results" / "map"
 PLATEAU = 3.275707171288669  # the map's (docs/results/map/grid/plateau.json)
 STEP = math.log10(2)  # one ×2 grid step in decades
-HEADER = ["cell", "method", "scheme", "p", "R", "seed", "status", "final_val_loss", "best_val_loss", "final_train_loss",
-          "diverged_at_step", "global_step", "wall_time_s", "kappa_model", "escaped"]
+HEADER = [
+    "cell",
+    "method",
+    "scheme",
+    "p",
+    "R",
+    "seed",
+    "status",
+    "final_val_loss",
+    "best_val_loss",
+    "final_train_loss",
+    "diverged_at_step",
+    "global_step",
+    "wall_time_s",
+    "kappa_model",
+    "escaped",
+]
 SLUG = {"one": "one", "sqrt_depth": "sqrtdepth", "wang": "wang"}
 
 
@@ -41,18 +56,21 @@ def test_a_censored_shift_counts_only_where_its_bound_meets_the_threshold():
     assert not rival.meets(None, "shifts")
 
 
-@pytest.mark.parametrize("wang, sqrt_depth, word", [
-    ((0.0, 0.0), (-0.5, -0.5), "supported"),
-    ((-0.15, -0.15), (-0.2, -0.2), "supported"),  # both thresholds inclusive
-    ((-0.5, -0.5), (-0.5, -0.5), "contradicted"),  # Wang's arm shifts
-    ((0.3, 0.3), (-0.5, -0.5), "contradicted"),
-    ((0.0, 0.0), (-0.1, -0.1), "contradicted"),  # the 1/√depth arm transfers too
-    ((-0.2, -0.2), (-0.5, -0.5), "not resolved"),  # Wang's arm between 0.15 and 0.3
-    ((0.0, 0.0), (-0.18, -0.18), "not resolved"),  # 1/√depth between −0.2 and −0.15
-    ((0.0, 0.0), (-math.inf, -0.25), "supported"),  # a censored 1/√depth shift whose bound meets −0.2
-    ((0.0, 0.0), (-0.25, math.inf), "not resolved"),  # one whose bound does not
-    (None, (-0.5, -0.5), "not resolved"),  # Wang's Δ not computable
-])
+@pytest.mark.parametrize(
+    "wang, sqrt_depth, word",
+    [
+        ((0.0, 0.0), (-0.5, -0.5), "supported"),
+        ((-0.15, -0.15), (-0.2, -0.2), "supported"),  # both thresholds inclusive
+        ((-0.5, -0.5), (-0.5, -0.5), "contradicted"),  # Wang's arm shifts
+        ((0.3, 0.3), (-0.5, -0.5), "contradicted"),
+        ((0.0, 0.0), (-0.1, -0.1), "contradicted"),  # the 1/√depth arm transfers too
+        ((-0.2, -0.2), (-0.5, -0.5), "not resolved"),  # Wang's arm between 0.15 and 0.3
+        ((0.0, 0.0), (-0.18, -0.18), "not resolved"),  # 1/√depth between −0.2 and −0.15
+        ((0.0, 0.0), (-math.inf, -0.25), "supported"),  # a censored 1/√depth shift whose bound meets −0.2
+        ((0.0, 0.0), (-0.25, math.inf), "not resolved"),  # one whose bound does not
+        (None, (-0.5, -0.5), "not resolved"),  # Wang's Δ not computable
+    ],
+)
 def test_measure_word(wang, sqrt_depth, word):
     assert rival.measure_word(wang, sqrt_depth)[0] == word
 
@@ -79,7 +97,7 @@ def test_weak_when_an_interval_reaches_the_opposite_zone():
 
 # ---------------------------------------------------------------------------------------- synthetic maps
 def rate(i: float) -> float:
-    return 1.25e-4 * 2 ** i
+    return 1.25e-4 * 2**i
 
 
 def group_cells(arm, rounds, center, k, indices, seeds=(1, 2, 3)):
@@ -92,8 +110,18 @@ def group_cells(arm, rounds, center, k, indices, seeds=(1, 2, 3)):
             ok = i < k or (i == k and s <= 2) or (i == k + 1 and s == 1)
             loss = 2.6 + 0.3 * ((i - center) * STEP) ** 2 + 0.01 * s
             lr = f"{rate(i):g}"
-            rows.append([f"preln-eps_{SLUG[arm]}-r{rounds}-lr{lr}-s{s}", f"preln-carry-eps_{SLUG[arm]}-lr{lr}", "preln",
-                         "", rounds, s, "completed" if ok else "diverged", repr(loss) if ok else ""])
+            rows.append(
+                [
+                    f"preln-eps_{SLUG[arm]}-r{rounds}-lr{lr}-s{s}",
+                    f"preln-carry-eps_{SLUG[arm]}-lr{lr}",
+                    "preln",
+                    "",
+                    rounds,
+                    s,
+                    "completed" if ok else "diverged",
+                    repr(loss) if ok else "",
+                ]
+            )
     return rows
 
 
@@ -109,8 +137,11 @@ def write_folder(folder: Path, rows) -> Path:
 
 
 TRANSFER = {r: (3.3, 6, range(0, 9)) for r in (2, 6, 12)}  # the same curve and boundary at every R
-SHIFTED = {2: (3.3, 6, range(0, 9)), 6: (2.5, 5, range(-1, 8)),
-           12: (3.3 - 0.5 / STEP, 4, range(-2, 7))}  # R = 12: vertex 0.5 decades lower, boundary 2 steps lower
+SHIFTED = {
+    2: (3.3, 6, range(0, 9)),
+    6: (2.5, 5, range(-1, 8)),
+    12: (3.3 - 0.5 / STEP, 4, range(-2, 7)),
+}  # R = 12: vertex 0.5 decades lower, boundary 2 steps lower
 
 
 def rival_grid(tmp_path, wang):
@@ -128,16 +159,31 @@ def rival_confirm(tmp_path):
     deeploop = {**DEEPLOOP_MAP, 6: 2.60}
     wang = {s: deeploop[s] + d for s, d in zip((4, 5, 6), (-0.05, -0.06, -0.04))}
     sqrt_depth = {s: wang[s] - d for s, d in zip((4, 5, 6), (-0.01, -0.03, -0.02))}
-    rows = [[f"preln-eps_{SLUG[a]}-r12-lr{lr}-s{s}", "", "preln", "", 12, s, "completed", repr(v)]
-            for a, lr, losses in (("wang", "0.002", wang), ("sqrt_depth", "0.0005", sqrt_depth)) for s, v in losses.items()]
+    rows = [
+        [f"preln-eps_{SLUG[a]}-r12-lr{lr}-s{s}", "", "preln", "", 12, s, "completed", repr(v)]
+        for a, lr, losses in (("wang", "0.002", wang), ("sqrt_depth", "0.0005", sqrt_depth))
+        for s, v in losses.items()
+    ]
     rows.append(["deeploop-r12-lr0.002-s6", "", "deeploop", "", 12, 6, "completed", repr(deeploop[6])])
     return write_folder(tmp_path / "confirm", rows)
 
 
 def run(tmp_path, wang, capsys):
     out = tmp_path / "docs" / "readings.md"
-    rival.main(["--grid", str(rival_grid(tmp_path, wang)), "--confirm", str(rival_confirm(tmp_path)),
-                "--map", str(MAP), "--out", str(out), "--boots", "50"])
+    rival.main(
+        [
+            "--grid",
+            str(rival_grid(tmp_path, wang)),
+            "--confirm",
+            str(rival_confirm(tmp_path)),
+            "--map",
+            str(MAP),
+            "--out",
+            str(out),
+            "--boots",
+            "50",
+        ]
+    )
     assert out.is_file() and (tmp_path / "docs" / "readings_loss_vs_lr.png").stat().st_size > 0
     return out.read_text(), capsys.readouterr().out
 
@@ -158,7 +204,9 @@ def test_wang_transfers_and_sqrt_depth_shifts_is_supported(tmp_path, capsys):
     res = shifts(tmp_path)
     assert res["shifts"]["wang"]["delta"] == pytest.approx(0.0, abs=1e-9)
     assert res["shifts"]["sqrt_depth"]["delta"] == pytest.approx(-0.5, abs=1e-9)
-    assert (res["shifts"]["sqrt_depth"]["lo"], res["shifts"]["sqrt_depth"]["hi"]) == pytest.approx((-0.5, -0.5), abs=1e-9)
+    assert (res["shifts"]["sqrt_depth"]["lo"], res["shifts"]["sqrt_depth"]["hi"]) == pytest.approx(
+        (-0.5, -0.5), abs=1e-9
+    )
     assert res["logit"]["wang"]["delta"] == pytest.approx(0.0, abs=TOL50)
     assert res["logit"]["sqrt_depth"]["delta"] == pytest.approx(-2 * STEP, abs=TOL50)
     assert res["words"] == {"Δ": "supported", "Δ50": "supported"} and res["verdict"] == "supported"
@@ -214,14 +262,17 @@ def test_map_deltas_equal_best_rate_shift_on_the_committed_cells():
             for row in rows:
                 if row["scheme"] == scheme and int(row["R"]) == r:
                     lr = float(row["cell"].split("-lr")[1].split("-s")[0])
-                    curve.setdefault(lr, {})[int(row["seed"])] = (float(row["final_val_loss"])
-                                                                 if row["status"] == "completed" else None)
+                    curve.setdefault(lr, {})[int(row["seed"])] = (
+                        float(row["final_val_loss"]) if row["status"] == "completed" else None
+                    )
             direct[r] = curve
         ref = measures.best_rate_shift(direct[2], direct[12], PLATEAU, boots=2000, seed=0)
         got = rival.vertex_shift(grid, scheme, PLATEAU, boots=2000)
         for key in ("delta", "lo", "hi", "x_lo", "x_hi", "censored_lo", "censored_hi", "seeds"):
             assert got[key] == ref[key], key
-        assert (round(got["delta"], 2), round(got["lo"], 2), round(got["hi"], 2)) == pytest.approx((delta, lo, hi), abs=1e-9)
+        assert (round(got["delta"], 2), round(got["lo"], 2), round(got["hi"], 2)) == pytest.approx(
+            (delta, lo, hi), abs=1e-9
+        )
 
 
 def test_a_sweep_run_folder_reads_as_its_cells_csv(tmp_path):
@@ -232,14 +283,23 @@ def test_a_sweep_run_folder_reads_as_its_cells_csv(tmp_path):
     csv_cells = sources.merge(sources.read(rival_grid(tmp_path, SHIFTED)))
     runs = []
     for (arm, r, lr, seed), c in csv_cells.items():
-        params = {"model.config.residual": "preln", "model.config.branch_scale": arm, "model.config.n_rounds": r,
-                  "model.optim.lr": lr, "seed_everything": seed}
+        params = {
+            "model.config.residual": "preln",
+            "model.config.branch_scale": arm,
+            "model.config.n_rounds": r,
+            "model.optim.lr": lr,
+            "seed_everything": seed,
+        }
         runs.append((params, {"residual": "preln", "branch_scale": arm, "n_rounds": r}, c["loss"]))
     _write_sweep(tmp_path / "run_folder", runs)
     run_cells = sources.merge(sources.read(tmp_path / "run_folder"))
     assert set(run_cells) == set(csv_cells)
     for key, c in csv_cells.items():
-        assert (run_cells[key]["status"], run_cells[key]["loss"], run_cells[key]["arm"]) == (c["status"], c["loss"], key[0])
+        assert (run_cells[key]["status"], run_cells[key]["loss"], run_cells[key]["arm"]) == (
+            c["status"],
+            c["loss"],
+            key[0],
+        )
     assert rival.reading(run_cells, PLATEAU, boots=20)["words"] == rival.reading(csv_cells, PLATEAU, boots=20)["words"]
 
 
@@ -315,8 +375,23 @@ def test_the_committed_readings_are_what_the_code_computes_from_the_committed_ce
     bootstrap draws, seeded): the same text, figure for figure."""
     results = MAP.parent
     out = tmp_path / "readings.md"
-    rival.main(["--grid", f"{results}/rival/grid", "--confirm", f"{results}/rival/confirm", "--map", str(MAP),
-                "--out", str(out)])
+    rival.main(
+        [
+            "--grid",
+            f"{results}/rival/grid",
+            "--confirm",
+            f"{results}/rival/confirm",
+            "--map",
+            str(MAP),
+            "--out",
+            str(out),
+        ]
+    )
     committed = (results / "rival" / "readings.md").read_text()
-    assert out.read_text().replace(f"{results}/", "docs/results/").replace(str(MAP), "docs/results/map") \
-        .replace(str(out), "docs/results/rival/readings.md") == committed
+    assert (
+        out.read_text()
+        .replace(f"{results}/", "docs/results/")
+        .replace(str(MAP), "docs/results/map")
+        .replace(str(out), "docs/results/rival/readings.md")
+        == committed
+    )

@@ -33,8 +33,18 @@ def write_width(folder: Path, shifts: dict) -> Path:
                 lr = 2e-3 * 2 ** ((shift + j) / 2)
                 for s in (1, 2, 3):
                     ok = j <= 1 or (j == 2 and s <= 2) or (j == 3 and s == 1)
-                    w.writerow([f"{scheme}-r{r}-lr{lr!r}-s{s}", "", scheme, "", r, s,
-                                "completed" if ok else "diverged", "2.7" if ok else ""])
+                    w.writerow(
+                        [
+                            f"{scheme}-r{r}-lr{lr!r}-s{s}",
+                            "",
+                            scheme,
+                            "",
+                            r,
+                            s,
+                            "completed" if ok else "diverged",
+                            "2.7" if ok else "",
+                        ]
+                    )
     (folder / "plateau.json").write_text(json.dumps({"plateau": PLATEAU}))
     return folder
 
@@ -60,11 +70,19 @@ def test_per_width_quantities_are_the_translations(tmp_path):
         assert hi is None or hi > x
 
 
-@pytest.mark.parametrize("small, large, change, word", [
-    (D64, D256, {"ratio12": 2 * HALF, "falls": 1 * HALF}, "grows with width"),
-    (D256, D64, {"ratio12": -2 * HALF, "falls": -1 * HALF}, "shrinks with width"),
-    (D64, D64, {"ratio12": 0.0, "falls": 0.0}, "not distinguished from constant; interval ±0.00 decades: no large trend"),
-])
+@pytest.mark.parametrize(
+    "small, large, change, word",
+    [
+        (D64, D256, {"ratio12": 2 * HALF, "falls": 1 * HALF}, "grows with width"),
+        (D256, D64, {"ratio12": -2 * HALF, "falls": -1 * HALF}, "shrinks with width"),
+        (
+            D64,
+            D64,
+            {"ratio12": 0.0, "falls": 0.0},
+            "not distinguished from constant; interval ±0.00 decades: no large trend",
+        ),
+    ],
+)
 def test_trend_with_a_known_answer(tmp_path, small, large, change, word):
     a, b = cells(write_width(tmp_path / "a", small)), cells(write_width(tmp_path / "b", large))
     out = width.trend(a, b, PLATEAU, boots=30)
@@ -87,12 +105,23 @@ def test_trend_words():
 
 def test_command_with_the_map_at_128(tmp_path, capsys):
     out = tmp_path / "width" / "readings.md"
-    width.main([f"64={write_width(tmp_path / 'd64', D64)}", f"128={MAP / 'grid'},{MAP / 'boundary'}",
-                f"256={write_width(tmp_path / 'd256', D256)}", "--out", str(out), "--boots", "10"])
+    width.main(
+        [
+            f"64={write_width(tmp_path / 'd64', D64)}",
+            f"128={MAP / 'grid'},{MAP / 'boundary'}",
+            f"256={write_width(tmp_path / 'd256', D256)}",
+            "--out",
+            str(out),
+            "--boots",
+            "10",
+        ]
+    )
     printed = capsys.readouterr().out
     assert out.is_file() and (tmp_path / "width" / "readings_boundary_vs_d.png").stat().st_size > 0
-    assert ("difference of falls (DeepNorm's − DeepLoop's), d = 64 → 256: +0.15; seed bootstrap (as stated) "
-            "[+0.15, +0.15]: grows with width; profile likelihood [") in printed
+    assert (
+        "difference of falls (DeepNorm's − DeepLoop's), d = 64 → 256: +0.15; seed bootstrap (as stated) "
+        "[+0.15, +0.15]: grows with width; profile likelihood ["
+    ) in printed
     md = out.read_text()
     assert "| 128 | deepnorm | 12 |" in md and "| 128 | deeploop | 2 |" in md
     # d = 128's fit is over the map's grid and boundary at R = 2 and 12, each (scheme, R, rate, seed) once
@@ -111,14 +140,18 @@ def test_the_committed_readings_are_what_the_code_computes_from_the_committed_ce
     """docs/results/width/readings.md, recomputed from the committed reports with `make width`'s arguments
     (2,000 bootstrap draws, seeded): the same text, figure for figure."""
     results = MAP.parent
-    args = [f"64={results}/rival/width_d64/pilot,{results}/rival/width_d64/boundary",
-            f"128={results}/map/grid,{results}/map/boundary",
-            f"256={results}/rival/width_d256/pilot,{results}/rival/width_d256/boundary"]
+    args = [
+        f"64={results}/rival/width_d64/pilot,{results}/rival/width_d64/boundary",
+        f"128={results}/map/grid,{results}/map/boundary",
+        f"256={results}/rival/width_d256/pilot,{results}/rival/width_d256/boundary",
+    ]
     out = tmp_path / "readings.md"
     width.main([*args, "--out", str(out)])
     committed = (results / "width" / "readings.md").read_text()
-    assert out.read_text().replace(str(out), "docs/results/width/readings.md").replace(f"{results}/", "docs/results/") \
+    assert (
+        out.read_text().replace(str(out), "docs/results/width/readings.md").replace(f"{results}/", "docs/results/")
         == committed
+    )
 
 
 def test_change_interval_solves_its_equation(tmp_path):
@@ -147,17 +180,24 @@ def test_the_committed_width_trend_is_not_distinguished_by_the_likelihood():
     stated seed bootstrap's interval excludes 0, the same model's profile interval [−0.08, +0.37] does not; η50 at
     R = 2 falls ×0.40 (DeepNorm) and ×0.44 (DeepLoop) per doubling from d = 128 to 256, ×0.50 from 64 to 128."""
     results = MAP.parent
-    w = {64: [f"{results}/rival/width_d64/pilot", f"{results}/rival/width_d64/boundary"],
-         128: [MAP / "grid", MAP / "boundary"],
-         256: [f"{results}/rival/width_d256/pilot", f"{results}/rival/width_d256/boundary"]}
+    w = {
+        64: [f"{results}/rival/width_d64/pilot", f"{results}/rival/width_d64/boundary"],
+        128: [MAP / "grid", MAP / "boundary"],
+        256: [f"{results}/rival/width_d256/pilot", f"{results}/rival/width_d256/boundary"],
+    }
     c = {d: sources.merge(*(sources.read(f) for f in fs)) for d, fs in w.items()}
     fits = {d: width.fit_width(c[d], PLATEAU) for d in c}
     q = width.QUANTITIES["ratio12"]
     change = fits[256].combination(q) - fits[64].combination(q)
-    assert round(change, 2) == 0.14 and round(10 ** change, 2) == 1.39
+    assert round(change, 2) == 0.14 and round(10**change, 2) == 1.39
     lo, hi = width.change_interval(fits[64], fits[256], q)
     assert (round(lo, 2), round(hi, 2)) == (-0.08, 0.37)
-    per_doubling = {(s, d): 10 ** (fits[2 * d].x50((s, 2)) - fits[d].x50((s, 2))) for s in width.SCHEMES
-                    for d in (64, 128)}
+    per_doubling = {
+        (s, d): 10 ** (fits[2 * d].x50((s, 2)) - fits[d].x50((s, 2))) for s in width.SCHEMES for d in (64, 128)
+    }
     assert {k: round(v, 2) for k, v in per_doubling.items()} == {
-        ("deepnorm", 64): 0.5, ("deepnorm", 128): 0.4, ("deeploop", 64): 0.5, ("deeploop", 128): 0.44}
+        ("deepnorm", 64): 0.5,
+        ("deepnorm", 128): 0.4,
+        ("deeploop", 64): 0.5,
+        ("deeploop", 128): 0.44,
+    }

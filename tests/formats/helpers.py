@@ -18,8 +18,12 @@ def tiny_model(seed: int = 0, **overrides) -> LoopedTransformer:
 
 
 def checkpoint_dict(model: LoopedTransformer, step: int = 7, vocab: str | None = "gpt2") -> dict:
-    ckpt = {"hyper_parameters": {"config": dataclasses.asdict(model.config)}, "global_step": step, "epoch": 0,
-            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
+    ckpt = {
+        "hyper_parameters": {"config": dataclasses.asdict(model.config)},
+        "global_step": step,
+        "epoch": 0,
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+    }
     if vocab is not None:
         ckpt["datamodule_hyper_parameters"] = {"vocab": vocab, "source": "shakespeare", "seq_len": model.config.seq_len}
     return ckpt
@@ -29,5 +33,3 @@ def save_checkpoint(model: LoopedTransformer, path: Path, **kwargs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(checkpoint_dict(model, **kwargs), path)
     return path
-
-

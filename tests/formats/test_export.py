@@ -34,13 +34,24 @@ def exported(tmp_path_factory):
 
 def test_the_folder_holds_the_hugging_face_layout(exported):
     model, _, out = exported
-    assert sorted(p.name for p in out.iterdir()) == sorted([
-        "README.md", "config.json", "configuration_loopnet.py", "generation_config.json", "model.safetensors",
-        "modeling_loopnet.py", "tokenizer.json", "tokenizer_config.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "README.md",
+            "config.json",
+            "configuration_loopnet.py",
+            "generation_config.json",
+            "model.safetensors",
+            "modeling_loopnet.py",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "loopnet" and config["architectures"] == ["LoopnetForCausalLM"]
-    assert config["auto_map"] == {"AutoConfig": "configuration_loopnet.LoopnetConfig",
-                                  "AutoModelForCausalLM": "modeling_loopnet.LoopnetForCausalLM"}
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_loopnet.LoopnetConfig",
+        "AutoModelForCausalLM": "modeling_loopnet.LoopnetForCausalLM",
+    }
     assert {k: config[k] for k in dataclasses.asdict(model.config)} == dataclasses.asdict(model.config)
     assert config["dtype"] == "float32" and config["loopnet_vocab"] == "gpt2" and config["tie_word_embeddings"] is False
     card = (out / "README.md").read_text()
@@ -100,8 +111,12 @@ def test_nothing_in_the_folder_is_a_pickle_and_reading_it_never_unpickles(export
         head = path.read_bytes()[:4]
         assert head[:1] != b"\x80" and head != b"PK\x03\x04", f"{path.name} looks like a pickle or a torch.save zip"
     refuse = mock.Mock(side_effect=AssertionError("unpickled while loading an exported folder"))
-    with mock.patch("pickle.load", refuse), mock.patch("pickle.loads", refuse), \
-            mock.patch.object(pickle, "Unpickler", refuse), mock.patch("torch.load", refuse):
+    with (
+        mock.patch("pickle.load", refuse),
+        mock.patch("pickle.loads", refuse),
+        mock.patch.object(pickle, "Unpickler", refuse),
+        mock.patch("torch.load", refuse),
+    ):
         hf.read_exported(out)
         from transformers import AutoModelForCausalLM
 
@@ -158,8 +173,10 @@ def test_export_refuses_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^--dtype float64 is not supported; fix: give one of float32, bfloat16"):
         hf.export(ckpt, tmp_path / "o5", dtype="float64")
     assert (full / "keep.txt").read_text() == "mine"
-    with mock.patch("importlib.util.find_spec", return_value=None), \
-            pytest.raises(ValueError, match=r"^loopnet export needs transformers, .* fix: pip install -e '\.\[hf\]'$"):
+    with (
+        mock.patch("importlib.util.find_spec", return_value=None),
+        pytest.raises(ValueError, match=r"^loopnet export needs transformers, .* fix: pip install -e '\.\[hf\]'$"),
+    ):
         hf.export(ckpt, tmp_path / "o7")
     compact = save_checkpoint(tiny_model(), tmp_path / "c.ckpt", vocab="compact")
     with pytest.raises(ValueError, match="data.vocab: compact"):
@@ -167,24 +184,34 @@ def test_export_refuses_in_one_line(tmp_path):
 
 
 def test_the_command_says_what_is_wrong_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "loopnet", "export", str(tmp_path / "x.ckpt"), str(tmp_path / "o"),
-                           "--dtype", "int8"], check=False, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "loopnet", "export", str(tmp_path / "x.ckpt"), str(tmp_path / "o"), "--dtype", "int8"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "loopnet export: error: --dtype int8 is not supported; fix: give one of float32, bfloat16, float16"]
+        "loopnet export: error: --dtype int8 is not supported; fix: give one of float32, bfloat16, float16"
+    ]
 
 
 def test_a_failed_export_leaves_no_folder_and_keeps_the_previous_one(tmp_path):
     ckpt = save_checkpoint(tiny_model(), tmp_path / "a.ckpt")
     out = tmp_path / "out"
-    with mock.patch.object(hf, "write_tokenizer", side_effect=RuntimeError("disk full")), \
-            pytest.raises(RuntimeError, match="disk full"):
+    with (
+        mock.patch.object(hf, "write_tokenizer", side_effect=RuntimeError("disk full")),
+        pytest.raises(RuntimeError, match="disk full"),
+    ):
         hf.export(ckpt, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt"]  # no out, no temporary sibling
     hf.export(ckpt, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with mock.patch.object(hf, "model_card", side_effect=RuntimeError("killed")), \
-            pytest.raises(RuntimeError, match="killed"):
+    with (
+        mock.patch.object(hf, "model_card", side_effect=RuntimeError("killed")),
+        pytest.raises(RuntimeError, match="killed"),
+    ):
         hf.export(ckpt, out, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt", "out"]
@@ -232,8 +259,9 @@ TRAINING_PATH = "loopnet.training.cli, loopnet.training.module, loopnet.data.dat
 
 
 def importers_of_transformers(modules: str) -> list:
-    proc = subprocess.run([sys.executable, "-c", SPY.replace("MODULES", modules)], check=False, capture_output=True,
-                          text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", SPY.replace("MODULES", modules)], check=False, capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return eval(proc.stdout.strip().splitlines()[-1])
 
@@ -244,5 +272,6 @@ def test_no_loopnet_module_of_the_training_path_imports_transformers():
     torchmetrics imports it when it is installed: the spy names who asks.)"""
     importers = importers_of_transformers(f"{TRAINING_PATH}, loopnet.formats.hf")
     assert not [name for name in importers if (name or "").split(".")[0] == "loopnet"], importers
-    assert "loopnet.formats.modeling_loopnet" in importers_of_transformers(f"{TRAINING_PATH}, "
-                                                                          "loopnet.formats.modeling_loopnet")
+    assert "loopnet.formats.modeling_loopnet" in importers_of_transformers(
+        f"{TRAINING_PATH}, loopnet.formats.modeling_loopnet"
+    )

@@ -34,7 +34,7 @@ def tolerance(cfg, rounds: int, reference: torch.Tensor) -> float:
     round: 2·(2N + 1)·n·2⁻²⁴·max|logit|. Measured differences are ~1e-6, some 500× below it; a wrong
     weight, pairing or norm placement moves the logits by O(1)."""
     visits = 2 * cfg.depth(rounds) + 1
-    return 2 * visits * max(cfg.d_model, cfg.d_ff) * 2.0 ** -24 * reference.abs().max().item()
+    return 2 * visits * max(cfg.d_model, cfg.d_ff) * 2.0**-24 * reference.abs().max().item()
 
 
 def model_of(cfg, state, **changes):
@@ -53,8 +53,13 @@ def test_config_reads_huginns_architecture(imported):
     hf = json.loads((FIXTURE / "config.json").read_text())
     assert (cfg.n_prelude, cfg.n_blocks, cfg.n_coda) == (2, 2, 1)
     assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.vocab_size) == (hf["n_embd"], hf["n_heads"], 48, 272)
-    assert (cfg.residual, cfg.sandwich, cfg.mlp, cfg.injection, cfg.state_init) == ("postln", True, "swiglu",
-                                                                                     "linear", "random")
+    assert (cfg.residual, cfg.sandwich, cfg.mlp, cfg.injection, cfg.state_init) == (
+        "postln",
+        True,
+        "swiglu",
+        "linear",
+        "random",
+    )
     assert cfg.rope_base == 50_000 and cfg.qk_bias and cfg.embed_scale and cfg.loop_norm
     assert meta["tokenizer"] == "tokenizer.json" and meta["dtype"] == "float32"
 
@@ -106,13 +111,22 @@ def write_variant(tmp_path: Path, change) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("change, named", [
-    (lambda t: t.pop("transformer.core_block.1.norm_3.weight"), "missing tensors for blocks.1.ffn.inner_norm.weight"),
-    (lambda t: t.update({"transformer.extra.weight": torch.zeros(2)}), "unexpected tensors transformer.extra.weight"),
-    (lambda t: t.update({"lm_head.weight": torch.zeros(272, 32)}), "lm_head.weight differs"),
-    (lambda t: t.update({"freqs_cis": t["freqs_cis"].flip(3)}), "freqs_cis is not the rotary table"),
-    (lambda t: t.update({"transformer.adapter.weight": torch.zeros(32, 32)}), "tensor shapes differ"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (
+            lambda t: t.pop("transformer.core_block.1.norm_3.weight"),
+            "missing tensors for blocks.1.ffn.inner_norm.weight",
+        ),
+        (
+            lambda t: t.update({"transformer.extra.weight": torch.zeros(2)}),
+            "unexpected tensors transformer.extra.weight",
+        ),
+        (lambda t: t.update({"lm_head.weight": torch.zeros(272, 32)}), "lm_head.weight differs"),
+        (lambda t: t.update({"freqs_cis": t["freqs_cis"].flip(3)}), "freqs_cis is not the rotary table"),
+        (lambda t: t.update({"transformer.adapter.weight": torch.zeros(32, 32)}), "tensor shapes differ"),
+    ],
+)
 def test_a_folder_that_does_not_match_is_refused(tmp_path, change, named):
     with pytest.raises(ImportFormatError, match=named):
         read_huginn(write_variant(tmp_path, change))
@@ -127,8 +141,9 @@ def test_hf_source_offline_fails_in_one_line(monkeypatch, tmp_path):
 
 
 def run_loopnet(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "loopnet", *args], capture_output=True, text=True, cwd=cwd,
-                          check=False, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "loopnet", *args], capture_output=True, text=True, cwd=cwd, check=False, timeout=300
+    )
 
 
 def test_import_command_writes_a_loopnet_folder_that_computes_the_reference(tmp_path):
@@ -165,12 +180,39 @@ def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer
     out = tmp_path / "huginn"
     assert run_loopnet("import", str(FIXTURE), str(out)).returncode == 0
     root = Path(__file__).resolve().parents[2] / "configs"
-    common = ["--config", str(root / "base.yaml"), "--config", str(root / "cpu.yaml"), "--config",
-              str(out / "model.yaml"), "--data.vocab", "tokenizer", "--data.tokenizer", str(out), "--data.batch_size",
-              "2", "--model.eval_rounds", "null", "--model.config.max_rounds", "8"]
-    fit = run_loopnet("fit", *common, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
-                      "--trainer.limit_val_batches", "1", "--model.optim.lr", "1e-3", "--model.optim.warmup_steps", "1",
-                      cwd=tmp_path)
+    common = [
+        "--config",
+        str(root / "base.yaml"),
+        "--config",
+        str(root / "cpu.yaml"),
+        "--config",
+        str(out / "model.yaml"),
+        "--data.vocab",
+        "tokenizer",
+        "--data.tokenizer",
+        str(out),
+        "--data.batch_size",
+        "2",
+        "--model.eval_rounds",
+        "null",
+        "--model.config.max_rounds",
+        "8",
+    ]
+    fit = run_loopnet(
+        "fit",
+        *common,
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--model.optim.lr",
+        "1e-3",
+        "--model.optim.warmup_steps",
+        "1",
+        cwd=tmp_path,
+    )
     assert fit.returncode == 0, fit.stderr[-3000:]
     (ckpt,) = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
     saved = torch.load(ckpt, weights_only=True)
@@ -183,10 +225,23 @@ def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer
 
     # The imported weights themselves (model.init_weights, no checkpoint). From the zero state (a run setting)
     # every pass is deterministic, so the profile's loss at R = 4 is the test loss.
-    test = run_loopnet("test", *common, "--model.config.state_init", "zero",
-                       "--model.eval_rounds", "[1, 8]", "--model.extrapolate_rounds", "8",
-                       "--model.frontier.exit", "kl", "--model.frontier.thresholds", "[0.0, 1e9]",
-                       "--trainer.limit_test_batches", "1", cwd=tmp_path)
+    test = run_loopnet(
+        "test",
+        *common,
+        "--model.config.state_init",
+        "zero",
+        "--model.eval_rounds",
+        "[1, 8]",
+        "--model.extrapolate_rounds",
+        "8",
+        "--model.frontier.exit",
+        "kl",
+        "--model.frontier.thresholds",
+        "[0.0, 1e9]",
+        "--trainer.limit_test_batches",
+        "1",
+        cwd=tmp_path,
+    )
     assert test.returncode == 0, test.stderr[-3000:]
     m = metrics(test.stdout)
     assert m["test_fixed_point/loss/r04"] == pytest.approx(m["test/loss"], rel=1e-5)
@@ -197,8 +252,17 @@ def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer
     assert m["test/frontier/loss/t0"] == pytest.approx(m["test/loss"], rel=1e-5)
     assert m["test/frontier/loss/t1"] == pytest.approx(m["test/loss_r1"], rel=1e-5)
 
-    predict = run_loopnet("predict", *common, "--ckpt_path", str(ckpt), "--model.generate.prompt", "ROMEO:",
-                          "--model.generate.max_new_tokens", "4", cwd=tmp_path)
+    predict = run_loopnet(
+        "predict",
+        *common,
+        "--ckpt_path",
+        str(ckpt),
+        "--model.generate.prompt",
+        "ROMEO:",
+        "--model.generate.max_new_tokens",
+        "4",
+        cwd=tmp_path,
+    )
     assert predict.returncode == 0, predict.stderr[-3000:]
     (text,) = tmp_path.glob("runs/**/predictions.txt")
     assert text.read_text().startswith("ROMEO:")  # the prompt through Huginn's tokenizer and back

@@ -30,30 +30,59 @@ from .helpers import save_checkpoint, tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMES = [{"residual": r} for r in ("preln", "postln", "deepnorm", "deeploop", "scaled")]
-WIRINGS = [{"wiring": "carry"}, {"wiring": "lt"}, {"wiring": "flt"},
-           {"wiring": "inject", "injection": "add", "inject_into": "first"},
-           {"wiring": "inject", "injection": "add", "inject_into": "every"},
-           {"wiring": "inject", "injection": "attention", "inject_into": "first"},
-           {"wiring": "inject", "injection": "attention", "inject_into": "every"},
-           {"wiring": "inject", "injection": "linear"}, {"wiring": "inject", "injection": "diagonal"}]
-RECIPES = [{"n_prelude": 1, "n_coda": 2, "wiring": "inject", "injection": "diagonal"},
-           {"n_prelude": 2, "residual": "preln"},
-           {"qk_norm": True}, {"positions": "rope"}, {"positions": "rope", "qk_norm": True, "residual": "preln"},
-           {"tie_embeddings": False}, {"sandwich": True, "residual": "postln"}, {"sandwich": True},
-           {"residual": "preln", "branch_scale": "sqrt_depth", "branch_lambda": 2.0},
-           {"residual": "preln", "branch_scale": "wang"}, {"bias": True, "norm": "layernorm"},
-           {"norm_affine": False, "qk_norm": True}, {"input_norm": True, "wiring": "lt"},
-           {"mlp_ratio": 2.5, "n_heads": 2}]
+WIRINGS = [
+    {"wiring": "carry"},
+    {"wiring": "lt"},
+    {"wiring": "flt"},
+    {"wiring": "inject", "injection": "add", "inject_into": "first"},
+    {"wiring": "inject", "injection": "add", "inject_into": "every"},
+    {"wiring": "inject", "injection": "attention", "inject_into": "first"},
+    {"wiring": "inject", "injection": "attention", "inject_into": "every"},
+    {"wiring": "inject", "injection": "linear"},
+    {"wiring": "inject", "injection": "diagonal"},
+]
+RECIPES = [
+    {"n_prelude": 1, "n_coda": 2, "wiring": "inject", "injection": "diagonal"},
+    {"n_prelude": 2, "residual": "preln"},
+    {"qk_norm": True},
+    {"positions": "rope"},
+    {"positions": "rope", "qk_norm": True, "residual": "preln"},
+    {"tie_embeddings": False},
+    {"sandwich": True, "residual": "postln"},
+    {"sandwich": True},
+    {"residual": "preln", "branch_scale": "sqrt_depth", "branch_lambda": 2.0},
+    {"residual": "preln", "branch_scale": "wang"},
+    {"bias": True, "norm": "layernorm"},
+    {"norm_affine": False, "qk_norm": True},
+    {"input_norm": True, "wiring": "lt"},
+    {"mlp_ratio": 2.5, "n_heads": 2},
+]
 # μP's and CompleteP's multipliers (logits, attention scale, branch ε) away from their base width and depth
-PARAMETRIZATIONS = [{"parametrization": "mup", "mup_base_width": 16},
-                    {"parametrization": "completep", "residual": "preln", "mup_base_width": 16,
-                     "completep_base_depth": 2}]
+PARAMETRIZATIONS = [
+    {"parametrization": "mup", "mup_base_width": 16},
+    {"parametrization": "completep", "residual": "preln", "mup_base_width": 16, "completep_base_depth": 2},
+]
 # the options of the imported and retrofitted architectures (Huginn's block, GPT-2's, Llama's)
-IMPORTED = [{"mlp": "swiglu", "ffn_width": 40, "qk_bias": True, "embed_scale": True, "loop_norm": True,
-             "positions": "rope", "rope_base": 50000.0, "norm_eps": 1e-6, "sandwich": True, "residual": "postln",
-             "n_prelude": 1, "n_coda": 1, "wiring": "inject", "injection": "linear"},
-            {"mlp": "gelu_tanh", "bias": True, "norm": "layernorm", "residual": "preln", "norm_eps": 1e-5},
-            {"mlp": "swiglu", "n_kv_heads": 2, "positions": "rope", "residual": "preln"}]
+IMPORTED = [
+    {
+        "mlp": "swiglu",
+        "ffn_width": 40,
+        "qk_bias": True,
+        "embed_scale": True,
+        "loop_norm": True,
+        "positions": "rope",
+        "rope_base": 50000.0,
+        "norm_eps": 1e-6,
+        "sandwich": True,
+        "residual": "postln",
+        "n_prelude": 1,
+        "n_coda": 1,
+        "wiring": "inject",
+        "injection": "linear",
+    },
+    {"mlp": "gelu_tanh", "bias": True, "norm": "layernorm", "residual": "preln", "norm_eps": 1e-5},
+    {"mlp": "swiglu", "n_kv_heads": 2, "positions": "rope", "residual": "preln"},
+]
 CASES = SCHEMES + WIRINGS + RECIPES + PARAMETRIZATIONS + IMPORTED
 
 
@@ -102,13 +131,14 @@ def test_the_cache_holds_one_entry_per_round_and_block(tmp_path, hf_class):
         step = exported(ids[:, 5:], cache=first.cache, rounds=5)
         whole = model(ids, rounds=5)[0]
     K = model.config.n_blocks
-    assert sorted(first.cache.kv.store) == sorted([("prelude", 1), ("coda", 1)]
-                                                  + [("core", r, k) for r in range(1, 6) for k in range(1, K + 1)])
+    assert sorted(first.cache.kv.store) == sorted(
+        [("prelude", 1), ("coda", 1)] + [("core", r, k) for r in range(1, 6) for k in range(1, K + 1)]
+    )
     assert first.cache.get_seq_length() == 6
     # One position through the cache against the whole sequence: the same sums in another order. A reordered
     # d-term sum moves by at most γ_d ≈ d·u of its terms' magnitude (u = 2⁻²⁴); each Norm rescales the stream to
     # unit RMS, so the perturbations of the 2N sublayer visits add at most linearly, relative to the logits' scale.
-    bound = 2 * model.config.depth(5) * model.config.d_model * 2.0 ** -24 * float(whole.abs().max().clamp(min=1))
+    bound = 2 * model.config.depth(5) * model.config.d_model * 2.0**-24 * float(whole.abs().max().clamp(min=1))
     torch.testing.assert_close(step.logits[0, -1], whole[0, -1], rtol=0, atol=bound)
     with pytest.raises(ValueError, match="holds keys and values of R'=5 rounds, this call runs 3"):
         exported(ids[:, 5:], cache=first.cache, rounds=3)
@@ -127,7 +157,7 @@ import sys
 sys.modules["loopnet"] = None  # any import of loopnet fails
 import torch
 from transformers import AutoModelForCausalLM
-io = torch.load({str(tmp_path / 'io.pt')!r})
+io = torch.load({str(tmp_path / "io.pt")!r})
 model = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)
 with torch.no_grad():
     assert torch.equal(model(io["ids"]).logits, io["expected"])

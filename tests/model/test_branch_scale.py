@@ -13,13 +13,16 @@ from loopnet.model.scales import branch_scale
 from tests.helpers import tiny_config
 
 
-@pytest.mark.parametrize("rule, lam, expected", [
-    ("one", 1.0, 1.0),
-    ("sqrt_depth", 1.0, 1 / math.sqrt(12)),  # K·R = 12
-    ("wang", 1.0, 1 / (6 * math.sqrt(2))),  # R·√K = 6√2
-    ("sqrt_depth", 2.0, 2 / math.sqrt(12)),
-    ("wang", 0.5, 0.5 / (6 * math.sqrt(2))),
-])
+@pytest.mark.parametrize(
+    "rule, lam, expected",
+    [
+        ("one", 1.0, 1.0),
+        ("sqrt_depth", 1.0, 1 / math.sqrt(12)),  # K·R = 12
+        ("wang", 1.0, 1 / (6 * math.sqrt(2))),  # R·√K = 6√2
+        ("sqrt_depth", 2.0, 2 / math.sqrt(12)),
+        ("wang", 0.5, 0.5 / (6 * math.sqrt(2))),
+    ],
+)
 def test_epsilon_at_k2_r6_follows_the_formulas(rule, lam, expected):
     cfg = LoopConfig(residual="preln", n_blocks=2, n_rounds=6, branch_scale=rule, branch_lambda=lam)
     assert cfg.branch_epsilon == pytest.approx(expected, rel=1e-15)
@@ -117,13 +120,16 @@ def test_default_losses_equal_epsilon_one():
         torch.testing.assert_close(model(IDX)[0], unrolled_logits(model, IDX, 1.0, rounds=3), **TOL)
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (dict(residual="deeploop", branch_scale="wang"), "residual: preln"),
-    (dict(residual="postln", branch_scale="sqrt_depth"), "branch_scale: one"),
-    (dict(residual="preln", branch_scale="one", branch_lambda=2.0), "branch_lambda: 1.0"),
-    (dict(residual="preln", branch_scale="wang", branch_lambda=0.0), "positive"),
-    (dict(residual="preln", branch_scale="sqrt"), "sqrt_depth"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (dict(residual="deeploop", branch_scale="wang"), "residual: preln"),
+        (dict(residual="postln", branch_scale="sqrt_depth"), "branch_scale: one"),
+        (dict(residual="preln", branch_scale="one", branch_lambda=2.0), "branch_lambda: 1.0"),
+        (dict(residual="preln", branch_scale="wang", branch_lambda=0.0), "positive"),
+        (dict(residual="preln", branch_scale="sqrt"), "sqrt_depth"),
+    ],
+)
 def test_bad_settings_are_refused_in_one_line_with_the_fix(overrides, words):
     with pytest.raises(ValueError) as err:
         tiny_config(**overrides)
@@ -137,4 +143,5 @@ def test_run_name_names_a_non_default_rule_only():
     assert "branch" not in run_name(base)
     assert run_name(base | {"branch_scale": "wang"}) == "preln_carry_k2_r6_d128_branch_scale-wang"
     assert run_name(base | {"branch_scale": "sqrt_depth", "branch_lambda": 2.0}).endswith(
-        "_branch_scale-sqrt_depth_branch_lambda-2")
+        "_branch_scale-sqrt_depth_branch_lambda-2"
+    )

@@ -29,8 +29,9 @@ WIRINGS = {  # name: LoopConfig fields
     "qk_bias_rope_base": dict(wiring="carry", qk_bias=True, rope_base=500.0),
     # μP's query scale and logit multiplier, CompleteP's branch ε, away from their base width and depth
     "mup": dict(wiring="carry", parametrization="mup", mup_base_width=16),
-    "completep": dict(wiring="carry", residual="preln", parametrization="completep", mup_base_width=16,
-                      completep_base_depth=2),
+    "completep": dict(
+        wiring="carry", residual="preln", parametrization="completep", mup_base_width=16, completep_base_depth=2
+    ),
 }
 
 
@@ -40,7 +41,7 @@ def make(wiring: str, positions: str) -> LoopedTransformer:
     with torch.no_grad():  # sharper attention than at init (logits ×16), so that where the queries come from
         d = model.config.d_model  # (the stream or, injecting, h) shows in the logits: ~3e-4, not ~2e-5
         for block in [*model.prelude_blocks, *model.blocks, *model.coda_blocks]:
-            block.attn.f.qkv_proj.weight[:2 * d].mul_(4.0)
+            block.attn.f.qkv_proj.weight[: 2 * d].mul_(4.0)
     return model
 
 
@@ -79,14 +80,16 @@ def test_cached_logits_equal_the_full_forward_at_every_position(wiring, position
     for t in range(P, idx.size(1)):
         pos = torch.full((2, 1), t)
         kv.begin(pos)
-        *_, (_, x) = model.iter_rounds(idx[:, t:t + 1], R, positions=pos, kv=kv)
+        *_, (_, x) = model.iter_rounds(idx[:, t : t + 1], R, positions=pos, kv=kv)
         got.append(model.head(x, kv=kv)[0])
         kv.end(pos[:, 0])
     torch.testing.assert_close(torch.cat(got, 1), full, rtol=0, atol=1e-5)
     cfg = model.config
-    assert sorted(kv.store) == sorted([("core", r, k) for r in range(1, R + 1) for k in (1, 2)]
-                                      + [("prelude", p) for p in range(1, cfg.n_prelude + 1)]
-                                      + [("coda", c) for c in range(1, cfg.n_coda + 1)])
+    assert sorted(kv.store) == sorted(
+        [("core", r, k) for r in range(1, R + 1) for k in (1, 2)]
+        + [("prelude", p) for p in range(1, cfg.n_prelude + 1)]
+        + [("coda", c) for c in range(1, cfg.n_coda + 1)]
+    )
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])

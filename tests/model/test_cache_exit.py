@@ -47,7 +47,9 @@ def test_rounds_per_token_vary_between_bounds_and_match_a_stopped_batch(model):
     assert [len(r) for r in got.rounds] == [8, 8, 8]
     assert all(2 <= r <= 6 for row in got.rounds for r in row)  # argmax must repeat once: round 2 at the earliest
     # a row's tokens do not depend on the other rows of its batch
-    assert [model.generate([p], 8, exit="argmax", exit_threshold=1, max_rounds=6).tokens[0] for p in PROMPTS] == got.tokens
+    assert [
+        model.generate([p], 8, exit="argmax", exit_threshold=1, max_rounds=6).tokens[0] for p in PROMPTS
+    ] == got.tokens
 
 
 def test_bad_exit_settings_are_refused(model):
@@ -72,9 +74,11 @@ def test_criteria_follow_their_formulas():
     ls = [None, *torch.randn(5, 4, 11).unbind(0)]  # the logits of rounds 1..5
     ps = [torch.full((4, 11), 1 / 11), *(F.softmax(l, -1) for l in ls[1:])]  # p_0: uniform
     H = lambda p: -(p * p.log()).sum(-1)  # noqa: E731
-    expected = {"kl": lambda r: (ps[r - 1] * (ps[r - 1] / ps[r]).log()).sum(-1),
-                "latent": lambda r: (xs[r] - xs[r - 1]).norm(dim=-1) / xs[r].norm(dim=-1),
-                "entropy": lambda r: (H(ps[r]) - H(ps[r - 1])).abs()}  # H(p_0) = log V
+    expected = {
+        "kl": lambda r: (ps[r - 1] * (ps[r - 1] / ps[r]).log()).sum(-1),
+        "latent": lambda r: (xs[r] - xs[r - 1]).norm(dim=-1) / xs[r].norm(dim=-1),
+        "entropy": lambda r: (H(ps[r]) - H(ps[r - 1])).abs(),
+    }  # H(p_0) = log V
     for kind, formula in expected.items():
         criterion = ExitCriterion(kind, 0.5)
         criterion.start(xs[0])
@@ -97,8 +101,9 @@ def test_with_prelude_and_coda_exit_keeps_the_batch_independent_and_the_extremes
     torch.manual_seed(0)
     model = LoopedTransformer(tiny_config(vocab_size=97, seq_len=16, n_prelude=1, n_coda=1, wiring="lt")).eval()
     got = model.generate(PROMPTS, 6, exit=exit, exit_threshold=threshold, max_rounds=5)
-    assert [model.generate([p], 6, exit=exit, exit_threshold=threshold, max_rounds=5).tokens[0]
-            for p in PROMPTS] == got.tokens
+    assert [
+        model.generate([p], 6, exit=exit, exit_threshold=threshold, max_rounds=5).tokens[0] for p in PROMPTS
+    ] == got.tokens
     if threshold == 0.0:
         assert got.tokens == model.generate(PROMPTS, 6, rounds=5, cache=False).tokens
     one = model.generate(PROMPTS, 6, exit="entropy", exit_threshold=math.inf, max_rounds=5)
@@ -114,9 +119,17 @@ def test_predict_logs_the_rounds_per_token(caplog):
 
     assert OPTION_EXITS == EXITS  # the torch-free copy of the criteria's names
     torch.manual_seed(0)
-    lm = LoopedLM(config=tiny_config(vocab_size=50304, seq_len=16, n_heads=2, n_blocks=1, n_rounds=2),
-                  generate={"prompt": "to be", "max_new_tokens": 5, "temperature": 0.0, "exit": "argmax",
-                            "exit_threshold": 0, "max_rounds": 3}).eval()
+    lm = LoopedLM(
+        config=tiny_config(vocab_size=50304, seq_len=16, n_heads=2, n_blocks=1, n_rounds=2),
+        generate={
+            "prompt": "to be",
+            "max_new_tokens": 5,
+            "temperature": 0.0,
+            "exit": "argmax",
+            "exit_threshold": 0,
+            "max_rounds": 3,
+        },
+    ).eval()
     (batch,) = list(lm.predict_dataloader())
     with caplog.at_level(logging.INFO):
         lm.predict_step(batch)

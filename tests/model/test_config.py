@@ -18,9 +18,22 @@ def names(cls) -> set[str]:
 def test_the_fields_are_the_architecture_and_the_run_settings_each_once():
     assert names(Architecture) | names(RunSettings) == names(LoopConfig)
     assert not names(Architecture) & names(RunSettings)
-    assert RUN_SETTINGS == names(RunSettings) == {"dropout", "loss_rounds", "checkpoint_rounds", "truncate_rounds",
-                                                "round_sampling", "backprop_rounds", "max_rounds",
-                                                "round_curriculum_steps", "scales_depth", "state_init"}
+    assert (
+        RUN_SETTINGS
+        == names(RunSettings)
+        == {
+            "dropout",
+            "loss_rounds",
+            "checkpoint_rounds",
+            "truncate_rounds",
+            "round_sampling",
+            "backprop_rounds",
+            "max_rounds",
+            "round_curriculum_steps",
+            "scales_depth",
+            "state_init",
+        }
+    )
 
 
 def test_run_settings_leave_the_weights_as_they_are():

@@ -73,9 +73,10 @@ def test_predict_step_continues_the_prompt_as_the_plain_loop(tmp_path):
     from loopnet.training.module import LoopedLM
 
     torch.manual_seed(0)
-    lm = LoopedLM(config=tiny_config(vocab_size=50304, seq_len=8, n_heads=2, n_blocks=1, n_rounds=2),
-                  generate={"prompt": "ROMEO: to be", "max_new_tokens": 12, "temperature": 0.9, "top_k": 30,
-                            "rounds": 3})
+    lm = LoopedLM(
+        config=tiny_config(vocab_size=50304, seq_len=8, n_heads=2, n_blocks=1, n_rounds=2),
+        generate={"prompt": "ROMEO: to be", "max_new_tokens": 12, "temperature": 0.9, "top_k": 30, "rounds": 3},
+    )
     lm.eval()
     (batch,) = list(lm.predict_dataloader())
     torch.manual_seed(3)
@@ -86,8 +87,9 @@ def test_predict_step_continues_the_prompt_as_the_plain_loop(tmp_path):
     assert text == gpt2_encoding().decode(prompt + new)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"cache": False}, {"exit": "entropy", "exit_threshold": 0.0}],
-                         ids=["cache", "recompute", "exit"])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"cache": False}, {"exit": "entropy", "exit_threshold": 0.0}], ids=["cache", "recompute", "exit"]
+)
 def test_an_interrupted_generation_returns_the_tokens_before_the_stop(model, kwargs):
     prompts = [[1, 2, 3], [4, 5]]
     full = model.generate(prompts, 6, **kwargs)

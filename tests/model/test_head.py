@@ -24,7 +24,7 @@ def test_the_logits_are_f_linears_for_any_number_of_blocks(chunks):
     head = HeadColumns(weight, chunks)
     got, expected = head.logits(h), F.linear(h, weight)
     assert got.shape == (3, 97)
-    bound = 2 * 32 * 2.0 ** -24 * (h.abs() @ weight.abs().t())
+    bound = 2 * 32 * 2.0**-24 * (h.abs() @ weight.abs().t())
     assert bool(((got - expected).abs() <= bound).all())
 
 
@@ -40,7 +40,7 @@ def plain_loop(model, prompt, max_new):
     seq = list(prompt)
     for _ in range(max_new):
         seq.append(int(model(torch.tensor([seq]))[0][0, -1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 @torch.no_grad()
@@ -101,7 +101,7 @@ def test_a_near_tie_or_a_nan_is_not_settled():
     hold the larger exact logit, so the screen cannot settle. A NaN in h settles nothing."""
     g = torch.Generator().manual_seed(0)
     u = torch.randn(32, generator=g)
-    weight = torch.cat([u[None], u[None] * (1 + 2.0 ** -12), torch.randn(30, 32, generator=g) * 0.01])
+    weight = torch.cat([u[None], u[None] * (1 + 2.0**-12), torch.randn(30, 32, generator=g) * 0.01])
     h = torch.stack([u, torch.full((32,), float("nan"))])
     screen = GreedyScreen(weight)
     assert bool((screen.low[0] == screen.low[1]).all())
@@ -128,7 +128,7 @@ def test_a_compiled_greedy_step_leaves_a_near_tie_to_the_fp32_logits():
     u = torch.randn(model.config.d_model)
     with torch.no_grad():
         model.lm_head.weight.zero_()
-        model.lm_head.weight[:4] = torch.stack([u, u * (1 + 2.0 ** -12), -u, -u * (1 + 2.0 ** -12)])
+        model.lm_head.weight[:4] = torch.stack([u, u * (1 + 2.0**-12), -u, -u * (1 + 2.0**-12)])
     prompts = [[5, 17, 3], [9]]
     torch._dynamo.reset()
     got = model.generate(prompts, 6, compile=True, n_vocab=50)

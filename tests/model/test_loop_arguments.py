@@ -61,15 +61,17 @@ def test_start_yields_the_round_one_input_first(input_norm):
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rounds[1:], plain))
 
 
-@pytest.mark.parametrize("injection, matrix_params", [("linear", lambda d: 2 * d * d), ("diagonal", lambda d: d * d),
-                                                      ("add", lambda d: 0)])
+@pytest.mark.parametrize(
+    "injection, matrix_params", [("linear", lambda d: 2 * d * d), ("diagonal", lambda d: d * d), ("add", lambda d: 0)]
+)
 def test_flops_count_the_learned_injection_once_per_round(injection, matrix_params):
     """2·(matrix parameters) per round for the injection's map: Linear(2d → d) or the diagonal SSM's B (d × d)."""
     base = LoopedTransformer(tiny_config(wiring="inject", injection="add"))
     model = LoopedTransformer(tiny_config(wiring="inject", injection=injection))
     d, R = model.config.d_model, 5
-    assert model.flops_per_token(rounds=R, training=False) - base.flops_per_token(rounds=R, training=False) == \
-        R * 2 * matrix_params(d)
+    assert model.flops_per_token(rounds=R, training=False) - base.flops_per_token(
+        rounds=R, training=False
+    ) == R * 2 * matrix_params(d)
 
 
 def test_the_linear_injection_has_a_bias_when_the_model_has_biases():

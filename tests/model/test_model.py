@@ -10,10 +10,14 @@ from tests.helpers import tiny_config
 from loopnet.model.layers import QKVLinear
 
 SCHEMES = ["preln", "postln", "deepnorm", "deeploop", "scaled"]
-WIRINGS = [dict(wiring="carry"), dict(wiring="flt"), dict(wiring="lt"),
-           dict(wiring="inject", injection="add", inject_into="first"),
-           dict(wiring="inject", injection="add", inject_into="every"),
-           dict(wiring="inject", injection="attention", inject_into="first")]
+WIRINGS = [
+    dict(wiring="carry"),
+    dict(wiring="flt"),
+    dict(wiring="lt"),
+    dict(wiring="inject", injection="add", inject_into="first"),
+    dict(wiring="inject", injection="add", inject_into="every"),
+    dict(wiring="inject", injection="attention", inject_into="first"),
+]
 
 
 def tiny(**kw) -> LoopConfig:
@@ -28,8 +32,17 @@ class Recorder:
         self.traces[visit] = trace
 
 
-@pytest.mark.parametrize("scheme,K,R", [("deepnorm", 2, 6), ("deeploop", 2, 6), ("deeploop", 12, 1),
-                                        ("deepnorm", 4, 3), ("preln", 2, 6), ("postln", 3, 4)])
+@pytest.mark.parametrize(
+    "scheme,K,R",
+    [
+        ("deepnorm", 2, 6),
+        ("deeploop", 2, 6),
+        ("deeploop", 12, 1),
+        ("deepnorm", 4, 3),
+        ("preln", 2, 6),
+        ("postln", 3, 4),
+    ],
+)
 def test_scales_match_formulas(scheme, K, R):
     N = K * R
     p = {"deepnorm": 0.25, "deeploop": 0.5}.get(scheme)
@@ -42,10 +55,10 @@ def test_scales_match_formulas(scheme, K, R):
 
 def test_deeploop_k2_r6_published_example():
     alpha, beta = residual_scales("deeploop", 2 * 6)
-    assert alpha == pytest.approx(math.sqrt(24)) and beta == pytest.approx(96 ** -0.5)
-    assert residual_scales("scaled", 12, p=0.35) == pytest.approx((24 ** 0.35, 96 ** -0.35))
+    assert alpha == pytest.approx(math.sqrt(24)) and beta == pytest.approx(96**-0.5)
+    assert residual_scales("scaled", 12, p=0.35) == pytest.approx((24**0.35, 96**-0.35))
     cfg = LoopConfig(n_blocks=2, n_rounds=6)
-    assert cfg.n_unrolled == 12 and cfg.n_visits == 24 and cfg.scales == pytest.approx((24 ** 0.5, 96 ** -0.5))
+    assert cfg.n_unrolled == 12 and cfg.n_visits == 24 and cfg.scales == pytest.approx((24**0.5, 96**-0.5))
 
 
 def test_parameter_count_independent_of_rounds():
@@ -60,7 +73,7 @@ def test_beta_scales_exactly_value_output_and_ffn_init():
     torch.manual_seed(0)
     deep = LoopedTransformer(LoopConfig(residual="deeploop", **kw))
     beta = deep.beta
-    assert beta == pytest.approx(48 ** -0.5)
+    assert beta == pytest.approx(48**-0.5)
     ref_weights = dict(matrices(ref))
     for name, w in matrices(deep):
         ratio = w.std().item() / ref_weights[name].std().item()
@@ -81,7 +94,9 @@ def matrices(model):
 @pytest.mark.parametrize("scheme,wiring", list(itertools.product(SCHEMES, range(len(WIRINGS)))))
 def test_causality(scheme, wiring):
     torch.manual_seed(0)
-    model = LoopedTransformer(tiny(residual=scheme, positions="rope" if wiring % 2 else "learned", **WIRINGS[wiring])).eval()
+    model = LoopedTransformer(
+        tiny(residual=scheme, positions="rope" if wiring % 2 else "learned", **WIRINGS[wiring])
+    ).eval()
     idx = torch.randint(0, 97, (1, 12))
     t = 7
     changed = idx.clone()
@@ -198,7 +213,8 @@ def test_per_visit_views_sum_to_weight_grad():
     _, loss = model(*(2 * [torch.randint(0, 97, (2, 16))]))
     for visit, trace in rec.traces.items():
         trace.params["f.fc1.weight" if visit.sublayer == "ffn" else "f.qkv_proj.weight"].register_hook(
-            lambda g, v=visit: grads.__setitem__(v, g))
+            lambda g, v=visit: grads.__setitem__(v, g)
+        )
     loss.backward()
     for k, block in enumerate(model.blocks, 1):
         for s, weight in (("attn", block.attn.f.qkv_proj.weight), ("ffn", block.ffn.f.fc1.weight)):
@@ -213,16 +229,19 @@ def test_visit_tags_round_trip():
         Visit.parse("round3")
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(residual="deepnet"), "residual='deepnet' is not allowed; choose one of preln, postln"),
-    (dict(wiring="loop"), "wiring='loop' is not allowed; choose one of carry, lt, inject, flt"),
-    (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
-    (dict(n_rounds=0), "n_rounds must be >= 1"),
-    (dict(residual="scaled", p=0.0), "needs p > 0"),
-    (dict(residual="scaled", p=-1), "needs p > 0"),
-    (dict(p=0.3), "only used with residual='scaled'"),
-    (dict(truncate_rounds=3), "truncate_rounds=3 must be in"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(residual="deepnet"), "residual='deepnet' is not allowed; choose one of preln, postln"),
+        (dict(wiring="loop"), "wiring='loop' is not allowed; choose one of carry, lt, inject, flt"),
+        (dict(d_model=30, n_heads=4), "d_model=30 is not divisible by n_heads=4"),
+        (dict(n_rounds=0), "n_rounds must be >= 1"),
+        (dict(residual="scaled", p=0.0), "needs p > 0"),
+        (dict(residual="scaled", p=-1), "needs p > 0"),
+        (dict(p=0.3), "only used with residual='scaled'"),
+        (dict(truncate_rounds=3), "truncate_rounds=3 must be in"),
+    ],
+)
 def test_bad_configs_raise_clear_errors(kw, match):
     base = dict(vocab_size=97, seq_len=16, d_model=32, n_heads=4, n_blocks=2, n_rounds=3)
     base.update(kw)
@@ -283,8 +302,11 @@ def test_wirings_start_each_round_where_their_papers_do(input_norm):
     ref = LoopedTransformer(tiny(residual="preln", input_norm=input_norm))
     e = ref.wte(idx) + ref.wpe(torch.arange(16))
     x0 = unit_rms(e) if input_norm else e
-    for wiring, start in [("carry", lambda end, h: end), ("lt", lambda end, h: h),
-                          ("inject", lambda end, h: unit_rms(e + h))]:  # LT_i: Norm(e + h), as the FLT code
+    for wiring, start in [
+        ("carry", lambda end, h: end),
+        ("lt", lambda end, h: h),
+        ("inject", lambda end, h: unit_rms(e + h)),
+    ]:  # LT_i: Norm(e + h), as the FLT code
         model = LoopedTransformer(tiny(residual="preln", input_norm=input_norm, wiring=wiring))
         model.load_state_dict(ref.state_dict())
         traces = _round_inputs(model, idx)

@@ -29,16 +29,31 @@ def _std_tolerance(n: int) -> float:
     return 6 / math.sqrt(2 * n)
 
 
-@pytest.mark.parametrize("parametrization, d, d0", [("standard", 256, None), ("mup", 256, 64), ("mup", 64, 64),
-                                                    ("mup", 128, 256)])
+@pytest.mark.parametrize(
+    "parametrization, d, d0", [("standard", 256, None), ("mup", 256, 64), ("mup", 64, 64), ("mup", 128, 256)]
+)
 def test_init_stds_follow_the_formulas(parametrization, d, d0):
-    cfg = LoopConfig(vocab_size=320, seq_len=16, d_model=d, n_heads=4, n_blocks=2, n_rounds=2, residual="preln",
-                     tie_embeddings=False, parametrization=parametrization, mup_base_width=d0)
+    cfg = LoopConfig(
+        vocab_size=320,
+        seq_len=16,
+        d_model=d,
+        n_heads=4,
+        n_blocks=2,
+        n_rounds=2,
+        residual="preln",
+        tie_embeddings=False,
+        parametrization=parametrization,
+        mup_base_width=d0,
+    )
     torch.manual_seed(0)
     model = LoopedTransformer(cfg)
     sigma, m_d = cfg.init_std, (d / d0 if d0 else 1.0)
-    hidden = {"qkv": model.blocks[0].attn.f.qkv_proj.weight, "o": model.blocks[1].attn.f.o_proj.weight,
-              "fc1": model.blocks[0].ffn.f.fc1.weight, "fc2": model.blocks[1].ffn.f.fc2.weight}
+    hidden = {
+        "qkv": model.blocks[0].attn.f.qkv_proj.weight,
+        "o": model.blocks[1].attn.f.o_proj.weight,
+        "fc1": model.blocks[0].ffn.f.fc1.weight,
+        "fc2": model.blocks[1].ffn.f.fc2.weight,
+    }
     for name, w in hidden.items():
         assert w.std().item() == pytest.approx(sigma / math.sqrt(m_d), rel=_std_tolerance(w.numel())), name
     for name, w in {"wte": model.wte.weight, "wpe": model.wpe.weight, "head": model.lm_head.weight}.items():
@@ -77,8 +92,9 @@ def _unrolled_logits(model, idx, eps, attn_scale, logit_mult, rounds):
     for _ in range(rounds):
         for block in model.blocks:
             a, f = block.attn, block.ffn
-            x = x + eps * _attention(_rms(x, a.norm.weight), a.f.qkv_proj.weight, a.f.o_proj.weight, cfg.n_heads,
-                                     attn_scale)
+            x = x + eps * _attention(
+                _rms(x, a.norm.weight), a.f.qkv_proj.weight, a.f.o_proj.weight, cfg.n_heads, attn_scale
+            )
             x = x + eps * (F.gelu(_rms(x, f.norm.weight) @ f.f.fc1.weight.T) @ f.f.fc2.weight.T)
     return logit_mult * _rms(x, model.final_norm.weight) @ model.lm_head.weight.T
 
@@ -86,8 +102,10 @@ def _unrolled_logits(model, idx, eps, attn_scale, logit_mult, rounds):
 IDX = torch.tensor([[3, 14, 15, 9, 2, 6, 5, 35], [8, 9, 7, 9, 3, 2, 38, 4]])
 
 
-@pytest.mark.parametrize("parametrization, d0, alpha", [("standard", None, 1.0), ("mup", 16, 1.0),
-                                                        ("completep", 16, 1.0), ("completep", 8, 0.5)])
+@pytest.mark.parametrize(
+    "parametrization, d0, alpha",
+    [("standard", None, 1.0), ("mup", 16, 1.0), ("completep", 16, 1.0), ("completep", 8, 0.5)],
+)
 def test_forward_carries_the_attention_scale_logit_multiplier_and_branch_multiplier(parametrization, d0, alpha):
     d, H, K, R = 32, 4, 2, 3
     extra = {} if parametrization == "standard" else {"mup_base_width": d0}
@@ -113,8 +131,16 @@ def test_forward_carries_the_attention_scale_logit_multiplier_and_branch_multipl
 
 
 def test_completep_depth_counts_prelude_and_coda():
-    cfg = tiny_config(residual="preln", n_prelude=1, n_coda=2, n_blocks=2, n_rounds=5, parametrization="completep",
-                      mup_base_width=16, completep_base_depth=4)
+    cfg = tiny_config(
+        residual="preln",
+        n_prelude=1,
+        n_coda=2,
+        n_blocks=2,
+        n_rounds=5,
+        parametrization="completep",
+        mup_base_width=16,
+        completep_base_depth=4,
+    )
     assert cfg.branch_epsilon == pytest.approx(4 / (1 + 2 * 5 + 2), rel=1e-15)  # N = P + K·R + C = 13
 
 
@@ -135,13 +161,20 @@ def test_standard_groups_are_unchanged():
 def test_per_group_rates_follow_the_formulas(parametrization, alpha):
     d, d0, K, R, N0 = 64, 16, 2, 3, 2
     extra = {"completep_base_depth": N0, "completep_alpha": alpha} if parametrization == "completep" else {}
-    cfg = tiny_config(d_model=d, residual="preln", bias=True, tie_embeddings=False, parametrization=parametrization,
-                      mup_base_width=d0, **extra)
+    cfg = tiny_config(
+        d_model=d,
+        residual="preln",
+        bias=True,
+        tie_embeddings=False,
+        parametrization=parametrization,
+        mup_base_width=d0,
+        **extra,
+    )
     groups = _groups(cfg)
     lr, wd, eps, m_d = 1e-3, 0.1, 1e-8, d / d0
     m_L = K * R / N0 if parametrization == "completep" else 1.0
     depth_lr = m_L ** (alpha - 1) if parametrization == "completep" else 1.0
-    adam_eps = eps / (m_d * m_L ** alpha) if parametrization == "completep" else eps
+    adam_eps = eps / (m_d * m_L**alpha) if parametrization == "completep" else eps
     want = {  # name: (lr, weight decay)
         "model.blocks.0.attn.f.qkv_proj.weight": (lr * depth_lr / m_d, wd * m_d),
         "model.blocks.1.ffn.f.fc2.weight": (lr * depth_lr / m_d, wd * m_d),
@@ -171,21 +204,54 @@ def test_schedule_scales_each_group_from_its_own_rate():
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([2 * x for x in first])
 
 
-@pytest.mark.parametrize("overrides, words", [
-    ({"parametrization": "mup"}, "needs mup_base_width"),
-    ({"mup_base_width": 64}, "belong to parametrization mup"),
-    ({"parametrization": "mup", "mup_base_width": 30}, "not divisible by n_heads"),
-    ({"parametrization": "completep", "mup_base_width": 16}, "needs completep_base_depth"),
-    ({"parametrization": "completep", "mup_base_width": 16, "completep_base_depth": 4, "residual": "deeploop"},
-     "residual: preln"),
-    ({"parametrization": "completep", "mup_base_width": 16, "completep_base_depth": 4, "residual": "preln",
-      "branch_scale": "wang"}, "branch_scale: one"),
-    ({"parametrization": "completep", "mup_base_width": 16, "completep_base_depth": 4, "residual": "preln",
-      "completep_alpha": 2.0}, "must be in [0.5, 1]"),
-    ({"parametrization": "mup", "mup_base_width": 16, "completep_alpha": 0.5}, "belongs to parametrization completep"),
-    ({"parametrization": "completep", "mup_base_width": 16, "completep_base_depth": 4, "residual": "preln",
-      "round_sampling": "poisson_truncated", "scales_depth": "sampled"}, "scales_depth: mean"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ({"parametrization": "mup"}, "needs mup_base_width"),
+        ({"mup_base_width": 64}, "belong to parametrization mup"),
+        ({"parametrization": "mup", "mup_base_width": 30}, "not divisible by n_heads"),
+        ({"parametrization": "completep", "mup_base_width": 16}, "needs completep_base_depth"),
+        (
+            {"parametrization": "completep", "mup_base_width": 16, "completep_base_depth": 4, "residual": "deeploop"},
+            "residual: preln",
+        ),
+        (
+            {
+                "parametrization": "completep",
+                "mup_base_width": 16,
+                "completep_base_depth": 4,
+                "residual": "preln",
+                "branch_scale": "wang",
+            },
+            "branch_scale: one",
+        ),
+        (
+            {
+                "parametrization": "completep",
+                "mup_base_width": 16,
+                "completep_base_depth": 4,
+                "residual": "preln",
+                "completep_alpha": 2.0,
+            },
+            "must be in [0.5, 1]",
+        ),
+        (
+            {"parametrization": "mup", "mup_base_width": 16, "completep_alpha": 0.5},
+            "belongs to parametrization completep",
+        ),
+        (
+            {
+                "parametrization": "completep",
+                "mup_base_width": 16,
+                "completep_base_depth": 4,
+                "residual": "preln",
+                "round_sampling": "poisson_truncated",
+                "scales_depth": "sampled",
+            },
+            "scales_depth: mean",
+        ),
+    ],
+)
 def test_refusals_name_the_fix(overrides, words):
     with pytest.raises(ValueError, match="fix:") as err:
         tiny_config(**overrides)
@@ -203,8 +269,10 @@ def test_at_the_base_width_and_depth_the_model_is_the_standard_one(parametrizati
     """Every rule is 1 at d = d₀ (and N = N₀): the same init draws, forward, rates and losses as `standard`."""
     extra = {"completep_base_depth": 6} if parametrization == "completep" else {}  # N = K·R = 6
     losses = []
-    for cfg in (tiny_config(residual="preln"),
-                tiny_config(residual="preln", parametrization=parametrization, mup_base_width=32, **extra)):
+    for cfg in (
+        tiny_config(residual="preln"),
+        tiny_config(residual="preln", parametrization=parametrization, mup_base_width=32, **extra),
+    ):
         torch.manual_seed(0)
         lm = LoopedLM(config=cfg, optim=OptimConfig(lr=1e-2, warmup_steps=0, decay_steps=10))
         opt = lm.configure_optimizers()["optimizer"]

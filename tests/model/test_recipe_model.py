@@ -26,16 +26,20 @@ from tests.helpers import tiny_config
 PINNED_CPU = "AVX512"
 PINNED = {
     "default": ({}, ["0x1.0b2ba40000000p+2", "0x1.0b5f560000000p+2", "0x1.0b340c0000000p+2", "0x1.0d0c400000000p+2"]),
-    "preln_inject_all": (dict(residual="preln", wiring="inject", inject_into="every", loss_rounds="all",
-                              truncate_rounds=1, dropout=0.1),
-                         ["0x1.0b17600000000p+2", "0x1.0bbc0e0000000p+2", "0x1.09ef160000000p+2", "0x1.0e2a4e0000000p+2"]),
-    "flt_rope": (dict(residual="deepnorm", wiring="flt", positions="rope"),
-                 ["0x1.0a55cc0000000p+2", "0x1.0b825c0000000p+2", "0x1.0968020000000p+2", "0x1.0c8b5a0000000p+2"]),
+    "preln_inject_all": (
+        dict(residual="preln", wiring="inject", inject_into="every", loss_rounds="all", truncate_rounds=1, dropout=0.1),
+        ["0x1.0b17600000000p+2", "0x1.0bbc0e0000000p+2", "0x1.09ef160000000p+2", "0x1.0e2a4e0000000p+2"],
+    ),
+    "flt_rope": (
+        dict(residual="deepnorm", wiring="flt", positions="rope"),
+        ["0x1.0a55cc0000000p+2", "0x1.0b825c0000000p+2", "0x1.0968020000000p+2", "0x1.0c8b5a0000000p+2"],
+    ),
 }
 # The same kernels on an Intel CPU (GenuineIntel; the above: AMD EPYC): equal but for preln_inject_all's first loss,
 # 2 ulp away (recorded on 6c91a37, one and two threads alike); the three steps after it are bit for bit the AMD ones.
-PINNED_INTEL = {"preln_inject_all": ["0x1.0b17620000000p+2", "0x1.0bbc0e0000000p+2", "0x1.09ef160000000p+2",
-                                     "0x1.0e2a4e0000000p+2"]}
+PINNED_INTEL = {
+    "preln_inject_all": ["0x1.0b17620000000p+2", "0x1.0bbc0e0000000p+2", "0x1.09ef160000000p+2", "0x1.0e2a4e0000000p+2"]
+}
 
 
 def cpu_vendor() -> str:
@@ -61,14 +65,24 @@ def pin_losses(tmp_path, steps: int = 4, **overrides) -> list[float]:
     tokens = torch.randint(0, 64, (16, 17), generator=torch.Generator().manual_seed(0))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=4)
     record = Losses()
-    L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-              callbacks=[record]).fit(lm, data)
+    L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[record],
+    ).fit(lm, data)
     return record.losses
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != PINNED_CPU,
-                    reason=f"the pinned losses were recorded with torch's {PINNED_CPU} CPU kernels")
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() != PINNED_CPU,
+    reason=f"the pinned losses were recorded with torch's {PINNED_CPU} CPU kernels",
+)
 @pytest.mark.parametrize("case", list(PINNED))
 def test_the_default_model_trains_as_before_to_the_last_bit(tmp_path, case):
     overrides, pinned = PINNED[case]
@@ -100,7 +114,7 @@ def test_alpha_and_beta_count_every_block_visit(residual):
     model = LoopedTransformer(cfg)
     assert (model.alpha, model.beta) == residual_scales(residual, 9)
     if residual == "deeploop":
-        assert model.alpha == pytest.approx(math.sqrt(18)) and model.beta == pytest.approx(72 ** -0.5)
+        assert model.alpha == pytest.approx(math.sqrt(18)) and model.beta == pytest.approx(72**-0.5)
 
 
 def test_prelude_and_coda_visits_are_tagged_apart_from_the_rounds():
@@ -115,8 +129,18 @@ def test_prelude_and_coda_visits_are_tagged_apart_from_the_rounds():
     assert tags[4] == "r01_k1_attn" and len(set(tags)) == len(tags)
     for v in rec.visits:  # tags parse back; untied sublayers are their own physical sublayer
         assert Visit.parse(v.tag) == v
-    assert {v.physical for v in rec.visits} == {"p1_attn", "p1_ffn", "p2_attn", "p2_ffn", "c1_attn", "c1_ffn",
-                                                "k1_attn", "k1_ffn", "k2_attn", "k2_ffn"}
+    assert {v.physical for v in rec.visits} == {
+        "p1_attn",
+        "p1_ffn",
+        "p2_attn",
+        "p2_ffn",
+        "c1_attn",
+        "c1_ffn",
+        "k1_attn",
+        "k1_ffn",
+        "k2_attn",
+        "k2_ffn",
+    }
     with pytest.raises(ValueError, match="not a visit tag"):
         Visit.parse("x1_attn")
 

@@ -35,12 +35,22 @@ def modules(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
 def lazy_names(tree: ast.Module, package: str) -> dict[str, str]:
     """Name -> defining module of a package `__init__` that hands its names out through
     `lazy_attributes(__name__, WHERE)`, WHERE a literal dict of name -> (relative) module."""
-    tables = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
-              for t in node.targets if isinstance(t, ast.Name)}
+    tables = {
+        t.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
     out = {}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_attributes" and len(node.args) == 2
-                and isinstance(node.args[1], ast.Name) and node.args[1].id in tables):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "lazy_attributes"
+            and len(node.args) == 2
+            and isinstance(node.args[1], ast.Name)
+            and node.args[1].id in tables
+        ):
             for name, where in ast.literal_eval(tables[node.args[1].id]).items():
                 out[name] = package + where if where.startswith(".") else where
     return out
@@ -148,7 +158,8 @@ def test_no_import_circles():
     graph = import_graph()
     found = cycles(graph)
     assert not found, "import circles in loopnet (every import counts, lazy ones too):\n" + "\n".join(
-        f"  {describe(c, graph)}   (component: {', '.join(c)})" for c in found)
+        f"  {describe(c, graph)}   (component: {', '.join(c)})" for c in found
+    )
 
 
 def test_a_new_circle_is_caught(tmp_path):
@@ -186,7 +197,8 @@ def test_the_package_never_imports_experiments():
     assert (ROOT / "experiments" / "__init__.py").is_file()
     found = outside_imports()
     assert not found, "loopnet imports experiments/ (the dependency runs one way, experiments -> loopnet):\n  " + (
-        "\n  ".join(found))
+        "\n  ".join(found)
+    )
 
 
 def test_experiments_have_no_import_circles():

@@ -30,8 +30,9 @@ def stand_in_venv(tmp_path):
     """A venv whose `loopnet` records its arguments and LOOPNET_RESUME, set up already (no install)."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "loopnet").write_text(f'#!/bin/sh\necho "loopnet $*" > {tmp_path}/called\n'
-                                          f'echo "$LOOPNET_RESUME" > {tmp_path}/resume\n')
+    (venv / "bin" / "loopnet").write_text(
+        f'#!/bin/sh\necho "loopnet $*" > {tmp_path}/called\necho "$LOOPNET_RESUME" > {tmp_path}/resume\n'
+    )
     (venv / "bin" / "loopnet").chmod(0o755)
     (venv / ".installed").touch()
     os.utime(venv / ".installed", (4e9, 4e9))  # newer than pyproject.toml: no set-up
@@ -39,20 +40,32 @@ def stand_in_venv(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-@pytest.mark.parametrize("given, resume", [
-    ([], 'make fit ARGS="--ckpt_path last"'),
-    (["ARGS=--ckpt_path last"], 'make fit ARGS="--ckpt_path last"'),
-    (["ARGS=--trainer.max_steps 5", "CONFIG=configs/deepnorm_r6.yaml"],
-     'make fit CONFIG=configs/deepnorm_r6.yaml ARGS="--trainer.max_steps 5 --ckpt_path last"'),
-])
+@pytest.mark.parametrize(
+    "given, resume",
+    [
+        ([], 'make fit ARGS="--ckpt_path last"'),
+        (["ARGS=--ckpt_path last"], 'make fit ARGS="--ckpt_path last"'),
+        (
+            ["ARGS=--trainer.max_steps 5", "CONFIG=configs/deepnorm_r6.yaml"],
+            'make fit CONFIG=configs/deepnorm_r6.yaml ARGS="--trainer.max_steps 5 --ckpt_path last"',
+        ),
+    ],
+)
 def test_make_fit_takes_args_and_says_how_to_resume_itself(tmp_path, given, resume):
     venv = stand_in_venv(tmp_path)
     res = run_command(["make", "-s", "-C", str(ROOT), "fit", f"VENV={venv}", *given])
     assert res.returncode == 0, res.stderr
     args = next((g.removeprefix("ARGS=") for g in given if g.startswith("ARGS=")), "")
     config = next((g.removeprefix("CONFIG=") for g in given if g.startswith("CONFIG=")), "configs/deeploop_r6.yaml")
-    assert (tmp_path / "called").read_text().split() == ["loopnet", "fit", "--config", config,
-                                                         "--config", "configs/cpu.yaml", *args.split()]
+    assert (tmp_path / "called").read_text().split() == [
+        "loopnet",
+        "fit",
+        "--config",
+        config,
+        "--config",
+        "configs/cpu.yaml",
+        *args.split(),
+    ]
     assert (tmp_path / "resume").read_text().strip() == resume
 
 

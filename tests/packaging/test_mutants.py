@@ -23,7 +23,9 @@ def mutmut_names(module: Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names.add(f"x_{node.name}")
         elif isinstance(node, ast.ClassDef):
-            names |= {f"xǁ{node.name}ǁ{f.name}" for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            names |= {
+                f"xǁ{node.name}ǁ{f.name}" for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            }
     return names
 
 

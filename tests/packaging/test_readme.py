@@ -93,7 +93,9 @@ def makefile_targets() -> set[str]:
 @pytest.mark.parametrize("page", PAGES, ids=ids(PAGES))
 def test_every_make_target_named_exists(page):
     named = commands(text(page), "make")
-    assert named <= makefile_targets(), f"{page.relative_to(ROOT)} names unknown targets {sorted(named - makefile_targets())}"
+    assert named <= makefile_targets(), (
+        f"{page.relative_to(ROOT)} names unknown targets {sorted(named - makefile_targets())}"
+    )
 
 
 def test_the_readme_gives_the_quick_start():
@@ -120,8 +122,9 @@ def test_the_readme_tables_every_config_file():
 def test_every_python_module_named_exists(page):
     for module in set(re.findall(r"python -m (loopnet[\w.]*)", text(page))):
         path = ROOT / module.replace(".", "/")
-        assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), \
+        assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), (
             f"{page.relative_to(ROOT)} names `python -m {module}`: no such module"
+        )
 
 
 def test_the_code_tour_links_the_files_to_read_first():

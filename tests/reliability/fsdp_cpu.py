@@ -93,8 +93,11 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     with FSDP.summon_full_params(trainer.strategy.model, with_grads=True, writeback=False):
-        return {clean(n): p.grad.detach().clone() for n, p in trainer.strategy.model.named_parameters()
-                if p.grad is not None}
+        return {
+            clean(n): p.grad.detach().clone()
+            for n, p in trainer.strategy.model.named_parameters()
+            if p.grad is not None
+        }
 
 
 def main(out: Path, modes: list[str]) -> None:
@@ -107,8 +110,11 @@ def main(out: Path, modes: list[str]) -> None:
 
     counts = gathers()
     inputs, targets = windows()
-    loader = lambda: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, targets),  # noqa: E731
-                                                 batch_size=BATCH, shuffle=False)
+    loader = lambda: torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(inputs, targets),  # noqa: E731
+        batch_size=BATCH,
+        shuffle=False,
+    )
 
     class Recorder(Callback):
         """Per step: the rank's batch, loss, gathers, and (mode grads) the whole gradients before and
@@ -149,11 +155,20 @@ def main(out: Path, modes: list[str]) -> None:
         torch.manual_seed(0)
         # decay_steps: the schedule of a 4-step run also in its first 2 steps (the run a resume continues)
         model = LoopedLM(config=LoopConfig(**MODEL), optim=OptimConfig(lr=1e-2, warmup_steps=1, decay_steps=4))
-        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy_from_yaml(**strategy_args),
-                            max_steps=max_steps, logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, gradient_clip_val=CLIP, limit_val_batches=0,
-                            default_root_dir=out / "root", callbacks=callbacks,
-                            enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks))
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy=strategy_from_yaml(**strategy_args),
+            max_steps=max_steps,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            gradient_clip_val=CLIP,
+            limit_val_batches=0,
+            default_root_dir=out / "root",
+            callbacks=callbacks,
+            enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        )
         if trainer.global_rank == 0 and ckpt_path is None:
             torch.save({k: v.clone() for k, v in model.model.state_dict().items()}, out / "init.pt")
         trainer.fit(model, train_dataloaders=loader(), ckpt_path=ckpt_path)
@@ -179,15 +194,22 @@ def main(out: Path, modes: list[str]) -> None:
         fit(2, [first, ModelCheckpoint(dirpath=out / "ckpt", save_last=True, save_top_k=0, every_n_train_steps=2)])
         last = out / "ckpt" / "last.ckpt"
         fit(4, [resumed, ModelCheckpoint(dirpath=out / "ckpt2", save_top_k=0)], ckpt_path=str(last))
-        return {"straight": [s["loss"] for s in straight.steps], "first": [s["loss"] for s in first.steps],
-                "resumed": [s["loss"] for s in resumed.steps],
-                "checkpoint": sorted(p.name for p in last.iterdir()) if last.is_dir() else "not a folder"}
+        return {
+            "straight": [s["loss"] for s in straight.steps],
+            "first": [s["loss"] for s in first.steps],
+            "resumed": [s["loss"] for s in resumed.steps],
+            "checkpoint": sorted(p.name for p in last.iterdir()) if last.is_dir() else "not a folder",
+        }
 
     def guard() -> dict:  # a nan in rank 1's shard only: both ranks stop at the same step
         guard, rec = DivergenceGuard(after_step=100), Recorder()
         trainer = fit(4, [NaNOnRank1(), guard, rec])
-        return {"diverged_at_step": guard.diverged_at_step, "reason": guard.record.reason,
-                "global_step": trainer.global_step, "steps": len(rec.steps)}
+        return {
+            "diverged_at_step": guard.diverged_at_step,
+            "reason": guard.record.reason,
+            "global_step": trainer.global_step,
+            "steps": len(rec.steps),
+        }
 
     run = {"grads": grads, "gathers": gathers_per_step, "resume": resume, "guard": guard}
     for mode in modes:

@@ -25,12 +25,36 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = "deeploop_carry_k2_r2_d32_h2_ctx32"  # the run folder name of TINY's model (run_folders.run_name)
 # A seconds-long CPU run: the DeepLoop method config, the CPU overlay, a 2-round model of width 32.
 TINY = [
-    "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
-    "--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "32",
-    "--model.config.n_rounds", "2", "--data.batch_size", "4", "--model.optim.warmup_steps", "2",
-    "--trainer.max_steps", "8", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2",
-    "--trainer.limit_test_batches", "2", "--trainer.log_every_n_steps", "1",
-    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    "--config",
+    str(ROOT / "configs/deeploop_r6.yaml"),
+    "--config",
+    str(ROOT / "configs/cpu.yaml"),
+    "--model.config.d_model",
+    "32",
+    "--model.config.n_heads",
+    "2",
+    "--model.config.seq_len",
+    "32",
+    "--model.config.n_rounds",
+    "2",
+    "--data.batch_size",
+    "4",
+    "--model.optim.warmup_steps",
+    "2",
+    "--trainer.max_steps",
+    "8",
+    "--trainer.val_check_interval",
+    "4",
+    "--trainer.limit_val_batches",
+    "2",
+    "--trainer.limit_test_batches",
+    "2",
+    "--trainer.log_every_n_steps",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
 ]
 
 # Two steps with a validation at step 2: a finished run (checkpoints, events, config, summary) in seconds.
@@ -84,8 +108,15 @@ def spawn(*args: str, cwd: Path, new_session: bool = False) -> subprocess.Popen:
     output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits.
     `new_session`: in a process group of its own (with the DDP ranks it starts), for `os.killpg`."""
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env(),
-                            stdout=logs[0], stderr=logs[1], text=True, start_new_session=new_session)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopnet.training.cli", *args],
+        cwd=cwd,
+        env=env(),
+        stdout=logs[0],
+        stderr=logs[1],
+        text=True,
+        start_new_session=new_session,
+    )
     proc.logs = logs
     return proc
 
@@ -161,13 +192,23 @@ class SignalInValidation(Callback):
     """Send `signum` to this process at the end of validation batch `batch_idx` of the validation at
     global step `step` (`sanity`: of the sanity check before training)."""
 
-    def __init__(self, step: int = 0, batch_idx: int = 0, sanity: bool = False, signum: int = int(signal.SIGTERM),
-                 rank: int | None = None):
+    def __init__(
+        self,
+        step: int = 0,
+        batch_idx: int = 0,
+        sanity: bool = False,
+        signum: int = int(signal.SIGTERM),
+        rank: int | None = None,
+    ):
         self.step, self.batch_idx, self.sanity, self.signum, self.rank = step, batch_idx, sanity, signum, rank
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if (trainer.sanity_checking == self.sanity and trainer.global_step == self.step
-                and batch_idx == self.batch_idx and self.rank in (None, trainer.global_rank)):
+        if (
+            trainer.sanity_checking == self.sanity
+            and trainer.global_step == self.step
+            and batch_idx == self.batch_idx
+            and self.rank in (None, trainer.global_rank)
+        ):
             os.kill(os.getpid(), self.signum)
 
 
@@ -210,8 +251,13 @@ class RankRecorder(Callback):
 
     def on_train_end(self, trainer, pl_module):
         flat = torch.cat([p.detach().flatten() for p in pl_module.parameters()])
-        out = {"rank": trainer.global_rank, "world": trainer.world_size, "rows": self.rows, "losses": self.losses,
-               "params": hashlib.blake2b(flat.numpy().tobytes()).hexdigest()}
+        out = {
+            "rank": trainer.global_rank,
+            "world": trainer.world_size,
+            "rows": self.rows,
+            "losses": self.losses,
+            "params": hashlib.blake2b(flat.numpy().tobytes()).hexdigest(),
+        }
         Path(self.folder).mkdir(parents=True, exist_ok=True)
         Path(self.folder, f"rank{trainer.global_rank}.json").write_text(json.dumps(out))
 
@@ -287,5 +333,10 @@ def record(cwd: Path) -> dict:
     run = cwd / "runs" / RUN / "version_0"
     summary = json.loads((run / "summary.json").read_text())
     best = sorted(p.name for p in (run / "checkpoints").glob("best-*.ckpt"))
-    return {"train/loss": scalars(run), "val/loss": scalars(run, "val/loss"),
-            "val_history": summary["val_history"], "best": best, "best_val_loss": summary["best_val_loss"]}
+    return {
+        "train/loss": scalars(run),
+        "val/loss": scalars(run, "val/loss"),
+        "val_history": summary["val_history"],
+        "best": best,
+        "best_val_loss": summary["best_val_loss"],
+    }

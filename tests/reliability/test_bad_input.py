@@ -60,7 +60,7 @@ def test_unknown_key_on_the_command_line(unchanged):
 
 def test_wrong_type(unchanged):
     res = loopnet("fit", *SHORT, "--trainer.max_steps", "many", cwd=unchanged)
-    check(res, 'Parser key "trainer.max_steps": Expected a <class \'int\'>. Got value: many', "of the expected type")
+    check(res, "Parser key \"trainer.max_steps\": Expected a <class 'int'>. Got value: many", "of the expected type")
 
 
 def test_impossible_shapes(unchanged):
@@ -96,8 +96,17 @@ def test_corrupt_last_checkpoint(prior, tmp_path):
 
 def test_checkpoint_from_another_config(unchanged):
     # Another width names another run folder (run_folders.run_name): pinned to the prior run's, `last` finds its checkpoint.
-    res = loopnet("fit", *SHORT, "--model.config.d_model", "64", "--trainer.logger.init_args.name", RUN,
-                  "--ckpt_path", "last", cwd=unchanged)
+    res = loopnet(
+        "fit",
+        *SHORT,
+        "--model.config.d_model",
+        "64",
+        "--trainer.logger.init_args.name",
+        RUN,
+        "--ckpt_path",
+        "last",
+        cwd=unchanged,
+    )
     check(res, "another model config (d_model: checkpoint 32 vs config 64)", "run with the config saved beside it")
 
 
@@ -109,8 +118,11 @@ def test_missing_checkpoint(unchanged):
 def test_unwritable_log_folder(unchanged):
     # Running as root, permission bits do not stop writes; a path under a regular file fails for everyone.
     res = loopnet("fit", *SHORT, "--trainer.logger.init_args.save_dir", "a_file/runs", cwd=unchanged)
-    check(res, "cannot write to the folder a_file/runs given by --trainer.logger.init_args.save_dir (Not a directory)",
-          "fix: pass a writable folder")
+    check(
+        res,
+        "cannot write to the folder a_file/runs given by --trainer.logger.init_args.save_dir (Not a directory)",
+        "fix: pass a writable folder",
+    )
 
 
 def test_unwritable_checkpoint_folder(unchanged):
@@ -127,8 +139,11 @@ def test_resume_on_another_data_stream_is_refused_before_anything_is_written(unc
     # (status "interrupted", no losses) and config.yaml had been overwritten.
     versions = sorted((unchanged / "runs" / RUN).iterdir())
     res = loopnet("fit", *SHORT, "--data.batch_size", "2", "--ckpt_path", "last", cwd=unchanged)
-    check(res, "was trained on another data stream (checkpoint, now): {'batch_size': (4, 2)}",
-          "fix: resume with the data settings it was trained with")
+    check(
+        res,
+        "was trained on another data stream (checkpoint, now): {'batch_size': (4, 2)}",
+        "fix: resume with the data settings it was trained with",
+    )
     assert sorted((unchanged / "runs" / RUN).iterdir()) == versions  # no new log folder either
 
 
@@ -153,20 +168,30 @@ def test_resume_that_fails_at_the_restore_keeps_the_run_summary(unchanged, monke
 @pytest.mark.parametrize("sub", ["test", "validate", "predict"])
 def test_evaluation_needs_a_checkpoint(tmp_path, sub):
     res = loopnet(sub, *SHORT, cwd=tmp_path)
-    check(res, f"`loopnet {sub}` needs --ckpt_path: without one it would run the model with its random initial "
-          "weights", "fix: --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt")
+    check(
+        res,
+        f"`loopnet {sub}` needs --ckpt_path: without one it would run the model with its random initial weights",
+        "fix: --ckpt_path runs/<run>/version_N/checkpoints/last.ckpt",
+    )
     assert not (tmp_path / "runs").exists()
 
 
 def test_evaluation_of_last_takes_the_newest_checkpoint_of_the_run(unchanged):
     res = loopnet("test", *SHORT, "--ckpt_path", "last", cwd=unchanged)
     assert res.code == 0, res.err[-3000:]
-    assert f"loopnet: evaluating {unchanged}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err  # save_dir made absolute
+    assert (
+        f"loopnet: evaluating {unchanged}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err
+    )  # save_dir made absolute
     res = loopnet("test", *SHORT, "--model.config.n_rounds", "3", "--ckpt_path", "last", cwd=unchanged)
-    check(res, f"--ckpt_path last: no {unchanged}/runs/deeploop_carry_k2_r3_d32_h2_ctx32/version_*/checkpoints/last*.ckpt",
-          "fix: give the .ckpt file with --ckpt_path")
+    check(
+        res,
+        f"--ckpt_path last: no {unchanged}/runs/deeploop_carry_k2_r3_d32_h2_ctx32/version_*/checkpoints/last*.ckpt",
+        "fix: give the .ckpt file with --ckpt_path",
+    )
     res = loopnet("test", *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=unchanged)
-    assert res.code == 0 and f"evaluating {unchanged}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
+    assert res.code == 0 and f"evaluating {unchanged}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[
+        -3000:
+    ]
     res = loopnet("test", *SHORT, "--ckpt_path", "best", cwd=unchanged)
     check(res, "--ckpt_path best names a checkpoint of a fit in this process", "fix: give the .ckpt file")
 
@@ -194,8 +219,11 @@ DATA_ERRORS = {
     "whitespace": (b"  \n\n\t \n", "The corpus is empty", "Fix: point data.path at files that hold text"),
     "binary": (bytes(range(256)) * 8, "is not valid UTF-8", "Fix: re-encode it as UTF-8"),
     "latin1": ("Ça va très bien, Hélène. ".encode("latin-1") * 50, "is not valid UTF-8", "Fix: re-encode it"),
-    "one_document": (b"To be or not to be, that is the question. " * 40, "so val_fraction 0.0005 selects none",
-                     "Fix: cut the files into documents with data.sample_by: paragraph"),
+    "one_document": (
+        b"To be or not to be, that is the question. " * 40,
+        "so val_fraction 0.0005 selects none",
+        "Fix: cut the files into documents with data.sample_by: paragraph",
+    ),
 }
 
 
@@ -210,21 +238,47 @@ def test_unusable_corpus_fails_before_anything_is_written(tmp_path, kind):
 
 def test_corpus_all_held_out_fails_before_anything_is_written(tmp_path):
     (tmp_path / "corpus.txt").write_text("To be or not to be, that is the question. " * 40)
-    res = loopnet("fit", *SHORT, "--data.source", "files", "--data.path", "corpus.txt", "--data.val_fraction", "0.999",
-                  cwd=tmp_path)
+    res = loopnet(
+        "fit",
+        *SHORT,
+        "--data.source",
+        "files",
+        "--data.path",
+        "corpus.txt",
+        "--data.val_fraction",
+        "0.999",
+        cwd=tmp_path,
+    )
     check(res, "the training split has 0 tokens per epoch", "Fix: add data")
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("args, problem, fix", [
-    (["--data.source", "hub"], "offline mode is set", "fix: read the embedded corpus with `--data.source shakespeare`"),
-    (["--trainer.max_steps", "0"], "--trainer.max_steps 0 trains no step", "fix: give max_steps ≥ 1"),
-    (["--model.config.vocab_size", "1000"], "model.config.vocab_size=1000 is smaller than the data's 50257 token ids",
-     "fix: set model.config.vocab_size to at least 50257"),
-    (["--data.vocab", "compact", "--model.config.vocab_size", "1000"],  # its size is known once the corpus is read
-     "model.config.vocab_size=1000 is smaller than the data's 19083 token ids (data.vocab: compact)",
-     "fix: set model.config.vocab_size to at least 19083"),
-])
+@pytest.mark.parametrize(
+    "args, problem, fix",
+    [
+        (
+            ["--data.source", "hub"],
+            "offline mode is set",
+            "fix: read the embedded corpus with `--data.source shakespeare`",
+        ),
+        (["--trainer.max_steps", "0"], "--trainer.max_steps 0 trains no step", "fix: give max_steps ≥ 1"),
+        (
+            ["--model.config.vocab_size", "1000"],
+            "model.config.vocab_size=1000 is smaller than the data's 50257 token ids",
+            "fix: set model.config.vocab_size to at least 50257",
+        ),
+        (
+            [
+                "--data.vocab",
+                "compact",
+                "--model.config.vocab_size",
+                "1000",
+            ],  # its size is known once the corpus is read
+            "model.config.vocab_size=1000 is smaller than the data's 19083 token ids (data.vocab: compact)",
+            "fix: set model.config.vocab_size to at least 19083",
+        ),
+    ],
+)
 def test_bad_run_settings_fail_before_anything_is_written(tmp_path, args, problem, fix):
     res = loopnet("fit", *SHORT, *args, cwd=tmp_path)
     check(res, problem, fix)
@@ -240,13 +294,18 @@ def test_last_is_refused_when_several_versions_hold_checkpoints(prior, tmp_path,
     shutil.copytree(run / "version_0", run / "version_9")  # a later fit of the same run name
     before = snapshot(tmp_path)
     res = loopnet(sub, *SHORT, "--ckpt_path", "last", cwd=tmp_path)
-    check(res, f"--ckpt_path last is ambiguous: 2 versions of {tmp_path}/runs/{RUN} hold a last*.ckpt: "
-          "version_0 (completed at step 2), version_9 (completed at step 2)",
-          "fix: pick one with --trainer.logger.init_args.version N (e.g. 9), or give the .ckpt file")
+    check(
+        res,
+        f"--ckpt_path last is ambiguous: 2 versions of {tmp_path}/runs/{RUN} hold a last*.ckpt: "
+        "version_0 (completed at step 2), version_9 (completed at step 2)",
+        "fix: pick one with --trainer.logger.init_args.version N (e.g. 9), or give the .ckpt file",
+    )
     assert snapshot(tmp_path) == before
     if sub == "test":
         res = loopnet(sub, *SHORT, "--trainer.logger.init_args.version", "0", "--ckpt_path", "last", cwd=tmp_path)
-        assert res.code == 0 and f"evaluating {tmp_path}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, res.err[-3000:]
+        assert res.code == 0 and f"evaluating {tmp_path}/runs/{RUN}/version_0/checkpoints/last.ckpt" in res.err, (
+            res.err[-3000:]
+        )
 
 
 def test_option_prefix_is_not_taken_for_the_option(tmp_path):

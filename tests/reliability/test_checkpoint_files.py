@@ -45,7 +45,8 @@ def test_a_pickle_that_runs_code_is_refused_and_never_runs(tmp_path):
     assert str(err.value) == (
         f"refused to load {path}: unpickling it would import or run code (posix.system), which loopnet's restricted "
         "(weights_only) loader does not allow; fix: use a checkpoint written by `loopnet fit`, and never load files "
-        "from untrusted sources")
+        "from untrusted sources"
+    )
     assert not marker.exists()
 
 
@@ -70,17 +71,25 @@ def test_unreadable_files_are_named_with_the_fix(tmp_path):
     good = save(tmp_path / "good.ckpt", {"state_dict": {"w": torch.zeros(1000)}})
     cut = tmp_path / "cut.ckpt"
     cut.write_bytes(good.read_bytes()[:200])
-    with pytest.raises(ValueError, match=rf"^{cut} is not a readable checkpoint, it is corrupt or truncated \(\w+: .+\); "
-                                         r"fix: pass another one with --ckpt_path, e\.g\. best-\*\.ckpt"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{cut} is not a readable checkpoint, it is corrupt or truncated \(\w+: .+\); "
+        r"fix: pass another one with --ckpt_path, e\.g\. best-\*\.ckpt",
+    ):
         ck.load_checkpoint_meta(str(cut))
     empty = tmp_path / "empty.ckpt"
     empty.touch()
-    with pytest.raises(ValueError, match=rf"^{empty} is empty \(0 bytes\), not a checkpoint: its write never completed"):
+    with pytest.raises(
+        ValueError, match=rf"^{empty} is empty \(0 bytes\), not a checkpoint: its write never completed"
+    ):
         ck.load_checkpoint_meta(str(empty))
     for obj in ({"weights": {}}, [1, 2]):
         path = save(tmp_path / "plain.ckpt", obj)
-        with pytest.raises(ValueError, match=rf"^{path} is not a Lightning checkpoint \(no state_dict\); give a \.ckpt "
-                                             "written by loopnet fit$"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^{path} is not a Lightning checkpoint \(no state_dict\); give a \.ckpt "
+            "written by loopnet fit$",
+        ):
             ck.load_checkpoint_meta(str(path))
 
 
@@ -99,8 +108,11 @@ def test_check_checkpoint_file(tmp_path):
         ck.check_checkpoint_file(str(run / "x.ckpt"))
     folder = run / "version_0" / "checkpoints"
     folder.mkdir(parents=True)
-    with pytest.raises(ValueError, match=rf"^--ckpt_path {folder} is a folder, not a checkpoint file; fix: give a "
-                                         rf"\.ckpt file in it, e\.g\. {folder}/last\.ckpt$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^--ckpt_path {folder} is a folder, not a checkpoint file; fix: give a "
+        rf"\.ckpt file in it, e\.g\. {folder}/last\.ckpt$",
+    ):
         ck.check_checkpoint_file(str(folder))  # none in it: the name to expect
     old, new = save(folder / "last.ckpt", {"state_dict": {}}), save(folder / "last-v1.ckpt", {"state_dict": {}})
     os.utime(old, (1000, 1000))
@@ -109,8 +121,11 @@ def test_check_checkpoint_file(tmp_path):
             ck.check_checkpoint_file(str(given), option="--opt")
     empty = folder / "empty.ckpt"
     empty.touch()
-    with pytest.raises(ValueError, match=rf"^{empty} is empty \(0 bytes\), not a checkpoint: its write never completed; "
-                                         r"fix: pass another one with --ckpt_path, e\.g\. best-\*\.ckpt"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{empty} is empty \(0 bytes\), not a checkpoint: its write never completed; "
+        r"fix: pass another one with --ckpt_path, e\.g\. best-\*\.ckpt",
+    ):
         ck.check_checkpoint_file(str(empty))
     ck.check_checkpoint_file(str(old))  # a file with bytes
 
@@ -122,14 +137,17 @@ def test_check_model_config_names_each_differing_field():
     ck.check_model_config(dict(current), current)
     ck.check_model_config(tiny_config(), current)  # a LoopConfig instance too
     # Run-time fields may differ.
-    ck.check_model_config(config_dict(dropout=0.1, truncate_rounds=1, checkpoint_rounds=True, loss_rounds="all"),
-                               current)
+    ck.check_model_config(
+        config_dict(dropout=0.1, truncate_rounds=1, checkpoint_rounds=True, loss_rounds="all"), current
+    )
     saved = config_dict(n_rounds=4, d_model=64)
     with pytest.raises(ValueError) as err:
         ck.check_model_config(saved, current)
-    assert str(err.value) == ("the checkpoint was trained with another model config (d_model: checkpoint 64 vs config 32; "
-                              "n_rounds: checkpoint 4 vs config 3); run with the config saved beside it "
-                              "(runs/<run>/version_N/config.yaml), and use --model.eval_rounds to evaluate other round counts")
+    assert str(err.value) == (
+        "the checkpoint was trained with another model config (d_model: checkpoint 64 vs config 32; "
+        "n_rounds: checkpoint 4 vs config 3); run with the config saved beside it "
+        "(runs/<run>/version_N/config.yaml), and use --model.eval_rounds to evaluate other round counts"
+    )
 
 
 def test_a_field_the_checkpoint_lacks_counts_as_its_default():
@@ -142,8 +160,11 @@ def test_a_field_the_checkpoint_lacks_counts_as_its_default():
 
 def test_check_checkpoint_names_the_file(tmp_path):
     path = save(tmp_path / "a.ckpt", {"state_dict": {}, "hyper_parameters": {"config": config_dict(n_rounds=5)}})
-    with pytest.raises(ValueError, match=rf"^{path}: the checkpoint was trained with another model config \(n_rounds: "
-                                         "checkpoint 5 vs config 3\\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{path}: the checkpoint was trained with another model config \(n_rounds: "
+        "checkpoint 5 vs config 3\\)",
+    ):
         ck.check_checkpoint(str(path), config_dict())
     assert ck.check_checkpoint(str(path), config_dict(n_rounds=5))["hyper_parameters"]["config"]["n_rounds"] == 5
     bare = save(tmp_path / "b.ckpt", {"state_dict": {}})
@@ -153,29 +174,42 @@ def test_check_checkpoint_names_the_file(tmp_path):
 # ----------------------------------------------------------------------------------------- weights
 def test_model_weights_are_the_models_own_entries(tmp_path):
     config = config_dict()
-    ckpt = {"hyper_parameters": {"config": config},
-            "state_dict": {"model.wte.weight": torch.ones(2), "model.blocks.0.x": torch.zeros(1), "eval_loss.3.mean": 1}}
+    ckpt = {
+        "hyper_parameters": {"config": config},
+        "state_dict": {"model.wte.weight": torch.ones(2), "model.blocks.0.x": torch.zeros(1), "eval_loss.3.mean": 1},
+    }
     got_config, weights = ck.model_weights(ckpt, tmp_path / "a.ckpt")
     assert got_config == config and set(weights) == {"wte.weight", "blocks.0.x"}
     assert ck.model_weights({**ckpt, "datamodule_hyper_parameters": {"vocab": "gpt2"}}, "a")[1].keys() == weights.keys()
-    with pytest.raises(ValueError, match=r"^a\.ckpt was trained with data\.vocab: compact .* fix: evaluate a model "
-                                         "trained with data.vocab: gpt2$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^a\.ckpt was trained with data\.vocab: compact .* fix: evaluate a model "
+        "trained with data.vocab: gpt2$",
+    ):
         ck.model_weights({**ckpt, "datamodule_hyper_parameters": {"vocab": "compact"}}, "a.ckpt")
     for broken in ({"state_dict": {}}, {"hyper_parameters": {"config": config}}, [1]):
-        with pytest.raises(ValueError, match=r"^b\.ckpt is not a loopnet checkpoint \(expected hyper_parameters\.config "
-                                             r"and state_dict, as saved by loopnet fit\)$"):
+        with pytest.raises(
+            ValueError,
+            match=r"^b\.ckpt is not a loopnet checkpoint \(expected hyper_parameters\.config "
+            r"and state_dict, as saved by loopnet fit\)$",
+        ):
             ck.model_weights(broken, "b.ckpt")
     folder = tmp_path / "sharded.ckpt"
     save(folder / ck.SHARDED_META, {})
-    with pytest.raises(ValueError, match=rf"^{folder} is a sharded \(FSDP\) checkpoint folder; fix: consolidate it .*"
-                                         rf"consolidate_checkpoint {folder}$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{folder} is a sharded \(FSDP\) checkpoint folder; fix: consolidate it .*"
+        rf"consolidate_checkpoint {folder}$",
+    ):
         ck.model_weights(ckpt, folder)
 
 
 # ----------------------------------------------------------------------------------------- finding
 def logger(save_dir, name="run", version=None):
-    return Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                     init_args=Namespace(save_dir=str(save_dir), name=name, version=version))
+    return Namespace(
+        class_path="lightning.pytorch.loggers.TensorBoardLogger",
+        init_args=Namespace(save_dir=str(save_dir), name=name, version=version),
+    )
 
 
 def test_version_folder():
@@ -209,7 +243,8 @@ def test_run_checkpoint_is_the_one_version_with_checkpoints(tmp_path):
     assert str(err.value) == (
         f"--ckpt_path last is ambiguous: 2 versions of {root} hold a last*.ckpt: version_1 (no summary), "
         "version_10 (completed at step 8); fix: pick one with --trainer.logger.init_args.version N (e.g. 10), "
-        "or give the .ckpt file with --ckpt_path")
+        "or give the .ckpt file with --ckpt_path"
+    )
 
 
 def test_last_checkpoint_looks_where_the_command_says(tmp_path):
@@ -223,13 +258,20 @@ def test_last_checkpoint_looks_where_the_command_says(tmp_path):
     assert ck.pinned_checkpoint_folder(pinned) == folder
     assert ck.last_checkpoint(pinned) == (None, f"{folder}/last*.ckpt")
     mine = save(tmp_path / "mine" / "last.ckpt", {})
-    by_dirpath = Namespace(checkpoint=Namespace(dirpath=str(tmp_path / "mine")), trainer=Namespace(logger=logger(tmp_path)))
+    by_dirpath = Namespace(
+        checkpoint=Namespace(dirpath=str(tmp_path / "mine")), trainer=Namespace(logger=logger(tmp_path))
+    )
     assert ck.pinned_checkpoint_folder(by_dirpath) == tmp_path / "mine"
     assert ck.last_checkpoint(by_dirpath) == (mine, f"{tmp_path / 'mine'}/last*.ckpt")
-    for no_folder in (Namespace(trainer=Namespace(logger=False)),
-                      Namespace(trainer=Namespace(logger=Namespace(class_path="x", init_args=Namespace(save_dir=None))))):
-        with pytest.raises(ValueError, match=r"^--ckpt_path last needs the TensorBoard logger's run folder or "
-                                             r"--checkpoint\.dirpath to look in; fix: give the \.ckpt file with --ckpt_path$"):
+    for no_folder in (
+        Namespace(trainer=Namespace(logger=False)),
+        Namespace(trainer=Namespace(logger=Namespace(class_path="x", init_args=Namespace(save_dir=None)))),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"^--ckpt_path last needs the TensorBoard logger's run folder or "
+            r"--checkpoint\.dirpath to look in; fix: give the \.ckpt file with --ckpt_path$",
+        ):
             ck.last_checkpoint(no_folder)
 
 
@@ -257,7 +299,8 @@ def test_one_fit_per_version_folder(tmp_path):
         assert str(err.value) == (
             f"{folder} is in use by another loopnet fit (pid {os.getpid()}) pinned to the same version; fix: wait for "
             "it to end (then resume it with --ckpt_path last), or pin another version with "
-            "--trainer.logger.init_args.version")
+            "--trainer.logger.init_args.version"
+        )
     finally:
         ck.release_version_locks()
     assert not lock.exists() and not (tmp_path / "runs").exists()  # the folders made for the lock, empty: removed
@@ -275,8 +318,11 @@ def test_ambiguous_versions_are_listed_in_numeric_order(tmp_path):
     root = tmp_path / "run"
     for n in (10, 2):
         save(root / f"version_{n}" / "checkpoints" / "last.ckpt", {})
-    with pytest.raises(ValueError, match=r"hold a last\*\.ckpt: version_2 \(no summary\), version_10 \(no summary\); "
-                                         r"fix: pick one with --trainer.logger.init_args.version N \(e\.g\. 10\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"hold a last\*\.ckpt: version_2 \(no summary\), version_10 \(no summary\); "
+        r"fix: pick one with --trainer.logger.init_args.version N \(e\.g\. 10\)",
+    ):
         ck.run_checkpoint(root)
 
 
@@ -319,34 +365,57 @@ def test_a_lock_file_replaced_between_open_and_lock_is_taken_anew(tmp_path, monk
 
 
 # ----------------------------------------------------------------------------------------- more edges
-class Unsafe1: pass  # noqa: E701  (six classes the restricted unpickler refuses, named in its message)
-class Unsafe2: pass  # noqa: E701
-class Unsafe3: pass  # noqa: E701
-class Unsafe4: pass  # noqa: E701
-class Unsafe5: pass  # noqa: E701
-class Unsafe6: pass  # noqa: E701
+class Unsafe1:
+    pass  # noqa: E701  (six classes the restricted unpickler refuses, named in its message)
+
+
+class Unsafe2:
+    pass  # noqa: E701
+
+
+class Unsafe3:
+    pass  # noqa: E701
+
+
+class Unsafe4:
+    pass  # noqa: E701
+
+
+class Unsafe5:
+    pass  # noqa: E701
+
+
+class Unsafe6:
+    pass  # noqa: E701
 
 
 def test_a_refused_pickle_names_the_first_five_objects_it_would_import_in_order(tmp_path, monkeypatch):
-    path = save(tmp_path / "six.ckpt", {"state_dict": {}, "objs": [Unsafe1(), Unsafe2(), Unsafe3(), Unsafe4(),
-                                                                    Unsafe5(), Unsafe6()]})
+    path = save(
+        tmp_path / "six.ckpt",
+        {"state_dict": {}, "objs": [Unsafe1(), Unsafe2(), Unsafe3(), Unsafe4(), Unsafe5(), Unsafe6()]},
+    )
     with pytest.raises(ValueError) as err:
         ck.load_checkpoint_meta(str(path))
     named = ", ".join(f"{__name__}.Unsafe{i}" for i in range(1, 6))
-    assert str(err.value) == (f"refused to load {path}: unpickling it would import or run code ({named}), which "
-                              "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint "
-                              "written by `loopnet fit`, and never load files from untrusted sources")
+    assert str(err.value) == (
+        f"refused to load {path}: unpickling it would import or run code ({named}), which "
+        "loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint "
+        "written by `loopnet fit`, and never load files from untrusted sources"
+    )
     for unnamed in (lambda p: [], lambda p: 1 / 0):  # none found, or the scan itself fails
         monkeypatch.setattr(torch.serialization, "get_unsafe_globals_in_checkpoint", unnamed)
         with pytest.raises(ValueError, match=r"would import or run code \(unknown objects\), which"):
             ck.load_checkpoint_meta(str(path))
 
 
-@pytest.mark.parametrize("message, why", [
-    ("First sentence ends in X. Second one. Third.\nSecond line.", "First sentence ends in X"),
-    ("x" * 250 + ". Rest.", "x" * 200),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "message, why",
+    [
+        ("First sentence ends in X. Second one. Third.\nSecond line.", "First sentence ends in X"),
+        ("x" * 250 + ". Rest.", "x" * 200),
+        ("", ""),
+    ],
+)
 def test_an_unreadable_file_is_named_with_the_first_sentence_of_torchs_reason(tmp_path, monkeypatch, message, why):
     """The reason shown: the first line's first sentence, without its period, at most 200 characters."""
     path = save(tmp_path / "x.ckpt", {"state_dict": {}})
@@ -357,12 +426,16 @@ def test_an_unreadable_file_is_named_with_the_first_sentence_of_torchs_reason(tm
     monkeypatch.setattr(torch, "load", fail)
     with pytest.raises(ValueError) as err:
         ck.load_checkpoint_meta(str(path))
-    assert str(err.value) == (f"{path} is not a readable checkpoint, it is corrupt or truncated (RuntimeError: {why}); "
-                              "fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt")
+    assert str(err.value) == (
+        f"{path} is not a readable checkpoint, it is corrupt or truncated (RuntimeError: {why}); "
+        "fix: pass another one with --ckpt_path, e.g. best-*.ckpt or an earlier copy of last.ckpt"
+    )
 
 
 def test_a_missing_file_is_named_as_unreadable(tmp_path):
-    with pytest.raises(ValueError, match=r"is not a readable checkpoint, it is corrupt or truncated \(FileNotFoundError"):
+    with pytest.raises(
+        ValueError, match=r"is not a readable checkpoint, it is corrupt or truncated \(FileNotFoundError"
+    ):
         ck.load_checkpoint_meta(str(tmp_path / "missing.ckpt"))
 
 
@@ -378,16 +451,20 @@ def test_three_ambiguous_versions_suggest_the_newest(tmp_path):
     root = tmp_path / "run"
     for n in (3, 12, 7):
         save(root / f"version_{n}" / "checkpoints" / "last.ckpt", {})
-    with pytest.raises(ValueError, match=r": version_3 \(no summary\), version_7 \(no summary\), version_12 \(no "
-                                         r"summary\); fix: pick one with --trainer\.logger\.init_args\.version N \(e\.g\. 12\)"):
+    with pytest.raises(
+        ValueError,
+        match=r": version_3 \(no summary\), version_7 \(no summary\), version_12 \(no "
+        r"summary\); fix: pick one with --trainer\.logger\.init_args\.version N \(e\.g\. 12\)",
+    ):
         ck.run_checkpoint(root)
 
 
 def test_last_checkpoint_of_a_logger_without_a_name_looks_in_its_save_dir(tmp_path):
     ckpt = save(tmp_path / "version_0" / "checkpoints" / "last.ckpt", {})
     for name in ("", None):
-        cfg = Namespace(trainer=Namespace(logger=Namespace(class_path="x", init_args=Namespace(save_dir=str(tmp_path),
-                                                                                               name=name))))
+        cfg = Namespace(
+            trainer=Namespace(logger=Namespace(class_path="x", init_args=Namespace(save_dir=str(tmp_path), name=name)))
+        )
         assert ck.last_checkpoint(cfg) == (ckpt, f"{tmp_path}/version_*/checkpoints/last*.ckpt")
 
 
@@ -441,11 +518,19 @@ class Keeper:
         return cb
 
 
-@pytest.mark.parametrize("own, kept, newer", [
-    (5, [(3, None)], True), (5, [(3, 4), (None, 2)], True), (5, [(5, None)], False), (5, [(3, 7)], False),
-    (None, [(3, None)], False), ("missing", [(3, None)], False), ("unreadable", [(3, None)], False),
-    (5, [("unreadable", 3)], True),
-])
+@pytest.mark.parametrize(
+    "own, kept, newer",
+    [
+        (5, [(3, None)], True),
+        (5, [(3, 4), (None, 2)], True),
+        (5, [(5, None)], False),
+        (5, [(3, 7)], False),
+        (None, [(3, None)], False),
+        ("missing", [(3, None)], False),
+        ("unreadable", [(3, None)], False),
+        (5, [("unreadable", 3)], True),
+    ],
+)
 def test_newer_than_kept_compares_the_global_steps(tmp_path, own, kept, newer):
     """The interruption checkpoint is newer than what the fit keeps when its global_step exceeds every kept
     one's (last and best of each ModelCheckpoint); a missing or unreadable file holds no step."""

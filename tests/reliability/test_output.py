@@ -56,7 +56,10 @@ def test_an_error_line_is_one_write_so_ranks_sharing_stderr_do_not_interleave(mo
             self.writes.append(text)
             return super().write(text)
 
-    for call in (lambda: error_line("loopnet", "a problem; fix: this"), lambda: fail("loopnet", "a problem; fix: this")):
+    for call in (
+        lambda: error_line("loopnet", "a problem; fix: this"),
+        lambda: fail("loopnet", "a problem; fix: this"),
+    ):
         monkeypatch.setattr(sys, "stderr", Recorder())
         try:
             call()

@@ -52,9 +52,18 @@ def test_a_signal_stops_the_generation_and_keeps_the_text_so_far(checkpoint, tmp
     cwd, ckpt = checkpoint
     marker = tmp_path / "generating"
     calls = 5  # the prompt's, then 3 tokens done and the 4th under way when the signal is sent
-    proc = spawn("predict", *TINY, "--ckpt_path", str(ckpt), "--model.generate.prompt", PROMPT,
-                 "--model.generate.max_new_tokens", ENDLESS,
-                 *callbacks((MarkTokens, {"path": str(marker), "calls": calls})), cwd=cwd)
+    proc = spawn(
+        "predict",
+        *TINY,
+        "--ckpt_path",
+        str(ckpt),
+        "--model.generate.prompt",
+        PROMPT,
+        "--model.generate.max_new_tokens",
+        ENDLESS,
+        *callbacks((MarkTokens, {"path": str(marker), "calls": calls})),
+        cwd=cwd,
+    )
     wait_for(marker.exists, proc, "the first tokens were generated")
     proc.send_signal(signum)
     try:

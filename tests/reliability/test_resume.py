@@ -95,8 +95,15 @@ def test_fit_without_ckpt_path_never_resumes(interrupted, tmp_path):
     before = event_files(tmp_path / "runs" / RUN / "version_0")
     # (A fit pinned with --trainer.logger.init_args.version to that folder is refused: it would overwrite the run.)
     with pytest.warns(UserWarning, match="Checkpoint directory .* exists and is not empty"):  # Lightning's, rightly
-        res = loopnet("fit", *ARGS, "--trainer.max_steps", "2", "--checkpoint.dirpath",
-                      f"runs/{RUN}/version_0/checkpoints", cwd=tmp_path)
+        res = loopnet(
+            "fit",
+            *ARGS,
+            "--trainer.max_steps",
+            "2",
+            "--checkpoint.dirpath",
+            f"runs/{RUN}/version_0/checkpoints",
+            cwd=tmp_path,
+        )
     assert res.code == 0, res.err[-3000:]
     assert event_files(tmp_path / "runs" / RUN / "version_0") == before
     assert sorted(scalars(tmp_path / "runs" / RUN / "version_1")) == [0, 1]

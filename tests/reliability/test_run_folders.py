@@ -33,8 +33,12 @@ def failing_fit(cwd, step: int) -> str:
     err, argv = io.StringIO(), sys.argv
     sys.argv = ["loopnet"]
     try:
-        with contextlib.chdir(cwd), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
-                pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+        with (
+            contextlib.chdir(cwd),
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(err),
+            pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"),
+        ):
             main(["fit", *SHORT, "--trainer.max_steps", "4", *callbacks((RaiseAt, {"step": step}))])
     finally:
         sys.argv = argv
@@ -53,8 +57,10 @@ def test_a_fit_says_where_its_run_went(finished):
     lines = (finished / "fit.err").read_text().splitlines()
     folder = f"{finished}/runs/{RUN}/version_0"  # save_dir is made absolute: the same path on every node
     assert f"loopnet: run folder: {folder} (curves: tensorboard --logdir {finished}/runs)" in lines
-    assert f"loopnet: checkpoints: last {folder}/checkpoints/last.ckpt, best {folder}/checkpoints/best-step000002.ckpt" \
+    assert (
+        f"loopnet: checkpoints: last {folder}/checkpoints/last.ckpt, best {folder}/checkpoints/best-step000002.ckpt"
         in lines
+    )
     assert f"loopnet: summary: {folder}/summary.json" in lines
 
 
@@ -75,7 +81,9 @@ def test_evaluations_log_beside_the_fit_without_a_new_version(run):
     assert sorted(p.name for p in (run / "runs" / RUN).iterdir()) == ["version_0"]
     after = snapshot(version)
     assert {k: after[k] for k in before} == before  # the fit's own files are untouched
-    assert (version / "test" / "test_config.yaml").is_file() and (version / "validate" / "validate_config.yaml").is_file()
+    assert (version / "test" / "test_config.yaml").is_file() and (
+        version / "validate" / "validate_config.yaml"
+    ).is_file()
     assert not list(version.rglob("TrainerFn*"))
     # TensorBoard: test's scalars join the fit's run (no `test/` run); validate, which logs the fit's own
     # val/ tags, stays a run of its own.
@@ -93,8 +101,15 @@ def test_evaluations_of_a_checkpoint_elsewhere_log_beside_its_run(run):
     version.parent.mkdir(parents=True)
     (run / "runs" / RUN / "version_0").rename(version)
     for sub in ("predict", "test"):
-        res = loopnet(sub, *SHORT, "--ckpt_path", str(version / "checkpoints" / "last.ckpt"),
-                      "--model.generate.max_new_tokens", "2", cwd=run)
+        res = loopnet(
+            sub,
+            *SHORT,
+            "--ckpt_path",
+            str(version / "checkpoints" / "last.ckpt"),
+            "--model.generate.max_new_tokens",
+            "2",
+            cwd=run,
+        )
         assert res.code == 0, res.err[-3000:]
         assert (version / sub / f"{sub}_config.yaml").is_file()
     assert (version / "predict" / "predictions.txt").is_file()
@@ -106,8 +121,9 @@ def test_a_fit_pinned_to_a_finished_run_is_refused(run):
     before = snapshot(run)
     res = loopnet("fit", *SHORT, "--trainer.logger.init_args.version", "0", cwd=run)
     assert res.code == 2, res.err[-3000:]
-    assert res.last_err_line.startswith(f"loopnet: error: {run}/runs/{RUN}/version_0 already holds a run "
-                                        "(config.yaml, summary.json, checkpoints)"), res.err[-3000:]
+    assert res.last_err_line.startswith(
+        f"loopnet: error: {run}/runs/{RUN}/version_0 already holds a run (config.yaml, summary.json, checkpoints)"
+    ), res.err[-3000:]
     assert "fix: resume it with --ckpt_path last" in res.last_err_line
     assert snapshot(run) == before
 
@@ -126,8 +142,19 @@ def test_a_config_link_is_replaced_not_written_through(run):
 
 def test_predict_prints_and_saves_the_text(run):
     """`predict` printed into the progress bar and saved nothing."""
-    res = loopnet("predict", *SHORT, "--ckpt_path", "last", "--model.generate.max_new_tokens", "4",
-                  "--model.generate.prompt", "To be", "--trainer.enable_progress_bar", "true", cwd=run)
+    res = loopnet(
+        "predict",
+        *SHORT,
+        "--ckpt_path",
+        "last",
+        "--model.generate.max_new_tokens",
+        "4",
+        "--model.generate.prompt",
+        "To be",
+        "--trainer.enable_progress_bar",
+        "true",
+        cwd=run,
+    )
     assert res.code == 0, res.err[-3000:]
     saved = run / "runs" / RUN / "version_0" / "predict" / "predictions.txt"
     text = saved.read_text().rstrip("\n")
@@ -144,9 +171,11 @@ def test_a_fit_failing_in_its_first_step_leaves_no_empty_run_folder(run):
     assert sorted(p.name for p in (run / "runs" / RUN).iterdir()) == ["version_0"]
     assert snapshot(run / "runs") == before
     (line,) = [l for l in err.splitlines() if "removed the run folder" in l]
-    assert line == (f"loopnet: the fit failed before its first step completed (OutOfMemoryError: CUDA out of memory. "
-                    f"Tried to allocate 2.00 GiB (forced by the test)); removed the run folder it had created, "
-                    f"runs/{RUN}/version_1 (no checkpoint, no step)")
+    assert line == (
+        f"loopnet: the fit failed before its first step completed (OutOfMemoryError: CUDA out of memory. "
+        f"Tried to allocate 2.00 GiB (forced by the test)); removed the run folder it had created, "
+        f"runs/{RUN}/version_1 (no checkpoint, no step)"
+    )
 
 
 def test_a_fit_failing_later_keeps_its_record(tmp_path):

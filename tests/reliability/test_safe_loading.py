@@ -49,7 +49,9 @@ def test_checkpoint_with_code_is_refused(subcommand, evil, tmp_path):
     res = loopnet(subcommand, *SHORT, "--ckpt_path", str(path), cwd=tmp_path)
     assert res.code == 2
     line = res.last_err_line
-    assert line.startswith(f"loopnet: error: refused to load {path}: unpickling it would import or run code (posix.system)")
+    assert line.startswith(
+        f"loopnet: error: refused to load {path}: unpickling it would import or run code (posix.system)"
+    )
     assert "fix: use a checkpoint written by `loopnet fit`" in line
     assert not marker.exists()  # nothing ran
 

@@ -23,9 +23,15 @@ def spawn_with_hup(*args, cwd, hup):
     """`spawn`, with the child's SIGHUP set to `hup`: SIG_DFL as from a terminal, SIG_IGN as `nohup` leaves
     it (set either way: the test runner itself may run under nohup, whose SIG_IGN a child inherits)."""
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env(),
-                            stdout=logs[0], stderr=logs[1], text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, hup))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopnet.training.cli", *args],
+        cwd=cwd,
+        env=env(),
+        stdout=logs[0],
+        stderr=logs[1],
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, hup),
+    )
     proc.logs = logs
     return proc
 
@@ -35,10 +41,15 @@ def hung_up(tmp_path_factory):
     """Two fits started together (their start-up dominates), each sent SIGHUP once past step 4: one as from
     a terminal, one under nohup (with max_steps 8, so that it completes)."""
     folders = {name: tmp_path_factory.mktemp(name) for name in ("terminal", "nohup")}
-    progress = {name: callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2})) for name, cwd in folders.items()}
-    procs = {"terminal": spawn_with_hup("fit", *ARGS, *progress["terminal"], cwd=folders["terminal"], hup=signal.SIG_DFL),
-             "nohup": spawn_with_hup("fit", *ARGS, "--trainer.max_steps", "8", *progress["nohup"],
-                                     cwd=folders["nohup"], hup=signal.SIG_IGN)}
+    progress = {
+        name: callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2})) for name, cwd in folders.items()
+    }
+    procs = {
+        "terminal": spawn_with_hup("fit", *ARGS, *progress["terminal"], cwd=folders["terminal"], hup=signal.SIG_DFL),
+        "nohup": spawn_with_hup(
+            "fit", *ARGS, "--trainer.max_steps", "8", *progress["nohup"], cwd=folders["nohup"], hup=signal.SIG_IGN
+        ),
+    }
     waiting, watches = set(procs), {name: Watch(proc, "step 4") for name, proc in procs.items()}
     try:
         while waiting:

@@ -17,8 +17,20 @@ import time
 import pytest
 
 from tests.helpers import Watch, wait_until
-from .helpers import (RUN, record, TINY, Progress, SignalAt, SignalInValidation, ValidationBatches, callbacks, env, load,
-                      loopnet, scalars)
+from .helpers import (
+    RUN,
+    record,
+    TINY,
+    Progress,
+    SignalAt,
+    SignalInValidation,
+    ValidationBatches,
+    callbacks,
+    env,
+    load,
+    loopnet,
+    scalars,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +63,9 @@ STOPS = {
 
 def _interrupt_state(cwd) -> dict:
     ckpt = load(cwd / "runs" / RUN / "version_0" / "checkpoints" / "last-interrupted.ckpt")
-    states = [v for k, v in ckpt["callbacks"].items() if "GracefulInterrupt" in k]  # (Lightning leaves out an empty one)
+    states = [
+        v for k, v in ckpt["callbacks"].items() if "GracefulInterrupt" in k
+    ]  # (Lightning leaves out an empty one)
     return {"step": ckpt["global_step"], **(states[0] if states else {})}
 
 
@@ -66,8 +80,9 @@ def test_stop_during_validation_abandons_it_and_the_resume_runs_it_again(referen
     assert _interrupt_state(tmp_path) == {"step": 3, "rerun_validation_at": 3}
     assert scalars(tmp_path / "runs" / RUN / "version_0", "val/loss") == {}
 
-    res = loopnet("fit", *ARGS, "--ckpt_path", "last", *callbacks((ValidationBatches, {"path": str(val)})),
-                  cwd=tmp_path)
+    res = loopnet(
+        "fit", *ARGS, "--ckpt_path", "last", *callbacks((ValidationBatches, {"path": str(val)})), cwd=tmp_path
+    )
     assert res.code == 0, res.err[-3000:]
     assert batches_run(val, 3)[-4:] == [0, 1, 2, 3]  # run again, whole, before step 4
     assert record(tmp_path) == reference
@@ -78,8 +93,14 @@ def test_a_stop_in_the_validation_run_again_is_abandoned_the_same_way(reference,
     assert res.code == 0, res.err[-3000:]
     # the rerun validation comes before the resumed run's first step: the guard keeps summary.json as it was
     with pytest.warns(UserWarning, match="the resumed run stopped before its first step"):
-        res = loopnet("fit", *ARGS, "--ckpt_path", "last",
-                      *callbacks((SignalInValidation, {"step": 3, "batch_idx": 1})), cwd=tmp_path)
+        res = loopnet(
+            "fit",
+            *ARGS,
+            "--ckpt_path",
+            "last",
+            *callbacks((SignalInValidation, {"step": 3, "batch_idx": 1})),
+            cwd=tmp_path,
+        )
     assert res.code == 0 and "loopnet: stopped at step 3" in res.err, res.err[-3000:]
     assert _interrupt_state(tmp_path) == {"step": 3, "rerun_validation_at": 3}
     res = loopnet("fit", *ARGS, "--ckpt_path", "last", cwd=tmp_path)
@@ -99,8 +120,15 @@ def test_a_stop_after_the_last_validation_batch_keeps_that_validation(reference,
 
 
 # ------------------------------------------------------------------------------------------ broken pipe
-PIPE_ARGS = [*TINY, "--trainer.max_steps", "1000", "--trainer.val_check_interval", "500",
-             "--trainer.enable_progress_bar", "true"]
+PIPE_ARGS = [
+    *TINY,
+    "--trainer.max_steps",
+    "1000",
+    "--trainer.val_check_interval",
+    "500",
+    "--trainer.enable_progress_bar",
+    "true",
+]
 
 
 def _spawn_into_tee(cwd):
@@ -108,8 +136,13 @@ def _spawn_into_tee(cwd):
     read, write = os.pipe()
     tee = subprocess.Popen(["tee", str(cwd / "tee.log")], stdin=read, stdout=subprocess.DEVNULL)
     extra = callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2}))
-    fit = subprocess.Popen([sys.executable, "-m", "loopnet.training.cli", "fit", *PIPE_ARGS, *extra], cwd=cwd,
-                           env=env(), stdout=write, stderr=write)
+    fit = subprocess.Popen(
+        [sys.executable, "-m", "loopnet.training.cli", "fit", *PIPE_ARGS, *extra],
+        cwd=cwd,
+        env=env(),
+        stdout=write,
+        stderr=write,
+    )
     os.close(read), os.close(write)  # the fit and tee hold the pipe's ends now
     return fit, tee
 
@@ -163,8 +196,17 @@ def test_a_broken_output_pipe_still_ends_with_the_interruption_checkpoint(piped,
 
 
 # ------------------------------------------------------------------------------------------ DDP
-DDP = [*ARGS, "--data.batch_size", "2", "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp",
-       "--trainer.devices", "2"]
+DDP = [
+    *ARGS,
+    "--data.batch_size",
+    "2",
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.strategy",
+    "ddp",
+    "--trainer.devices",
+    "2",
+]
 
 
 def test_ddp_ranks_abandon_the_validation_together_when_one_gets_the_signal(tmp_path):
@@ -175,9 +217,18 @@ def test_ddp_ranks_abandon_the_validation_together_when_one_gets_the_signal(tmp_
 
     ref, cut = tmp_path / "reference", tmp_path / "interrupted"
     ref.mkdir(), cut.mkdir()
-    procs = [spawn("fit", *DDP, cwd=ref),
-             spawn("fit", *DDP, *callbacks((ValidationBatches, {"path": str(cut / "val")}),
-                                           (SignalInValidation, {"step": 3, "batch_idx": 0, "rank": 1})), cwd=cut)]
+    procs = [
+        spawn("fit", *DDP, cwd=ref),
+        spawn(
+            "fit",
+            *DDP,
+            *callbacks(
+                (ValidationBatches, {"path": str(cut / "val")}),
+                (SignalInValidation, {"step": 3, "batch_idx": 0, "rank": 1}),
+            ),
+            cwd=cut,
+        ),
+    ]
     try:
         reference, interrupted = (finish(p) for p in procs)
     finally:
@@ -197,8 +248,11 @@ def test_ddp_ranks_abandon_the_validation_together_when_one_gets_the_signal(tmp_
     assert record(cut) == record(ref)
 
 
-@pytest.mark.parametrize("stop", [(SignalInValidation, {"step": 6, "batch_idx": 0}), (SignalAt, {"step": 6})],
-                         ids=["in_its_first_batch", "at_the_end_of_the_last_step"])
+@pytest.mark.parametrize(
+    "stop",
+    [(SignalInValidation, {"step": 6, "batch_idx": 0}), (SignalAt, {"step": 6})],
+    ids=["in_its_first_batch", "at_the_end_of_the_last_step"],
+)
 def test_a_stop_in_the_last_steps_validation_lets_the_run_complete(reference, tmp_path, stop):
     """The validation after the last step is the run's end: abandoned, its resume would have no step
     left to run it before (the fit loop is done at max_steps), and the final weights would be only in

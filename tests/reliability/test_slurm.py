@@ -71,8 +71,9 @@ def _venv(folder: Path) -> Path:
     return folder
 
 
-def sbatch(tmp_path: Path, mode: str, *args: str, cpus: str = "6", extra_env: dict | None = None,
-           venv: bool = True) -> tuple[subprocess.CompletedProcess, Path]:
+def sbatch(
+    tmp_path: Path, mode: str, *args: str, cpus: str = "6", extra_env: dict | None = None, venv: bool = True
+) -> tuple[subprocess.CompletedProcess, Path]:
     """Run the script as SLURM's batch step would: in the submit directory, SLURM's variables set."""
     fake, submit = tmp_path / "fake", tmp_path / "submit"
     (fake / "bin").mkdir(parents=True, exist_ok=True)
@@ -82,13 +83,24 @@ def sbatch(tmp_path: Path, mode: str, *args: str, cpus: str = "6", extra_env: di
     if venv and not (submit / ".venv").exists():
         _venv(submit / ".venv")
     base = {k: v for k, v in env().items() if not k.startswith(("SLURM_", "LOOPNET_", "VIRTUAL_ENV", "HF_HOME"))}
-    slurm = {"SLURM_SUBMIT_DIR": str(submit), "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "1",
-             "SLURM_NTASKS_PER_NODE": "1", "SLURM_CPUS_PER_TASK": cpus, "SLURM_JOB_NAME": "loopnet",
-             "TMPDIR": str(tmp_path)}
-    run_env = base | slurm | {"FAKE": str(fake), "FAKE_MODE": mode, "PATH": f"{fake / 'bin'}:/usr/bin:/bin",
-                              "OMP_NUM_THREADS": "1"} | (extra_env or {})
-    res = subprocess.run(["bash", str(SCRIPT), *args], cwd=submit, env=run_env, capture_output=True, text=True,
-                         timeout=900)
+    slurm = {
+        "SLURM_SUBMIT_DIR": str(submit),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_CPUS_PER_TASK": cpus,
+        "SLURM_JOB_NAME": "loopnet",
+        "TMPDIR": str(tmp_path),
+    }
+    run_env = (
+        base
+        | slurm
+        | {"FAKE": str(fake), "FAKE_MODE": mode, "PATH": f"{fake / 'bin'}:/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+        | (extra_env or {})
+    )
+    res = subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=submit, env=run_env, capture_output=True, text=True, timeout=900
+    )
     return res, fake
 
 
@@ -123,8 +135,8 @@ def test_the_directives_ask_for_cpus_requeue_and_a_signal_before_the_time_limit(
 
 def test_the_srun_line_passes_the_cpus_and_runs_the_environments_python():
     argv = srun_line()
-    assert argv[0] == "srun" and "--cpus-per-task=$CPUS" in argv[:argv.index("python")]
-    assert argv[argv.index("python"):][:4] == ["python", "-m", "loopnet.training.cli", "fit"]
+    assert argv[0] == "srun" and "--cpus-per-task=$CPUS" in argv[: argv.index("python")]
+    assert argv[argv.index("python") :][:4] == ["python", "-m", "loopnet.training.cli", "fit"]
     text = SCRIPT.read_text()
     assert re.search(r"^CPUS=\$\{SLURM_CPUS_PER_TASK", text, re.M)
     assert re.search(r"^export SRUN_CPUS_PER_TASK=\$CPUS", text, re.M)
@@ -140,11 +152,15 @@ def test_cpus_environment_and_caches_reach_the_tasks(tmp_path):
     srun = json.loads((fake / "srun.json").read_text())
     submit = tmp_path / "submit"
     assert "--cpus-per-task=6" in srun["argv"]  # SLURM_CPUS_PER_TASK, not the directive's default
-    assert srun["env"] == {"SRUN_CPUS_PER_TASK": "6", "VIRTUAL_ENV": str(submit / ".venv"),
-                           "LOOPNET_CACHE_DIR": str(submit / ".cache" / "loopnet"),
-                           "HF_HOME": str(submit / ".cache" / "huggingface"), "OMP_NUM_THREADS": "6"}
+    assert srun["env"] == {
+        "SRUN_CPUS_PER_TASK": "6",
+        "VIRTUAL_ENV": str(submit / ".venv"),
+        "LOOPNET_CACHE_DIR": str(submit / ".cache" / "loopnet"),
+        "HF_HOME": str(submit / ".cache" / "huggingface"),
+        "OMP_NUM_THREADS": "6",
+    }
     assert srun["python"] == str(submit / ".venv" / "bin" / "python")
-    command = srun["argv"][srun["argv"].index("python"):]
+    command = srun["argv"][srun["argv"].index("python") :]
     assert command[:5] == ["python", "-m", "loopnet.training.cli", "fit", "--config"]
     assert command[-2:] == ["--ckpt_path", "last"]
     assert command[command.index("--trainer.logger.init_args.save_dir") + 1] == str(submit / "runs")
@@ -153,8 +169,12 @@ def test_cpus_environment_and_caches_reach_the_tasks(tmp_path):
 
 def test_a_named_environment_and_cache_win(tmp_path):
     venv = _venv(tmp_path / "elsewhere" / "env")
-    res, fake = sbatch(tmp_path, "completed", venv=False,
-                       extra_env={"LOOPNET_VENV": str(venv), "LOOPNET_CACHE_DIR": str(tmp_path / "cache")})
+    res, fake = sbatch(
+        tmp_path,
+        "completed",
+        venv=False,
+        extra_env={"LOOPNET_VENV": str(venv), "LOOPNET_CACHE_DIR": str(tmp_path / "cache")},
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     srun = json.loads((fake / "srun.json").read_text())
     assert srun["env"]["VIRTUAL_ENV"] == str(venv) and srun["env"]["LOOPNET_CACHE_DIR"] == str(tmp_path / "cache")
@@ -198,8 +218,9 @@ def test_a_real_fit_stopped_by_sigterm_is_requeued_and_the_requeued_job_complete
 
     # The requeued job: the same script and arguments (here with an end in reach), no signal.
     (fake / "scontrol.log").unlink()
-    res, fake = sbatch(tmp_path, "real", *args, "--trainer.max_steps", str(stopped + 2),
-                       extra_env={"PYTHONPATH": str(ROOT)})
+    res, fake = sbatch(
+        tmp_path, "real", *args, "--trainer.max_steps", str(stopped + 2), extra_env={"PYTHONPATH": str(ROOT)}
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert f"resuming from {version / 'checkpoints' / 'last-interrupted.ckpt'}" in res.stdout
     summary = json.loads((version / "summary.json").read_text())

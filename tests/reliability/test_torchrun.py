@@ -37,9 +37,21 @@ def run(tmp_path_factory) -> Path:
     """A 2-step fit launched by scripts/torchrun.sh as its header says for CPU, in a fresh folder (RUNS: ./runs)
     (accelerator and strategy given: the same on a machine with GPUs)."""
     cwd = tmp_path_factory.mktemp("node0")
-    res = run_command([BASH, str(ROOT / "scripts/torchrun.sh"), "--nproc_per_node", "2", "--accelerator", "cpu",
-                       "--strategy", "ddp", *FIT], cwd=cwd,
-                      env=env() | {"PYTHON": sys.executable, "OMP_NUM_THREADS": "1"})
+    res = run_command(
+        [
+            BASH,
+            str(ROOT / "scripts/torchrun.sh"),
+            "--nproc_per_node",
+            "2",
+            "--accelerator",
+            "cpu",
+            "--strategy",
+            "ddp",
+            *FIT,
+        ],
+        cwd=cwd,
+        env=env() | {"PYTHON": sys.executable, "OMP_NUM_THREADS": "1"},
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
     return cwd
 
@@ -59,9 +71,25 @@ def test_resume_where_one_rank_cannot_see_the_run_folder_fails_on_every_rank_in_
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in version.rglob("*") if p.is_file()}
     node1 = tmp_path / "node1"  # rank 1's disk: no run folder
     node1.mkdir()
-    res = torchrun("-m", "tests.reliability.node_local", str(run), str(node1), "fit", *FIT, "--trainer.max_steps", "4",
-                   "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp", "--trainer.devices", "2",
-                   "--ckpt_path", "last", cwd=ROOT)
+    res = torchrun(
+        "-m",
+        "tests.reliability.node_local",
+        str(run),
+        str(node1),
+        "fit",
+        *FIT,
+        "--trainer.max_steps",
+        "4",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        "--ckpt_path",
+        "last",
+        cwd=ROOT,
+    )
     assert res.returncode != 0
     errors = [line for line in res.stderr.splitlines() if "loopnet: error:" in line]
     assert len(errors) == 2, res.stderr[-5000:]  # one line per rank
@@ -73,7 +101,9 @@ def test_resume_where_one_rank_cannot_see_the_run_folder_fails_on_every_rank_in_
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in version.rglob("*") if p.is_file()}
     assert {p: after.get(p) for p in before} == before  # the run's checkpoints, events, config and summary untouched
     # Lightning opens the TensorBoard writer before any setup hook: at most a header-only events file is new.
-    assert all(p.name.startswith("events.out.tfevents.") and p.stat().st_size < 200 for p in after.keys() - before.keys())
+    assert all(
+        p.name.startswith("events.out.tfevents.") and p.stat().st_size < 200 for p in after.keys() - before.keys()
+    )
     assert not (node1 / "runs").exists() or not any((node1 / "runs").rglob("*.ckpt"))
 
 
@@ -85,8 +115,10 @@ def _tools(folder: Path, gpus: int | None = None) -> Path:
         (folder / tool).symlink_to(shutil.which(tool))
     _executable(folder / "python3", "#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
     if gpus is not None:
-        _executable(folder / "nvidia-smi", "#!/bin/sh\n" + "".join(
-            f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n" for i in range(gpus)))
+        _executable(
+            folder / "nvidia-smi",
+            "#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i})'\n" for i in range(gpus)),
+        )
     return folder
 
 
@@ -98,8 +130,14 @@ def _executable(path: Path, text: str) -> None:
 def launch(tmp_path: Path, *args: str, gpus: int | None = None, **extra: str) -> subprocess.CompletedProcess:
     """scripts/torchrun.sh with the stand-in python3 (so torchrun's argv is printed, nothing launched)."""
     path = str(_tools(tmp_path, gpus))
-    return subprocess.run([BASH, str(ROOT / "scripts/torchrun.sh"), *args], cwd=tmp_path, capture_output=True,
-                          text=True, env={"PATH": path, "HOME": str(tmp_path), **extra}, timeout=60)
+    return subprocess.run(
+        [BASH, str(ROOT / "scripts/torchrun.sh"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": path, "HOME": str(tmp_path), **extra},
+        timeout=60,
+    )
 
 
 def loopnet_argv(res: subprocess.CompletedProcess) -> tuple[list[str], list[str]]:
@@ -107,7 +145,7 @@ def loopnet_argv(res: subprocess.CompletedProcess) -> tuple[list[str], list[str]
     argv = res.stdout.splitlines()
     assert argv[:2] == ["-m", "torch.distributed.run"], res.stdout + res.stderr
     split = argv.index("loopnet.training.cli")
-    return argv[2:split - 1], argv[split + 1:]
+    return argv[2 : split - 1], argv[split + 1 :]
 
 
 def test_without_a_gpu_or_a_count_it_says_what_it_needs_in_one_line(tmp_path):
@@ -123,9 +161,23 @@ def test_on_the_cpu_its_options_stay_its_own(tmp_path):
     assert res.returncode == 0, res.stderr
     torchrun, loopnet = loopnet_argv(res)
     assert torchrun == ["--standalone", "--nproc_per_node", "2"]
-    assert loopnet == ["fit", "--config", "c.yaml", "--trainer.max_steps", "3", "--trainer.num_nodes", "1",
-                       "--trainer.devices", "2", "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp",
-                       "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+    assert loopnet == [
+        "fit",
+        "--config",
+        "c.yaml",
+        "--trainer.max_steps",
+        "3",
+        "--trainer.num_nodes",
+        "1",
+        "--trainer.devices",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
+    ]
     assert not any(a.startswith(("--nproc", "--nnodes", "--rdzv")) for a in loopnet)
 
 
@@ -133,18 +185,31 @@ def test_on_gpus_one_process_per_gpu_and_several_nodes_meet_at_the_host(tmp_path
     res = launch(tmp_path, "--nnodes", "2", "--rdzv_host", "node0", "--config", "c.yaml", "--", "--nnodes", gpus=4)
     assert res.returncode == 0, res.stderr
     torchrun, loopnet = loopnet_argv(res)
-    assert torchrun == ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
-                        "--rdzv-id", "loopnet", "--nproc_per_node", "4"]
+    assert torchrun == [
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "node0:29400",
+        "--rdzv-id",
+        "loopnet",
+        "--nproc_per_node",
+        "4",
+    ]
     assert loopnet[:4] == ["fit", "--config", "c.yaml", "--nnodes"]  # after `--`: loopnet's, as given
     assert loopnet[4:8] == ["--trainer.num_nodes", "2", "--trainer.devices", "4"]
     assert "--trainer.accelerator" not in loopnet  # GPUs: the config's accelerator
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--nproc_per_node", "two"], "--nproc_per_node must be a positive integer (got 'two')"),
-    (["--nnodes", "2", "--nproc_per_node", "1"], "--nnodes 2 needs --rdzv_host HOST"),
-    (["--nproc_per_node"], "--nproc_per_node needs a value"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nproc_per_node", "two"], "--nproc_per_node must be a positive integer (got 'two')"),
+        (["--nnodes", "2", "--nproc_per_node", "1"], "--nnodes 2 needs --rdzv_host HOST"),
+        (["--nproc_per_node"], "--nproc_per_node needs a value"),
+    ],
+)
 def test_bad_launcher_options_are_one_line(tmp_path, args, message):
     res = launch(tmp_path, *args)
     assert res.returncode == 2 and res.stdout == ""

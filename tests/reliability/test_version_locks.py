@@ -48,8 +48,10 @@ def summary_files_exist(run: Path) -> dict:
     """The run's summary.json, checked to name only files that exist."""
     summary = json.loads((run / "summary.json").read_text())
     for key in ("last_checkpoint", "best_checkpoint"):
-        assert summary[key] is None or Path(run.parents[2], summary[key]).is_file() or Path(summary[key]).is_file(), \
-            (key, summary[key])
+        assert summary[key] is None or Path(run.parents[2], summary[key]).is_file() or Path(summary[key]).is_file(), (
+            key,
+            summary[key],
+        )
     return summary
 
 
@@ -99,8 +101,10 @@ def test_a_fit_pinned_to_a_version_in_use_is_refused(tmp_path):
         held.flush()
         res = loopnet("fit", *ARGS, "--trainer.max_steps", "2", "--trainer.logger.init_args.version", "3", cwd=tmp_path)
     assert res.code == 2, res.err[-3000:]
-    assert res.last_err_line.startswith(f"loopnet: error: {folder} is in use by another loopnet fit "
-                                        f"(pid 12345) pinned to the same version; fix: wait for it to end")
+    assert res.last_err_line.startswith(
+        f"loopnet: error: {folder} is in use by another loopnet fit "
+        f"(pid 12345) pinned to the same version; fix: wait for it to end"
+    )
     assert [p.name for p in folder.iterdir()] == [LOCK_NAME]  # nothing written beside it
     # Once free, the same command runs, and leaves no lock file behind.
     res = loopnet("fit", *ARGS, "--trainer.max_steps", "2", "--trainer.logger.init_args.version", "3", cwd=tmp_path)
@@ -122,7 +126,9 @@ def test_two_fits_pinned_to_one_version_started_together(tmp_path):
     codes = sorted(r.code for r in results)
     assert codes == [0, 2], [r.err[-2000:] for r in results]
     refused = next(r for r in results if r.code == 2).last_err_line
-    assert "version_0" in refused and ("is in use by another loopnet fit" in refused or "already holds a run" in refused)
+    assert "version_0" in refused and (
+        "is in use by another loopnet fit" in refused or "already holds a run" in refused
+    )
     run = tmp_path / "runs" / RUN / "version_0"
     assert sorted(p.name for p in (run / "checkpoints").glob("last*.ckpt")) == ["last.ckpt"]
     assert len(list(run.glob("events.out.tfevents.*"))) == 1
@@ -133,7 +139,16 @@ def test_two_fits_pinned_to_one_version_started_together(tmp_path):
 def test_a_pinned_fit_refused_by_a_later_check_leaves_no_folder(tmp_path):
     """The lock's folder is made before the corpus is read; a corpus refused then leaves nothing."""
     (tmp_path / "empty.txt").write_text("")
-    res = loopnet("fit", *ARGS, "--trainer.logger.init_args.version", "3", "--data.source", "files",
-                  "--data.path", "empty.txt", cwd=tmp_path)
+    res = loopnet(
+        "fit",
+        *ARGS,
+        "--trainer.logger.init_args.version",
+        "3",
+        "--data.source",
+        "files",
+        "--data.path",
+        "empty.txt",
+        cwd=tmp_path,
+    )
     assert res.code == 2 and "The corpus is empty" in res.last_err_line, res.err[-3000:]
     assert not (tmp_path / "runs").exists()

@@ -25,7 +25,10 @@ def option(argv: list[str], key: str) -> str:
 
 def main() -> None:
     argv = sys.argv[1:]
-    out, name = Path(option(argv, "--trainer.logger.init_args.save_dir")), option(argv, "--trainer.logger.init_args.name")
+    out, name = (
+        Path(option(argv, "--trainer.logger.init_args.save_dir")),
+        option(argv, "--trainer.logger.init_args.name"),
+    )
     with open(out / "pids", "a") as f:
         f.write(f"{os.getpid()}\n")
     stop = []

@@ -111,6 +111,11 @@ def test_the_firth_fit_and_a_profile_point_against_a_general_optimiser():
     for g, w in FALLS.items():
         c[data.groups.index(g)] = w
     c[-1] = v
-    con = optimize.minimize(lambda t: -_penalised_loglik(data, t), fit.theta, method="SLSQP",
-                            constraints=[{"type": "eq", "fun": lambda t: c @ t}], options={"ftol": 1e-12, "maxiter": 500})
+    con = optimize.minimize(
+        lambda t: -_penalised_loglik(data, t),
+        fit.theta,
+        method="SLSQP",
+        constraints=[{"type": "eq", "fun": lambda t: c @ t}],
+        options={"ftol": 1e-12, "maxiter": 500},
+    )
     assert -con.fun == pytest.approx(fit.profile(FALLS, v), abs=1e-4)

@@ -54,12 +54,21 @@ def test_a_sweep_seed_sets_the_data_order_too(tmp_path):
     from loopnet.study.grid import expand, sweep_from_dict
 
     (tmp_path / "b.yaml").write_text("{}\n")
-    cells = expand(sweep_from_dict({"base": [str(tmp_path / "b.yaml")], "grid": {"seed_everything": [3]},
-                                    "out": str(tmp_path)}))
+    cells = expand(
+        sweep_from_dict({"base": [str(tmp_path / "b.yaml")], "grid": {"seed_everything": [3]}, "out": str(tmp_path)})
+    )
     cmd = cells[0].command
     assert cmd[cmd.index("--data.seed") + 1] == "3"
-    pinned = expand(sweep_from_dict({"base": [str(tmp_path / "b.yaml")], "overrides": {"data.seed": 1337},
-                                     "grid": {"seed_everything": [3]}, "out": str(tmp_path)}))[0].command
+    pinned = expand(
+        sweep_from_dict(
+            {
+                "base": [str(tmp_path / "b.yaml")],
+                "overrides": {"data.seed": 1337},
+                "grid": {"seed_everything": [3]},
+                "out": str(tmp_path),
+            }
+        )
+    )[0].command
     assert pinned[pinned.index("--data.seed") + 1] == "1337" and pinned.count("--data.seed") == 1
 
 
@@ -75,12 +84,27 @@ LOSSES = {
 
 
 def _summary(scheme, rounds, lr, loss):
-    return {"status": "diverged" if loss is None else "completed", "diverged_at_step": 50 if loss is None else None,
-            "final_val_loss": loss, "best_val_loss": loss, "final_train_loss": loss, "global_step": 400,
-            "val_history": [] if loss is None else [[400, loss]],
-            "config": {"residual": scheme, "p": None, "wiring": "carry", "n_rounds": rounds, "n_blocks": 2,
-                       "vocab_size": VOCAB},
-            "hparams": {"optim": {"lr": lr}}, "last_visit_stats": None, "kappa": None, "wall_time_s": 1.0}
+    return {
+        "status": "diverged" if loss is None else "completed",
+        "diverged_at_step": 50 if loss is None else None,
+        "final_val_loss": loss,
+        "best_val_loss": loss,
+        "final_train_loss": loss,
+        "global_step": 400,
+        "val_history": [] if loss is None else [[400, loss]],
+        "config": {
+            "residual": scheme,
+            "p": None,
+            "wiring": "carry",
+            "n_rounds": rounds,
+            "n_blocks": 2,
+            "vocab_size": VOCAB,
+        },
+        "hparams": {"optim": {"lr": lr}},
+        "last_visit_stats": None,
+        "kappa": None,
+        "wall_time_s": 1.0,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +116,12 @@ def map_report(tmp_path_factory):
     for (scheme, rounds), by_lr in LOSSES.items():
         for lr, seeds in by_lr.items():
             for seed, loss in enumerate(seeds, start=1):
-                params = {"model.config.residual": scheme, "model.config.n_rounds": rounds, "model.optim.lr": lr,
-                          "seed_everything": seed}
+                params = {
+                    "model.config.residual": scheme,
+                    "model.config.n_rounds": rounds,
+                    "model.optim.lr": lr,
+                    "seed_everything": seed,
+                }
                 cid = f"{scheme}-r{rounds}-lr{lr:g}-s{seed}"
                 write_summary(sweep / cid / "summary.json", _summary(scheme, rounds, lr, loss))
                 cells.append({"id": cid, "params": params})
@@ -106,7 +134,7 @@ def _map_rows(md):
     lines = md.split("## Stability map", 1)[1].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| method | R | seeds"))
     rows = {}
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -174,7 +202,7 @@ def test_logistic_fit_solves_the_score_equations_and_refuses_separated_data():
     # Wald SE from the Fisher information at the fit
     w = [p * (1 - p) for p in ps]
     i_aa, i_ab, i_bb = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
-    assert fit["se_b"] == pytest.approx(math.sqrt(i_aa / (i_aa * i_bb - i_ab ** 2)))
+    assert fit["se_b"] == pytest.approx(math.sqrt(i_aa / (i_aa * i_bb - i_ab**2)))
     assert measures.logistic_fit([0.25, 0.35, 0.45], [False, True, True]) is None  # separated
     assert measures.logistic_fit([0.25, 0.35, 0.35], [False, False, True]) is None  # quasi-separated
     assert measures.logistic_fit([0.25, 0.35], [True, True]) is None
@@ -187,18 +215,32 @@ def test_followup_sweeps_follow_their_rules(map_report, tmp_path):
     sweep = map_report.parent / "sw"
     followup.main(["boundary", str(sweep), "--plateau", str(PLATEAU), "--out", str(tmp_path / "boundary.yaml")])
     cells = expand(load_sweep(tmp_path / "boundary.yaml"))
-    rates = {s: sorted({c.params["model.optim.lr"] for c in cells
-                        if c.params["model.config.residual"] == s and c.params["model.config.n_rounds"] == 6})
-             for s in ("deepnorm", "deeploop")}
+    rates = {
+        s: sorted(
+            {
+                c.params["model.optim.lr"]
+                for c in cells
+                if c.params["model.config.residual"] == s and c.params["model.config.n_rounds"] == 6
+            }
+        )
+        for s in ("deepnorm", "deeploop")
+    }
     # R = 6 (the largest): DeepNorm trains on every seed up to 1e-3, DeepLoop up to 4e-3
     assert rates["deepnorm"] == [7.07e-4, 1e-3, 1.41e-3, 2e-3] and rates["deeploop"] == [2.83e-3, 4e-3, 5.66e-3, 8e-3]
     # and the smallest R as well, each (R, scheme) at 4 rates x 3 seeds
     assert len(cells) == 48 and {c.params["model.config.n_rounds"] for c in cells} == {2, 6}
-    r2 = sorted({c.params["model.optim.lr"] for c in cells
-                 if c.params["model.config.residual"] == "deepnorm" and c.params["model.config.n_rounds"] == 2})
+    r2 = sorted(
+        {
+            c.params["model.optim.lr"]
+            for c in cells
+            if c.params["model.config.residual"] == "deepnorm" and c.params["model.config.n_rounds"] == 2
+        }
+    )
     assert r2 == [1.41e-3, 2e-3, 2.83e-3, 4e-3]  # DeepNorm at R = 2 trains on every seed up to 2e-3
-    assert "deepnorm at R = 6: seeds that train per rate 0.001: 2/2, 0.002: 1/2, 0.004: 0/2, 0.008: 0/2" in (
-        tmp_path / "boundary.yaml").read_text()
+    assert (
+        "deepnorm at R = 6: seeds that train per rate 0.001: 2/2, 0.002: 1/2, 0.004: 0/2, 0.008: 0/2"
+        in (tmp_path / "boundary.yaml").read_text()
+    )
     followup.main(["exponent", str(sweep), "--plateau", str(PLATEAU), "--out", str(tmp_path / "exponent.yaml")])
     cells = expand(load_sweep(tmp_path / "exponent.yaml"))
     assert len(cells) == 40  # 4 p x 2 rates x 5 seeds
@@ -209,10 +251,19 @@ def test_confirm_sweep_reruns_each_best_rate_on_fresh_seeds(map_report, tmp_path
     from experiments import followup
     from loopnet.study.grid import expand, load_sweep
 
-    followup.main(["confirm", str(map_report.parent / "sw"), "--plateau", str(PLATEAU), "--out", str(tmp_path / "c.yaml")])
+    followup.main(
+        ["confirm", str(map_report.parent / "sw"), "--plateau", str(PLATEAU), "--out", str(tmp_path / "c.yaml")]
+    )
     cells = expand(load_sweep(tmp_path / "c.yaml"))
-    got = {(c.params["model.config.residual"], c.params["model.config.n_rounds"], c.params["model.optim.lr"],
-            c.params["seed_everything"]) for c in cells}
+    got = {
+        (
+            c.params["model.config.residual"],
+            c.params["model.config.n_rounds"],
+            c.params["model.optim.lr"],
+            c.params["seed_everything"],
+        )
+        for c in cells
+    }
     # the best rates by hand (ℓ(η), a diverged seed counting ℓ₀): DeepNorm 2e-3 at R = 2 (4.85), 1e-3 at R = 6
     # (5.1); DeepLoop 4e-3 at both (4.9 and 4.9)
     best = {("deepnorm", 2): 2e-3, ("deepnorm", 6): 1e-3, ("deeploop", 2): 4e-3, ("deeploop", 6): 4e-3}
@@ -223,7 +274,7 @@ def test_welch_interval_by_hand_and_against_scipy():
     xs, ys = [1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0]
     w = measures.welch_interval(xs, ys)
     vx, vy = 1.0 / 3, (20 / 3) / 4  # sample variances over n
-    df = (vx + vy) ** 2 / (vx ** 2 / 2 + vy ** 2 / 3)
+    df = (vx + vy) ** 2 / (vx**2 / 2 + vy**2 / 3)
     assert w["diff"] == pytest.approx(3.0) and w["df"] == pytest.approx(df)
     half = measures.t_quantile(0.975, df) * math.sqrt(vx + vy)  # the real df, not rounded down
     assert (w["lo"], w["hi"]) == pytest.approx((3.0 - half, 3.0 + half))
@@ -274,7 +325,7 @@ def test_reading1_verdict_follows_the_rule_stated_before_running():
 def test_quadratic_vertex_recovers_a_known_vertex_and_censors_at_the_edge():
     # ℓ(u) = 2.6 + 0.3·(u − log10 1.5e-3)², exact on a ×2 grid: the vertex is 1.5e-3 (between grid rates)
     x0 = math.log10(1.5e-3)
-    grid = [5e-4 * 2 ** i for i in range(7)]
+    grid = [5e-4 * 2**i for i in range(7)]
     loss = {lr: 2.6 + 0.3 * (math.log10(lr) - x0) ** 2 for lr in grid}
     v = measures.quadratic_vertex(loss)
     assert v["x"] == pytest.approx(x0, abs=1e-9) and v["censored"] == 0
@@ -291,10 +342,12 @@ def test_quadratic_vertex_recovers_a_known_vertex_and_censors_at_the_edge():
 def test_best_rate_shift_bootstraps_over_seeds_and_recovers_a_known_shift():
     # per seed: ℓ = 2.6 + s_off + 0.3·(u − x(R))², x(2) = log10 2e-3, x(12) = log10 1e-3: Δ = −0.30 exactly, as
     # a seed's offset is common to all rates (the vertex of a mean of shifted parabolas is the same)
-    grid = [5e-4 * 2 ** i for i in range(7)]
+    grid = [5e-4 * 2**i for i in range(7)]
     offsets = {1: 0.03, 2: -0.01, 3: 0.0, 4: 0.05}
+
     def curve(x):
         return {lr: {s: 2.6 + o + 0.3 * (math.log10(lr) - x) ** 2 for s, o in offsets.items()} for lr in grid}
+
     out = measures.best_rate_shift(curve(math.log10(2e-3)), curve(math.log10(1e-3)), plateau=3.3, boots=200)
     assert out["delta"] == pytest.approx(-math.log10(2), abs=1e-9) and out["seeds"] == [1, 2, 3, 4]
     assert out["lo"] == pytest.approx(out["delta"], abs=1e-9) and out["hi"] == pytest.approx(out["delta"], abs=1e-9)
@@ -320,8 +373,11 @@ def test_a_subset_run_keeps_every_cell_in_the_manifest(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep_mod, "spawn", FakeFit)
     (tmp_path / "b.yaml").write_text("{}\n")
-    spec = {"base": [str(tmp_path / "b.yaml")], "grid": {"model.config.residual": ["deepnorm", "preln"]},
-            "out": str(tmp_path / "sw")}
+    spec = {
+        "base": [str(tmp_path / "b.yaml")],
+        "grid": {"model.config.residual": ["deepnorm", "preln"]},
+        "out": str(tmp_path / "sw"),
+    }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     monkeypatch.setattr("loopnet.study.sweep.check_cells", lambda sweep, cells: None)
     assert sweep_mod.run([str(tmp_path / "s.yaml"), "--only", "deep*", "--start", "fresh"], echo=lambda _: None) == 0
@@ -345,10 +401,14 @@ def test_exponent_table_counts_training_seeds_and_fits_p(tmp_path):
     (sweep / MANIFEST).write_text(json.dumps({"cells": cells, "out": str(sweep)}))
     report_mod.main([str(sweep), "--out", str(tmp_path / "rep"), "--plateau", str(PLATEAU)])
     md = (tmp_path / "rep" / "report.md").read_text()
-    row = next(line for line in md.split("## Exponent sweep: training vs p", 1)[1].splitlines() if line.startswith("| 6 |"))
+    row = next(
+        line for line in md.split("## Exponent sweep: training vs p", 1)[1].splitlines() if line.startswith("| 6 |")
+    )
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:6] == ["6", "0.002", "1/4", "2/4", "3/4", "4/4"]
-    fit = measures.logistic_fit([p for p in outcome for _ in range(4)], [l < PLATEAU - 0.1 for ls in outcome.values() for l in ls])
+    fit = measures.logistic_fit(
+        [p for p in outcome for _ in range(4)], [l < PLATEAU - 0.1 for ls in outcome.values() for l in ls]
+    )
     assert cells[6] == f"{fit['b']:.1f} ± {fit['se_b']:.1f}" and cells[7] == f"{fit['x50']:.2f}"
 
 
@@ -359,8 +419,11 @@ def test_auto_plateau_is_computed_from_a_cells_config_in_its_own_ids(tmp_path):
     from loopnet.study.report.runs import Run, sweep_plateau
     from loopnet.study.unigram import run_plateau
 
-    config = {"data": {"source": "shakespeare", "vocab": "bytes", "batch_size": 4},
-              "model": {"config": {"seq_len": 64}}, "trainer": {"limit_val_batches": 2}}
+    config = {
+        "data": {"source": "shakespeare", "vocab": "bytes", "batch_size": 4},
+        "model": {"config": {"seq_len": 64}},
+        "trainer": {"limit_val_batches": 2},
+    }
     (tmp_path / "c1").mkdir()
     (tmp_path / "c1" / "config.yaml").write_text(yaml.safe_dump(config))
     value, how = sweep_plateau([Run("c1", {}, None)], tmp_path, tmp_path / "rep")
@@ -384,18 +447,29 @@ def test_reading1_prints_contradicted_for_a_zero_difference_of_falls(tmp_path):
     from loopnet.diagnostics import write_summary
 
     trained, stalled = [5.0, 5.0], [5.45, 5.45]
-    losses = {("deepnorm", 2): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
-              ("deepnorm", 6): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
-              ("deeploop", 2): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
-              ("deeploop", 6): {1e-3: trained, 2e-3: trained, 4e-3: stalled}}
+    losses = {
+        ("deepnorm", 2): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
+        ("deepnorm", 6): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
+        ("deeploop", 2): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
+        ("deeploop", 6): {1e-3: trained, 2e-3: trained, 4e-3: stalled},
+    }
     sweep, cells = tmp_path / "sw", []
     for (scheme, rounds), by_lr in losses.items():
         for lr, seeds in by_lr.items():
             for seed, loss in enumerate(seeds, start=1):
                 cid = f"{scheme}-r{rounds}-lr{lr:g}-s{seed}"
                 write_summary(sweep / cid / "summary.json", _summary(scheme, rounds, lr, loss))
-                cells.append({"id": cid, "params": {"model.config.residual": scheme, "model.config.n_rounds": rounds,
-                                                    "model.optim.lr": lr, "seed_everything": seed}})
+                cells.append(
+                    {
+                        "id": cid,
+                        "params": {
+                            "model.config.residual": scheme,
+                            "model.config.n_rounds": rounds,
+                            "model.optim.lr": lr,
+                            "seed_everything": seed,
+                        },
+                    }
+                )
     (sweep / MANIFEST).write_text(json.dumps({"cells": cells, "out": str(sweep)}))
     report_mod.main([str(sweep), "--out", str(tmp_path / "rep"), "--plateau", str(PLATEAU)])
     md = (tmp_path / "rep" / "report.md").read_text()

@@ -8,8 +8,9 @@ import pytest
 from loopnet.study import probe
 
 
-@pytest.mark.parametrize("scheme,decorrelated,aligned", [("postln", 1, 2), ("deepnorm", 0, 1), ("deeploop", -1, 0),
-                                                         ("p0.375", -0.5, 0.5)])
+@pytest.mark.parametrize(
+    "scheme,decorrelated,aligned", [("postln", 1, 2), ("deepnorm", 0, 1), ("deeploop", -1, 0), ("p0.375", -0.5, 0.5)]
+)
 def test_theory_slopes_are_the_papers(scheme, decorrelated, aligned):
     rounds = [1, 2, 4, 8, 16, 32]
     for kappa, slope in ((lambda r: 1.0, decorrelated), (lambda r: float(r), aligned)):
@@ -29,10 +30,34 @@ def test_bad_scheme_names_fail_clearly(capsys):
 
 def test_probe_writes_measurements_plot_and_report(tmp_path):
     out = tmp_path / "probe"
-    probe.main(["--config", "configs/deeploop_r6.yaml", "--config", "configs/cpu.yaml",
-                "--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "16",
-                "--data.batch_size", "2", "--rounds", "1", "2", "--schemes", "postln", "deeploop", "--seeds", "1",
-                "--steps", "2", "--out", str(out)])
+    probe.main(
+        [
+            "--config",
+            "configs/deeploop_r6.yaml",
+            "--config",
+            "configs/cpu.yaml",
+            "--model.config.d_model",
+            "32",
+            "--model.config.n_heads",
+            "2",
+            "--model.config.seq_len",
+            "16",
+            "--data.batch_size",
+            "2",
+            "--rounds",
+            "1",
+            "2",
+            "--schemes",
+            "postln",
+            "deeploop",
+            "--seeds",
+            "1",
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     data = json.loads((out / "probe.json").read_text())
     assert len(data["rows"]) == 2 * 2 * 1 * 2  # schemes x R x seeds x steps
     for row in data["rows"]:
@@ -46,8 +71,18 @@ def test_probe_writes_measurements_plot_and_report(tmp_path):
     assert "| postln | 0 |" in report and "| deeploop | 0.5 |" in report and "loopnet probe --config" in report
 
 
-@pytest.mark.parametrize("residual,p", [("preln", None), ("postln", None), ("deepnorm", None), ("deeploop", None),
-                                        ("scaled", 0.375), ("scaled", 0.4), ("scaled", 1.0)])
+@pytest.mark.parametrize(
+    "residual,p",
+    [
+        ("preln", None),
+        ("postln", None),
+        ("deepnorm", None),
+        ("deeploop", None),
+        ("scaled", 0.375),
+        ("scaled", 0.4),
+        ("scaled", 1.0),
+    ],
+)
 def test_parse_scheme_inverts_scheme_label(residual, p):
     from loopnet.model.scales import parse_scheme, scheme_label
 
@@ -58,7 +93,9 @@ def test_parse_scheme_inverts_scheme_label(residual, p):
 def test_parse_scheme_refuses_names_of_no_scheme(name):
     from loopnet.model.scales import parse_scheme
 
-    with pytest.raises(ValueError, match="names no residual scheme; use preln, postln, deepnorm, deeploop or p<exponent>"):
+    with pytest.raises(
+        ValueError, match="names no residual scheme; use preln, postln, deepnorm, deeploop or p<exponent>"
+    ):
         parse_scheme(name)
 
 
@@ -81,11 +118,38 @@ def test_python_m_probe_runs_its_groups(tmp_path):
     assert helped.returncode == 0, helped.stderr[-3000:]
     assert helped.stdout.startswith("usage: loopnet probe") and "--groups" in helped.stdout
     out = tmp_path / "groups"
-    res = run_command([sys.executable, "-m", "loopnet.study.probe", "--config", "configs/deeploop_r6.yaml",
-                       "--config", "configs/cpu.yaml", "--model.config.d_model", "16", "--model.config.n_heads", "2",
-                       "--model.config.seq_len", "8", "--data.batch_size", "1", "--groups", "--rounds", "1",
-                       "--schemes", "deeploop", "--seeds", "1", "--optimizers", "sgd", "--out", str(out)],
-                      cwd=ROOT, env=env())
+    res = run_command(
+        [
+            sys.executable,
+            "-m",
+            "loopnet.study.probe",
+            "--config",
+            "configs/deeploop_r6.yaml",
+            "--config",
+            "configs/cpu.yaml",
+            "--model.config.d_model",
+            "16",
+            "--model.config.n_heads",
+            "2",
+            "--model.config.seq_len",
+            "8",
+            "--data.batch_size",
+            "1",
+            "--groups",
+            "--rounds",
+            "1",
+            "--schemes",
+            "deeploop",
+            "--seeds",
+            "1",
+            "--optimizers",
+            "sgd",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env(),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads((out / "groups.json").read_text())["rows"]
     assert [(r["label"], r["rounds"], r["optimizer"]) for r in rows] == [("deeploop", 1, "sgd")]

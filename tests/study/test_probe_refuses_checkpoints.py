@@ -20,11 +20,15 @@ class Evil:
 
 def test_the_probe_refuses_a_code_carrying_checkpoint_in_one_line(tmp_path):
     torch.save({"state_dict": {}, "x": Evil()}, tmp_path / "evil.ckpt")
-    proc = run_command([sys.executable, "-m", "loopnet", "probe", "--groups", "--checkpoints", "evil.ckpt",
-                        "--out", "out"], env=env(), cwd=tmp_path)
+    proc = run_command(
+        [sys.executable, "-m", "loopnet", "probe", "--groups", "--checkpoints", "evil.ckpt", "--out", "out"],
+        env=env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "loopnet probe: error: refused to load evil.ckpt: unpickling it would import or run code (posix.system), "
         "which loopnet's restricted (weights_only) loader does not allow; fix: use a checkpoint written by "
-        "`loopnet fit`, and never load files from untrusted sources"]
+        "`loopnet fit`, and never load files from untrusted sources"
+    ]
     assert not (tmp_path / "pwned.txt").exists() and not (tmp_path / "out").exists()

@@ -25,8 +25,13 @@ def test_datamodule_bytes_batches_and_plateau():
     windows = dm.val_windows()
     assert windows.max() <= BYTE_EOT_ID
     # The plateau in the run's own ids (bytes), computed here from the raw text independently of the stream
-    plateau, how = run_plateau({"data": {"source": "shakespeare", "vocab": "bytes", "batch_size": 2},
-                                "model": {"config": {"seq_len": 32}}, "trainer": {"limit_val_batches": 4}})
+    plateau, how = run_plateau(
+        {
+            "data": {"source": "shakespeare", "vocab": "bytes", "batch_size": 2},
+            "model": {"config": {"seq_len": 32}},
+            "trainer": {"limit_val_batches": 4},
+        }
+    )
     counts = np.zeros(257, dtype=np.int64)
     for d in dm.docs:
         if d["text"] and not dm.val(d["text"]):
@@ -45,8 +50,9 @@ def test_proxy_counts_parameters_and_attributes_the_step():
     from loopnet.training.module import LoopedLM, OptimConfig
 
     d, k, v, t = 64, 2, 320, 32
-    lm = LoopedLM(config=LoopConfig(vocab_size=v, seq_len=t, d_model=d, n_heads=4, n_blocks=k, n_rounds=2),
-                  optim=OptimConfig())
+    lm = LoopedLM(
+        config=LoopConfig(vocab_size=v, seq_len=t, d_model=d, n_heads=4, n_blocks=k, n_rounds=2), optim=OptimConfig()
+    )
     split = proxy.param_split(lm.model)
     assert split["blocks"] == k * (12 * d * d + 2 * d)  # QKV 3d², O d², fc1 and fc2 4d² each, two RMSNorm gains
     assert split["embed+head"] == v * d + t * d and split["final norm"] == d  # tied head: the token table
@@ -73,5 +79,7 @@ def test_proxy_counts_parameters_and_attributes_the_step():
     assert mm == {"blocks": 72 * n * d * d * k * 2, "head": 6 * n * d * v, "embed": 0, "optimizer": 0, "other": 0}
     # Every op of the step has a place but a little bookkeeping (counted in ops, not timed).
     ops = proxy.attribute([Weighted(e, 1) for e in events])
-    assert ops["other"] < 0.05 * sum(ops.values()) and min(ops["blocks"], ops["head"], ops["embed"], ops["optimizer"]) > 0
+    assert (
+        ops["other"] < 0.05 * sum(ops.values()) and min(ops["blocks"], ops["head"], ops["embed"], ops["optimizer"]) > 0
+    )
     assert not hasattr(lm.model, "__dict__") or "head" not in lm.model.__dict__  # the wrapper is gone

@@ -14,8 +14,10 @@ CONFIG = {"residual": "deeploop", "n_rounds": 2, "n_blocks": 2, "d_model": 32}
 
 def _run(folder, steps: int, seed: int = 1337) -> None:
     folder.mkdir(parents=True)
-    write_summary(folder / "summary.json", {"status": "completed", "global_step": steps, "config": CONFIG,
-                                            "final_val_loss": 5.0, "best_val_loss": 5.0})
+    write_summary(
+        folder / "summary.json",
+        {"status": "completed", "global_step": steps, "config": CONFIG, "final_val_loss": 5.0, "best_val_loss": 5.0},
+    )
     (folder / "config.yaml").write_text(yaml.safe_dump({"seed_everything": seed}))
 
 
@@ -45,8 +47,10 @@ def _sweep(folder, ids: list[str]) -> None:
 
     folder.mkdir(parents=True)
     (folder / MANIFEST).write_text(json.dumps({"cells": [{"id": i, "params": {"seed_everything": 1}} for i in ids]}))
-    write_summary(folder / ids[0] / "summary.json", {"status": "completed", "global_step": 300, "config": CONFIG,
-                                                     "final_val_loss": 5.0, "best_val_loss": 5.0})
+    write_summary(
+        folder / ids[0] / "summary.json",
+        {"status": "completed", "global_step": 300, "config": CONFIG, "final_val_loss": 5.0, "best_val_loss": 5.0},
+    )
 
 
 def test_only_reports_the_cells_a_sweep_ran_with_only(tmp_path):

@@ -28,16 +28,28 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {
-    "model.config.d_model": 32, "model.config.n_heads": 2, "model.config.seq_len": 32, "model.config.n_blocks": 1,
-    "data.batch_size": 4, "trainer.max_steps": 4, "trainer.val_check_interval": 2, "trainer.limit_val_batches": 2,
-    "trainer.log_every_n_steps": 1, "diagnostics.every_n_steps": 3, "diagnostics.histograms": False,
+    "model.config.d_model": 32,
+    "model.config.n_heads": 2,
+    "model.config.seq_len": 32,
+    "model.config.n_blocks": 1,
+    "data.batch_size": 4,
+    "trainer.max_steps": 4,
+    "trainer.val_check_interval": 2,
+    "trainer.limit_val_batches": 2,
+    "trainer.log_every_n_steps": 1,
+    "diagnostics.every_n_steps": 3,
+    "diagnostics.histograms": False,
     "model.optim.warmup_steps": 2,
 }
 
 
 def write_sweep(folder: Path, grid: dict, overrides: dict = TINY) -> Path:
-    spec = {"base": [str(REPO / "configs/deeploop_r6.yaml"), str(REPO / "configs/cpu.yaml")],
-            "overrides": overrides, "grid": grid, "out": str(folder / "sweep")}
+    spec = {
+        "base": [str(REPO / "configs/deeploop_r6.yaml"), str(REPO / "configs/cpu.yaml")],
+        "overrides": overrides,
+        "grid": grid,
+        "out": str(folder / "sweep"),
+    }
     path = folder / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -54,11 +66,21 @@ def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     sweep_file = write_sweep(root, {"model.config.n_rounds": [2], "seed_everything": [1, 2]})
     out = root / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "loopnet", "sweep", str(sweep_file)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopnet", "sweep", str(sweep_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        wait_until(lambda: (out / LOG).is_file() and ["r2-s1", "r2-s2"] == [
-            e["cell"] for e in log_events(out) if e["event"] == "started"], proc, "the second cell started")
+        wait_until(
+            lambda: (
+                (out / LOG).is_file()
+                and ["r2-s1", "r2-s2"] == [e["cell"] for e in log_events(out) if e["event"] == "started"]
+            ),
+            proc,
+            "the second cell started",
+        )
     except AssertionError as err:
         proc.kill()
         raise AssertionError(f"{err}\n{proc.communicate()[0][-3000:]}") from None
@@ -143,8 +165,14 @@ def test_report_tables_equal_the_summaries(swept, tmp_path):
             assert float(row["kappa_model"]) == s["kappa"]["model"]
 
     # Plots: written, non-empty PNGs, linked from the report.
-    for name in ("val_loss_vs_R.png", "resid_norm_per_visit.png", "grad_norm_per_visit.png", "kappa_vs_R.png",
-                 "loss_curves.png", "kappa_curves.png"):
+    for name in (
+        "val_loss_vs_R.png",
+        "resid_norm_per_visit.png",
+        "grad_norm_per_visit.png",
+        "kappa_vs_R.png",
+        "loss_curves.png",
+        "kappa_curves.png",
+    ):
         data = (report_dir / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
         assert f"]({name})" in md
@@ -162,8 +190,7 @@ def test_report_curves_come_from_tensorboard(swept):
 def test_a_failing_cell_is_reported_not_finished(tmp_path):
     # A corpus of whitespace: the command line is valid, the fit fails when it reads the data.
     (tmp_path / "empty.txt").write_text("  \n\n")
-    sweep_file = write_sweep(tmp_path, {"data.path": [str(tmp_path / "empty.txt")]},
-                             {**TINY, "data.source": "files"})
+    sweep_file = write_sweep(tmp_path, {"data.path": [str(tmp_path / "empty.txt")]}, {**TINY, "data.source": "files"})
     echo = []
     assert run([str(sweep_file)], echo=echo.append) == 1
     out = tmp_path / "sweep"
@@ -178,11 +205,15 @@ def test_cells_that_would_fail_at_once_stop_the_sweep_before_any_runs(tmp_path):
     from loopnet.study.grid import SweepError
 
     overrides = {k: v for k, v in TINY.items() if k != "model.config.n_heads"}
-    sweep_file = write_sweep(tmp_path, {"model.config.n_heads": [2, 3], "model.config.residul": ["deeploop"]},
-                             overrides)
-    with pytest.raises(SweepError, match=r"2 of 2 cells would fail at once, so none was started; fix the sweep "
-                                         r"file: 2 cell\(s\) .*--model.config.residul deeploop; "
-                                         r"fix: did you mean 'model.config.residual'"):
+    sweep_file = write_sweep(
+        tmp_path, {"model.config.n_heads": [2, 3], "model.config.residul": ["deeploop"]}, overrides
+    )
+    with pytest.raises(
+        SweepError,
+        match=r"2 of 2 cells would fail at once, so none was started; fix the sweep "
+        r"file: 2 cell\(s\) .*--model.config.residul deeploop; "
+        r"fix: did you mean 'model.config.residual'",
+    ):
         run([str(sweep_file)], echo=lambda line: None)
     sweep_file = write_sweep(tmp_path, {"model.config.n_heads": [2, 3]}, overrides)
     with pytest.raises(SweepError, match=r"1 of 2 cells would fail at once.*n_heads3\): .*not divisible by n_heads=3"):
@@ -210,13 +241,36 @@ def test_plateau_helpers():
 
 
 def _fake_summary(status, val, p=None, rounds=3, diverged_at=None):
-    visits = {f"r{r:02d}_k1_{s}": {"resid_norm": 1.0 + r, "state_norm": 1.0, "branch_ratio": 0.1,
-                                     "act_grad_norm": 0.1, "param_grad_norm": 0.1}
-              for r in range(1, rounds + 1) for s in ("attn", "ffn")}
-    return {"status": status, "diverged_at_step": diverged_at, "final_val_loss": val, "best_val_loss": val,
-            "final_train_loss": val, "global_step": 10, "val_history": [[10, val]] if val is not None else [],
-            "config": {"residual": "scaled" if p else "deepnorm", "p": p, "wiring": "lt", "n_rounds": rounds, "n_blocks": 1},
-            "last_visit_stats": visits, "kappa": {"model": 1.5}, "wall_time_s": 1.0}
+    visits = {
+        f"r{r:02d}_k1_{s}": {
+            "resid_norm": 1.0 + r,
+            "state_norm": 1.0,
+            "branch_ratio": 0.1,
+            "act_grad_norm": 0.1,
+            "param_grad_norm": 0.1,
+        }
+        for r in range(1, rounds + 1)
+        for s in ("attn", "ffn")
+    }
+    return {
+        "status": status,
+        "diverged_at_step": diverged_at,
+        "final_val_loss": val,
+        "best_val_loss": val,
+        "final_train_loss": val,
+        "global_step": 10,
+        "val_history": [[10, val]] if val is not None else [],
+        "config": {
+            "residual": "scaled" if p else "deepnorm",
+            "p": p,
+            "wiring": "lt",
+            "n_rounds": rounds,
+            "n_blocks": 1,
+        },
+        "last_visit_stats": visits,
+        "kappa": {"model": 1.5},
+        "wall_time_s": 1.0,
+    }
 
 
 def test_report_marks_diverged_seeds_and_draws_the_exponent_sweep(tmp_path):
@@ -229,8 +283,14 @@ def test_report_marks_diverged_seeds_and_draws_the_exponent_sweep(tmp_path):
         "deepnorm-s1": (_fake_summary("completed", 6.0), {"seed_everything": 1}),
         "deepnorm-s2": (_fake_summary("diverged", None, diverged_at=7), {"seed_everything": 2}),
         "deepnorm-s3": (_fake_summary("completed", 5.0), {"seed_everything": 3}),
-        "p0.3-s1": (_fake_summary("diverged", 9.0, p=0.3, diverged_at=4), {"model.config.p": 0.3, "seed_everything": 1}),
-        "p0.3-s2": (_fake_summary("diverged", None, p=0.3, diverged_at=5), {"model.config.p": 0.3, "seed_everything": 2}),
+        "p0.3-s1": (
+            _fake_summary("diverged", 9.0, p=0.3, diverged_at=4),
+            {"model.config.p": 0.3, "seed_everything": 1},
+        ),
+        "p0.3-s2": (
+            _fake_summary("diverged", None, p=0.3, diverged_at=5),
+            {"model.config.p": 0.3, "seed_everything": 2},
+        ),
         "p0.5-s1": (_fake_summary("completed", 6.5, p=0.5), {"model.config.p": 0.5, "seed_everything": 1}),
         "p0.5-s2": (_fake_summary("completed", 7.5, p=0.5), {"model.config.p": 0.5, "seed_everything": 2}),
     }
@@ -243,7 +303,10 @@ def test_report_marks_diverged_seeds_and_draws_the_exponent_sweep(tmp_path):
     report_mod.main([str(sweep), "--out", str(tmp_path / "rep"), "--plateau", "7.0"])
     md = (tmp_path / "rep" / "report.md").read_text()
     loss = {r[0]: r[1] for r in _table_after(md, "## Final validation loss")[1:]}
-    assert loss["deepnorm-lt"] == f"{report_mod.fmt(5.5)} ± {report_mod.fmt(statistics.stdev([6.0, 5.0]))} († 1/4 diverged, 1 not run, n=2)"
+    assert (
+        loss["deepnorm-lt"]
+        == f"{report_mod.fmt(5.5)} ± {report_mod.fmt(statistics.stdev([6.0, 5.0]))} († 1/4 diverged, 1 not run, n=2)"
+    )
     assert loss["p0.3-lt"] == "diverged (2/2, step 4)"
     assert loss["p0.5-lt"].startswith(f"{report_mod.fmt(7.0)} ± ")
     escape = {r[0]: r[1] for r in _table_after(md, "## Escape from the unigram plateau")[1:]}
@@ -263,7 +326,10 @@ class FakeFit:
         from loopnet.diagnostics import write_summary
 
         FakeFit.calls.append((cmd, env))
-        folder = Path(cmd[cmd.index("--trainer.logger.init_args.save_dir") + 1]) / cmd[cmd.index("--trainer.logger.init_args.name") + 1]
+        folder = (
+            Path(cmd[cmd.index("--trainer.logger.init_args.save_dir") + 1])
+            / cmd[cmd.index("--trainer.logger.init_args.name") + 1]
+        )
         write_summary(folder / "summary.json", {"status": "completed", "final_val_loss": 1.0})
         self.returncode = 0
 
@@ -280,8 +346,13 @@ def test_resume_from_checkpoint_and_threads_per_job(tmp_path, monkeypatch):
     out = tmp_path / "sweep"
     (out / "s2" / "checkpoints").mkdir(parents=True)
     (out / "s2" / "checkpoints" / "last.ckpt").write_bytes(b"x")  # an interrupted cell with a checkpoint
-    assert run([str(sweep_file), "--jobs", "3", "--threads", "1", "--resume", "ckpt", "--start", "fresh"],
-               echo=lambda _: None) == 0
+    assert (
+        run(
+            [str(sweep_file), "--jobs", "3", "--threads", "1", "--resume", "ckpt", "--start", "fresh"],
+            echo=lambda _: None,
+        )
+        == 0
+    )
     by_cell = {c[c.index("--trainer.logger.init_args.name") + 1]: (c, env) for c, env in FakeFit.calls}
     assert set(by_cell) == {"s1", "s2", "s3"}
     assert by_cell["s2"][0][-2:] == ["--ckpt_path", "last"] and "--ckpt_path" not in by_cell["s1"][0]
@@ -303,7 +374,7 @@ def test_a_rerun_resumes_a_stopped_cell_from_its_checkpoint_by_default(tmp_path,
         stopped.write_bytes(b"saved by a stop")
         (tmp_path / "sweep" / "s2" / "summary.json").unlink(missing_ok=True)
         assert run([str(sweep_file), "--start", "fresh", *resume], echo=lambda _: None) == 0
-        (cmd, _), = [c for c in FakeFit.calls if c[0][c[0].index("--trainer.logger.init_args.name") + 1] == "s2"]
+        ((cmd, _),) = [c for c in FakeFit.calls if c[0][c[0].index("--trainer.logger.init_args.name") + 1] == "s2"]
         if not resume:
             assert cmd[-2:] == ["--ckpt_path", "last"] and stopped.read_bytes() == b"saved by a stop"
         else:

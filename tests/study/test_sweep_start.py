@@ -18,8 +18,9 @@ def test_a_cell_gives_the_same_losses_either_way(tmp_path):
     for start in ("fresh", "forkserver"):
         folder = tmp_path / start
         folder.mkdir()
-        sweep_file = write_sweep(folder, {"model.config.n_rounds": [2], "seed_everything": [3]},
-                                 {**TINY, "model.config.dropout": 0.1})  # dropout: the RNG streams matter too
+        sweep_file = write_sweep(
+            folder, {"model.config.n_rounds": [2], "seed_everything": [3]}, {**TINY, "model.config.dropout": 0.1}
+        )  # dropout: the RNG streams matter too
         assert run([str(sweep_file), "--start", start, "--threads", "2"], echo=lambda _: None) == 0
         cell = folder / "sweep" / "r2-s3"
         runs[start] = (read_curves(cell), read_summary(cell))

@@ -39,24 +39,46 @@ END_EVENTS = ("finished", "failed", "stopped")
 
 
 def write_sweep(folder: Path, cells: int) -> Path:
-    spec = {"base": [str(REPO / "configs/deeploop_r6.yaml")], "grid": {"seed_everything": list(range(1, cells + 1))},
-            "out": str(folder / "sweep")}
+    spec = {
+        "base": [str(REPO / "configs/deeploop_r6.yaml")],
+        "grid": {"seed_everything": list(range(1, cells + 1))},
+        "out": str(folder / "sweep"),
+    }
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "fake.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def sweep_process(sweep_file: Path, *args: str, fit_seconds: float = 0.4, crash: str = "", ignore_hup: bool = False,
-                  semaphore: bool = False, new_session: bool = False):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               FAKE_FIT_SECONDS=str(fit_seconds), FAKE_FIT_CRASH=crash, FAKE_FIT_SEMAPHORE="1" if semaphore else "")
+def sweep_process(
+    sweep_file: Path,
+    *args: str,
+    fit_seconds: float = 0.4,
+    crash: str = "",
+    ignore_hup: bool = False,
+    semaphore: bool = False,
+    new_session: bool = False,
+):
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        FAKE_FIT_SECONDS=str(fit_seconds),
+        FAKE_FIT_CRASH=crash,
+        FAKE_FIT_SEMAPHORE="1" if semaphore else "",
+    )
     # SIGHUP ignored as under nohup, else its default as from a terminal (set either way: the test runner
     # itself may run under nohup, whose SIG_IGN a child would inherit)
     hup = signal.SIG_IGN if ignore_hup else signal.SIG_DFL
-    return subprocess.Popen([sys.executable, "-c", DRIVER, str(sweep_file), *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=new_session,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, hup))
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(sweep_file), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=new_session,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, hup),
+    )
 
 
 def events(out: Path) -> list[dict]:
@@ -116,7 +138,8 @@ def stop_at_random(tmp: Path, seed: int, start: str, signum: int = signal.SIGTER
     if proc.returncode != 0:
         (sig,) = [e for e in events(out) if e["event"] == "signal"]
         assert sig["signal"] == signal.Signals(signum).name and sorted(stopped) == sorted(
-            c for c in sig["running"] if not is_finished(out / c)), (sig, by_cell)
+            c for c in sig["running"] if not is_finished(out / c)
+        ), (sig, by_cell)
         assert "stopped by " + signal.Signals(signum).name in output
     if rerun:
         again = sweep_process(sweep_file, "--jobs", "2", "--start", start)
@@ -147,8 +170,15 @@ def test_a_stop_signal_to_the_process_group_stops_every_fit_cleanly(tmp_path, si
     tracker too. The fits stop as from the sweep (exit status 0, recorded), their logs without a traceback."""
     sweep_file, out = write_sweep(tmp_path, cells=4), tmp_path / "sweep"
     proc = sweep_process(sweep_file, "--jobs", "2", fit_seconds=30, semaphore=True, new_session=True)
-    wait_until(lambda: sum(e["event"] == "started" for e in events(out)) == 2 and all(
-        (out / f"s{i}" / "fit.log").is_file() for i in (1, 2)), proc, "two cells started", poll=0.05)
+    wait_until(
+        lambda: (
+            sum(e["event"] == "started" for e in events(out)) == 2
+            and all((out / f"s{i}" / "fit.log").is_file() for i in (1, 2))
+        ),
+        proc,
+        "two cells started",
+        poll=0.05,
+    )
     time.sleep(1.0)  # the fits hold their semaphores
     os.killpg(proc.pid, signum)
     output = communicate(proc)[0]
@@ -177,8 +207,12 @@ def test_a_crashed_or_killed_cell_leaves_the_sweep_running(tmp_path, start):
     output = communicate(proc)[0]
     assert proc.returncode == 1, output[-3000:]
     ends = {e["cell"]: (e["event"], e.get("rc")) for e in events(out) if e["event"] in END_EVENTS}
-    assert ends == {"s1": ("finished", 0), "s2": ("failed", -signal.SIGABRT), "s3": ("failed", 3),
-                    "s4": ("failed", -signal.SIGKILL)}, output
+    assert ends == {
+        "s1": ("finished", 0),
+        "s2": ("failed", -signal.SIGABRT),
+        "s3": ("failed", 3),
+        "s4": ("failed", -signal.SIGKILL),
+    }, output
     assert "failed: s2, s3, s4" in output
 
 
@@ -188,10 +222,18 @@ def test_a_cell_whose_fit_outlived_its_sweep_is_left_to_it(tmp_path):
 
     sweep_file, out = write_sweep(tmp_path, cells=2), tmp_path / "sweep"
     (out / "s1").mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
-                               "os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid())"
-                               ".encode()); print('locked', flush=True); time.sleep(600)", str(out / "s1" / LOCK_NAME)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+            "os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid())"
+            ".encode()); print('locked', flush=True); time.sleep(600)",
+            str(out / "s1" / LOCK_NAME),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         proc = sweep_process(sweep_file, "--start", "fresh")

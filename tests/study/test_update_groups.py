@@ -33,7 +33,7 @@ def test_every_parameter_element_is_in_exactly_one_group(norm_affine):
         assert torch.equal(total, torch.ones_like(p)), name
     d = TINY.d_model
     qkv = "blocks.0.attn.f.qkv_proj.weight"
-    assert masks["QK"][qkv][:2 * d].eq(1).all() and masks["VOfc"][qkv][2 * d:].eq(1).all()
+    assert masks["QK"][qkv][: 2 * d].eq(1).all() and masks["VOfc"][qkv][2 * d :].eq(1).all()
     assert "lm_head.weight" in masks["embed+head"] and "blocks.1.ffn.f.fc2.weight" in masks["VOfc"]
     assert bool(masks["norm"]) == norm_affine
 
@@ -55,8 +55,11 @@ def test_norm_affine_false_has_no_norm_gains_and_default_is_unchanged():
 
 def test_ratio_rows_pair_the_schemes_at_the_same_starting_point():
     row = {**{g: (1.0, 0.0, 1) for g in (*ug.GROUPS, "all")}, "n_blocks": 2}
-    summary = {("deepnorm-nogain@step100", 6, "sgd"): {**row, "VOfc": (48.0, 0.0, 1)},
-               ("deeploop-nogain@step100", 6, "sgd"): row, ("deeploop", 6, "sgd"): row}
+    summary = {
+        ("deepnorm-nogain@step100", 6, "sgd"): {**row, "VOfc": (48.0, 0.0, 1)},
+        ("deeploop-nogain@step100", 6, "sgd"): row,
+        ("deeploop", 6, "sgd"): row,
+    }
     (r,) = ug.ratio_rows(summary)
     assert (r["N"], r["theory"], r["VOfc"], ug.where(r["suffix"])) == (12, 48, 48.0, "nogain step100")
     assert ug.where("") == "init" and ug.where("@step0") == "step0"
@@ -94,7 +97,7 @@ def test_beta_scaled_ratio_at_init_follows_the_theory(kind, rounds):
     alpha, beta = residual_scales("deepnorm", n)
     ratio, _ = _ratio(kind, rounds, 1e-3)
     theory = ug.theory_ratio(kind, n)
-    assert abs(ratio / theory - 1) <= 2 * beta ** 2 / alpha, (ratio, theory)
+    assert abs(ratio / theory - 1) <= 2 * beta**2 / alpha, (ratio, theory)
 
 
 def test_group_changes_add_up_to_the_full_step_to_first_order():
@@ -122,17 +125,53 @@ def test_measuring_leaves_the_weights_unchanged():
 def test_probe_groups_from_checkpoints_of_a_real_run(tmp_path):
     """A 4-step fit (in this process) saving a checkpoint every 2 steps, then `loopnet probe --groups --checkpoints ... --with_init`:
     DeepNorm and DeepLoop at steps 0, 2 and 4, the ratio table against 4N and 2√N."""
-    env_args = ["--config", "configs/deeploop_r6.yaml", "--config", "configs/cpu.yaml", "--model.config.d_model", "32",
-                "--model.config.n_heads", "2", "--model.config.seq_len", "16", "--data.batch_size", "2",
-                "--model.config.n_rounds", "2"]
+    env_args = [
+        "--config",
+        "configs/deeploop_r6.yaml",
+        "--config",
+        "configs/cpu.yaml",
+        "--model.config.d_model",
+        "32",
+        "--model.config.n_heads",
+        "2",
+        "--model.config.seq_len",
+        "16",
+        "--data.batch_size",
+        "2",
+        "--model.config.n_rounds",
+        "2",
+    ]
     ckpts = []
     for scheme in ("deepnorm", "deeploop"):
-        res = loopnet("fit", *env_args, "--model.config.residual", scheme,
-                      "--trainer.max_steps", "4", "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
-                      "--checkpoint.every_n_train_steps", "2", "--checkpoint.save_top_k", "-1",
-                      "--checkpoint.monitor", "null", "--checkpoint.filename", "step{step:06d}",
-                      "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.logger.init_args.name", scheme,
-                      "--trainer.logger.init_args.version", "", "--trainer.enable_progress_bar", "false", cwd=REPO)
+        res = loopnet(
+            "fit",
+            *env_args,
+            "--model.config.residual",
+            scheme,
+            "--trainer.max_steps",
+            "4",
+            "--trainer.val_check_interval",
+            "4",
+            "--trainer.limit_val_batches",
+            "1",
+            "--checkpoint.every_n_train_steps",
+            "2",
+            "--checkpoint.save_top_k",
+            "-1",
+            "--checkpoint.monitor",
+            "null",
+            "--checkpoint.filename",
+            "step{step:06d}",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+            "--trainer.logger.init_args.name",
+            scheme,
+            "--trainer.logger.init_args.version",
+            "",
+            "--trainer.enable_progress_bar",
+            "false",
+            cwd=REPO,
+        )
         assert res.code == 0, res.err[-3000:]
         found = sorted((tmp_path / scheme / "checkpoints").glob("step*.ckpt"))
         assert [p.name for p in found] == ["step000002.ckpt", "step000004.ckpt"]
@@ -163,8 +202,14 @@ def test_from_checkpoint_reads_a_loopnet_checkpoint(tmp_path):
 
     torch.manual_seed(0)
     lm = LoopedLM(config=replace(TINY, residual="scaled", p=0.4, n_rounds=2), optim=OptimConfig(lr=3e-4))
-    path = _save(tmp_path / "step.ckpt", {"hyper_parameters": {"config": asdict(lm.config), "optim": asdict(lm.optim)},
-                                          "state_dict": lm.state_dict(), "global_step": 7})
+    path = _save(
+        tmp_path / "step.ckpt",
+        {
+            "hyper_parameters": {"config": asdict(lm.config), "optim": asdict(lm.optim)},
+            "state_dict": lm.state_dict(),
+            "global_step": 7,
+        },
+    )
     got, state, step, name = ug.from_checkpoint(path)
     assert (state, step, name, got.config.n_rounds, got.optim.lr) == (None, 7, "p0.4", 2, 3e-4)
     assert all(torch.equal(p, dict(lm.state_dict())[n]) for n, p in got.state_dict().items())
@@ -174,11 +219,18 @@ class NotData:  # a pickled object: code the restricted loader refuses to import
     pass
 
 
-@pytest.mark.parametrize("bad,says", [
-    ("missing", "does not exist"), ("folder", "is a folder, not a checkpoint file"), ("empty", "is empty (0 bytes)"),
-    ("corrupt", "is not a readable checkpoint, it is corrupt or truncated"),
-    ("code", "unpickling it would import or run code"), ("no_state", "is not a Lightning checkpoint"),
-    ("not_loopnet", "is not a loopnet checkpoint (no hyper_parameters.config and .optim)")])
+@pytest.mark.parametrize(
+    "bad,says",
+    [
+        ("missing", "does not exist"),
+        ("folder", "is a folder, not a checkpoint file"),
+        ("empty", "is empty (0 bytes)"),
+        ("corrupt", "is not a readable checkpoint, it is corrupt or truncated"),
+        ("code", "unpickling it would import or run code"),
+        ("no_state", "is not a Lightning checkpoint"),
+        ("not_loopnet", "is not a loopnet checkpoint (no hyper_parameters.config and .optim)"),
+    ],
+)
 def test_probe_refuses_a_bad_checkpoint_in_one_line(tmp_path, capsys, bad, says):
     """`loopnet probe --groups --checkpoints BAD`: the one-line refusals of `loopnet.checkpoints`, before
     any data is read or anything written."""

@@ -14,14 +14,38 @@ from tests.helpers import run_command
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-OVERLAYS = ("cpu.yaml", "study_cpu.yaml", "study_map.yaml", "fsdp.yaml")  # composed on top of a method config, not run alone
+OVERLAYS = (
+    "cpu.yaml",
+    "study_cpu.yaml",
+    "study_map.yaml",
+    "fsdp.yaml",
+)  # composed on top of a method config, not run alone
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name not in OVERLAYS)
 TINY = [
-    "--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
-    "--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "32",
-    "--model.config.n_rounds", "3", "--data.batch_size", "4",
-    "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
-    "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2", "--trainer.log_every_n_steps", "1",
+    "--config",
+    str(ROOT / "configs/deeploop_r6.yaml"),
+    "--config",
+    str(ROOT / "configs/cpu.yaml"),
+    "--model.config.d_model",
+    "32",
+    "--model.config.n_heads",
+    "2",
+    "--model.config.seq_len",
+    "32",
+    "--model.config.n_rounds",
+    "3",
+    "--data.batch_size",
+    "4",
+    "--trainer.max_steps",
+    "6",
+    "--trainer.val_check_interval",
+    "3",
+    "--trainer.limit_val_batches",
+    "2",
+    "--trainer.limit_test_batches",
+    "2",
+    "--trainer.log_every_n_steps",
+    "1",
 ]
 
 
@@ -55,8 +79,9 @@ def test_fit_writes_checkpoint_events_and_config(fitted):
 def test_test_reproduces_validation_loss(fitted):
     cwd, run = fitted
     logged = EventAccumulator(str(run)).Reload().Scalars("val/loss")[-1].value
-    out = loopnet("test", *TINY, "--ckpt_path", str(run / "checkpoints/last.ckpt"),
-                  "--model.eval_rounds", "[1,2,6]", cwd=cwd).stdout
+    out = loopnet(
+        "test", *TINY, "--ckpt_path", str(run / "checkpoints/last.ckpt"), "--model.eval_rounds", "[1,2,6]", cwd=cwd
+    ).stdout
     line = next(l for l in out.splitlines() if "test/loss " in l or "test/loss" in l.split())
     reported = float(line.replace("│", " ").split()[-1])
     assert reported == pytest.approx(logged, rel=1e-5)
@@ -66,8 +91,16 @@ def test_test_reproduces_validation_loss(fitted):
 
 def test_checkpoint_from_another_config_is_refused(fitted):
     cwd, run = fitted
-    proc = loopnet("test", *TINY, "--model.config.n_rounds", "4", "--ckpt_path", str(run / "checkpoints/last.ckpt"),
-                   cwd=cwd, check=False)
+    proc = loopnet(
+        "test",
+        *TINY,
+        "--model.config.n_rounds",
+        "4",
+        "--ckpt_path",
+        str(run / "checkpoints/last.ckpt"),
+        cwd=cwd,
+        check=False,
+    )
     assert proc.returncode != 0
     assert "another model config (n_rounds: checkpoint 3 vs config 4)" in proc.stderr
 
@@ -85,21 +118,40 @@ def test_every_config_parses(name, tmp_path):
 
 
 def test_cpu_overlay_composes(tmp_path):
-    out = loopnet("fit", "--config", str(ROOT / "configs/flt_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
-                  "--print_config", cwd=tmp_path).stdout
+    out = loopnet(
+        "fit",
+        "--config",
+        str(ROOT / "configs/flt_r6.yaml"),
+        "--config",
+        str(ROOT / "configs/cpu.yaml"),
+        "--print_config",
+        cwd=tmp_path,
+    ).stdout
     assert "wiring: flt" in out and "d_model: 128" in out and "accelerator: cpu" in out
-    out = loopnet("fit", "--config", str(ROOT / "configs/flt_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
-                  "--config", str(ROOT / "configs/study_cpu.yaml"), "--print_config", cwd=tmp_path).stdout
+    out = loopnet(
+        "fit",
+        "--config",
+        str(ROOT / "configs/flt_r6.yaml"),
+        "--config",
+        str(ROOT / "configs/cpu.yaml"),
+        "--config",
+        str(ROOT / "configs/study_cpu.yaml"),
+        "--print_config",
+        cwd=tmp_path,
+    ).stdout
     assert "wiring: flt" in out and "d_model: 64" in out and "vocab: compact" in out and "vocab_size: 19136" in out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model.config.residual", "deepnet"], "residual"),
-    (["--model.config.wiring", "loop"], "wiring"),
-    (["--model.config.n_rounds", "0"], "n_rounds must be >= 1"),
-    (["--model.config.d_model", "33"], "not divisible by n_heads"),
-    (["--model.config.not_a_key", "1"], "not_a_key"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model.config.residual", "deepnet"], "residual"),
+        (["--model.config.wiring", "loop"], "wiring"),
+        (["--model.config.n_rounds", "0"], "n_rounds must be >= 1"),
+        (["--model.config.d_model", "33"], "not divisible by n_heads"),
+        (["--model.config.not_a_key", "1"], "not_a_key"),
+    ],
+)
 def test_bad_input_fails_before_training(args, message, tmp_path):
     proc = loopnet("fit", *TINY, *args, cwd=tmp_path, check=False)
     assert proc.returncode != 0
@@ -109,8 +161,18 @@ def test_bad_input_fails_before_training(args, message, tmp_path):
 
 def test_predict_continues_a_prompt(fitted):
     cwd, run = fitted
-    out = loopnet("predict", *TINY, "--ckpt_path", str(run / "checkpoints/last.ckpt"),
-                  "--model.generate.prompt", "ROMEO:", "--model.generate.max_new_tokens", "5",
-                  "--model.generate.temperature", "0", cwd=cwd).stdout
-    text = out[out.index("ROMEO:"):].splitlines()[0]
+    out = loopnet(
+        "predict",
+        *TINY,
+        "--ckpt_path",
+        str(run / "checkpoints/last.ckpt"),
+        "--model.generate.prompt",
+        "ROMEO:",
+        "--model.generate.max_new_tokens",
+        "5",
+        "--model.generate.temperature",
+        "0",
+        cwd=cwd,
+    ).stdout
+    text = out[out.index("ROMEO:") :].splitlines()[0]
     assert len(text) > len("ROMEO:")  # the prompt and its continuation

@@ -64,24 +64,28 @@ def test_a_corpus_that_cannot_be_read_is_refused_before_lightning(tmp_path, case
     for name in ("pq/a.parquet", "pq/b.parquet", "deep/x/a.jsonl", "deep/notes.md", "deep/y/b.jsonl", "other/a.csv"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
-    args = {"missing": ["--data.source", "files", "--data.path", "nope/*.txt"],
-            "a_folder": ["--data.source", "files", "--data.path", "pq"],
-            "nested": ["--data.source", "files", "--data.path", "[empty.txt,deep]"],
-            "no_data": ["--data.source", "files", "--data.path", "other"],
-            "empty": ["--data.source", "files", "--data.path", "empty.txt"],
-            "ignored": ["--data.path", "/tmp/nope"],  # SHORT's cpu.yaml: the embedded Shakespeare
-            "no_folder": ["--data.source", "hub", "--data.path", "owt"]}[case]
+    args = {
+        "missing": ["--data.source", "files", "--data.path", "nope/*.txt"],
+        "a_folder": ["--data.source", "files", "--data.path", "pq"],
+        "nested": ["--data.source", "files", "--data.path", "[empty.txt,deep]"],
+        "no_data": ["--data.source", "files", "--data.path", "other"],
+        "empty": ["--data.source", "files", "--data.path", "empty.txt"],
+        "ignored": ["--data.path", "/tmp/nope"],  # SHORT's cpu.yaml: the embedded Shakespeare
+        "no_folder": ["--data.source", "hub", "--data.path", "owt"],
+    }[case]
     line = _refused(tmp_path, "fit", *SHORT, *args)
-    assert {"missing": "No file matches 'nope/*.txt'",
-            "a_folder": "data.path 'pq' is a folder (2 data file(s) in it), and `source: files` reads files. Fix: "
-                        "give its files with a glob, --data.path 'pq/*.parquet' or read it as a dataset folder with "
-                        "--data.source hub",
-            "nested": "data.path 'deep' is a folder (3 data file(s) in it), and `source: files` reads files. Fix: "
-                      "give its files with a glob, --data.path 'deep/**/*.jsonl'",
-            "no_data": "data.path 'other' is a folder holding no .json, .jsonl, .md, .parquet, .text, .txt file",
-            "empty": "The corpus is empty: 1 document(s), none with text (every file of data.path is 0 bytes",
-            "ignored": "--data.path /tmp/nope is ignored by the source 'shakespeare'",
-            "no_folder": f"--data.path owt is not a local folder (no {tmp_path / 'owt'})"}[case] in line
+    assert {
+        "missing": "No file matches 'nope/*.txt'",
+        "a_folder": "data.path 'pq' is a folder (2 data file(s) in it), and `source: files` reads files. Fix: "
+        "give its files with a glob, --data.path 'pq/*.parquet' or read it as a dataset folder with "
+        "--data.source hub",
+        "nested": "data.path 'deep' is a folder (3 data file(s) in it), and `source: files` reads files. Fix: "
+        "give its files with a glob, --data.path 'deep/**/*.jsonl'",
+        "no_data": "data.path 'other' is a folder holding no .json, .jsonl, .md, .parquet, .text, .txt file",
+        "empty": "The corpus is empty: 1 document(s), none with text (every file of data.path is 0 bytes",
+        "ignored": "--data.path /tmp/nope is ignored by the source 'shakespeare'",
+        "no_folder": f"--data.path owt is not a local folder (no {tmp_path / 'owt'})",
+    }[case] in line
     assert "fix:" in line.lower()
     if case == "ignored":
         assert "--data.source files" in line

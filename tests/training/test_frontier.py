@@ -27,10 +27,19 @@ def batches(n=2, B=2, T=8, seed=0):
 def tested(tmp_path_factory):
     folder = tmp_path_factory.mktemp("run")
     torch.manual_seed(0)
-    lm = LoopedLM(config=tiny_config(), eval_rounds=[1, 4], extrapolate_rounds=6,
-                  frontier={"exit": "kl", "thresholds": [0.0, 1e-3, math.inf], "max_rounds": 4})
-    trainer = L.Trainer(accelerator="cpu", logger=TensorBoardLogger(str(folder), name="t"), enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False)
+    lm = LoopedLM(
+        config=tiny_config(),
+        eval_rounds=[1, 4],
+        extrapolate_rounds=6,
+        frontier={"exit": "kl", "thresholds": [0.0, 1e-3, math.inf], "max_rounds": 4},
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=TensorBoardLogger(str(folder), name="t"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
     (metrics,) = trainer.test(lm, dataloaders=batches())
     return lm, trainer, metrics
 
@@ -91,7 +100,9 @@ def test_a_round_image_draws_each_value_at_its_round_with_the_training_R_marked(
         fig = round_figure(q, profile[q], train_rounds=3)
         (ax,) = fig.axes
         data, *marks = ax.lines
-        expected = [(r, v) for r, v in enumerate(profile[q], start=1) if v is not None and (v > 0 or not ROUND_VIEWS[q][1])]
+        expected = [
+            (r, v) for r, v in enumerate(profile[q], start=1) if v is not None and (v > 0 or not ROUND_VIEWS[q][1])
+        ]
         assert list(data.get_xdata()) == [r for r, _ in expected]
         assert list(data.get_ydata()) == pytest.approx([v for _, v in expected])
         assert [tuple(m.get_xdata()) for m in marks if m.get_linestyle() == "--"] == [(3, 3)]
@@ -104,8 +115,13 @@ def test_validation_profile_reaches_the_summary_record(at_validation):
     two sequences, as `jacobian_profile` computes it."""
     torch.manual_seed(0)
     lm = LoopedLM(config=tiny_config(), extrapolate_rounds=4, jacobian_at_validation=at_validation)
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        enable_checkpointing=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
     (m,) = trainer.validate(lm, dataloaders=batches(n=1))
     profile = lm.depth_eval.last_profile
     assert profile["loss"][2] == pytest.approx(m["val/loss"], rel=1e-5)

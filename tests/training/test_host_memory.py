@@ -52,8 +52,14 @@ def test_callback_applies_only_on_cpu_and_can_be_turned_off(tmp_path):
     from loopnet.training.callbacks import HostMemory
 
     on, off = HostMemory(), HostMemory(keep_freed=False)
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        default_root_dir=tmp_path, callbacks=[on, off])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        callbacks=[on, off],
+    )
     for cb in (on, off):
         cb.setup(trainer, None, "fit")
     assert on.applied and not off.applied
@@ -61,6 +67,7 @@ def test_callback_applies_only_on_cpu_and_can_be_turned_off(tmp_path):
 
 def test_cli_exposes_the_switch():
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-m", "loopnet.training.cli", "fit", "--help"], capture_output=True,
-                         text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "loopnet.training.cli", "fit", "--help"], capture_output=True, text=True, env=env
+    )
     assert "--host_memory.keep_freed" in out.stdout, out.stderr[-2000:]

@@ -26,6 +26,15 @@ def test_print_config_shows_the_count(monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr("sys.argv", ["loopnet"])
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        main(["fit", *CONFIGS, "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1.0",
-              "--print_config"])
+        main(
+            [
+                "fit",
+                *CONFIGS,
+                "--trainer.limit_val_batches",
+                "1",
+                "--trainer.limit_test_batches",
+                "1.0",
+                "--print_config",
+            ]
+        )
     assert "  limit_val_batches: 1\n" in out.getvalue() and "  limit_test_batches: 1.0\n" in out.getvalue()

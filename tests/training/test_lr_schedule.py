@@ -55,8 +55,8 @@ def test_learning_rate_at_the_schedules_landmarks():
     assert got[D + 4] == pytest.approx(M * LR, rel=1e-12)  # and it stays there
     for step, value in enumerate(got):
         assert value == pytest.approx(expected_lr(step), rel=1e-12), step
-    assert all(a < b for a, b in zip(got[:W - 1], got[1:W]))  # rising through the warm-up
-    assert all(a > b for a, b in zip(got[W:D], got[W + 1:D + 1]))  # falling through the decay
+    assert all(a < b for a, b in zip(got[: W - 1], got[1:W]))  # rising through the warm-up
+    assert all(a > b for a, b in zip(got[W:D], got[W + 1 : D + 1]))  # falling through the decay
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.1, 1.0])
@@ -82,19 +82,31 @@ def test_a_fit_steps_the_schedule_once_per_step_over_max_steps(tmp_path):
     torch.manual_seed(0)
     config = tiny_config()
     module = LoopedLM(config=config, optim=OptimConfig(lr=LR, warmup_steps=warmup, min_lr_ratio=M))
-    tokens = torch.randint(0, config.vocab_size, (steps * 2, config.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, config.vocab_size, (steps * 2, config.seq_len + 1), generator=torch.Generator().manual_seed(0)
+    )
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=2)
     record = RecordLR()
-    trainer = L.Trainer(default_root_dir=tmp_path, max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[record])
+    trainer = L.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[record],
+    )
     trainer.fit(module, data)
     assert record.lr == pytest.approx([expected_lr(s, LR, warmup, steps, M) for s in range(steps)], rel=1e-12)
 
 
 def test_adamw_takes_its_settings_from_optim_and_decays_matrices_only():
-    module = LoopedLM(config=tiny_config(), optim=OptimConfig(lr=LR, weight_decay=0.3, betas=(0.8, 0.9), eps=1e-6,
-                                                              warmup_steps=1, decay_steps=5))
+    module = LoopedLM(
+        config=tiny_config(),
+        optim=OptimConfig(lr=LR, weight_decay=0.3, betas=(0.8, 0.9), eps=1e-6, warmup_steps=1, decay_steps=5),
+    )
     optimizer = module.configure_optimizers()["optimizer"]
     decay, no_decay = optimizer.param_groups
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.3, 0.0)
@@ -111,18 +123,26 @@ def test_a_decay_of_one_step_and_no_length_at_all():
     optimizer, scheduler = schedule(lr=LR, warmup_steps=0, decay_steps=1, min_lr_ratio=M)  # the shortest: 1 step
     assert lrs(optimizer, scheduler, 3) == pytest.approx([LR, M * LR, M * LR], rel=1e-12)
     module = LoopedLM(config=tiny_config(), optim=OptimConfig(decay_steps=None))
-    module.trainer = L.Trainer(max_steps=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                               enable_model_summary=False)
-    with pytest.raises(ValueError, match=r"^set trainer\.max_steps \(or model\.optim\.decay_steps\) so the cosine "
-                                         r"schedule has a length$"):
+    module.trainer = L.Trainer(
+        max_steps=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^set trainer\.max_steps \(or model\.optim\.decay_steps\) so the cosine "
+        r"schedule has a length$",
+    ):
         module.configure_optimizers()
 
 
 def test_muon_and_its_adamw_take_their_settings_from_optim():
     """Muon on the blocks' matrices with optim's momentum, rate and decay; AdamW on the other matrices with
     optim's decay and on norms and biases with none (torch's defaults differ from each value given here)."""
-    module = LoopedLM(config=tiny_config(), optim=OptimConfig(optimizer="muon", lr=LR, muon_lr=0.02, weight_decay=0.3,
-                                                              muon_momentum=0.8, warmup_steps=1, decay_steps=5))
+    module = LoopedLM(
+        config=tiny_config(),
+        optim=OptimConfig(
+            optimizer="muon", lr=LR, muon_lr=0.02, weight_decay=0.3, muon_momentum=0.8, warmup_steps=1, decay_steps=5
+        ),
+    )
     optimizer = module.configure_optimizers()["optimizer"]
     (muon,), (rest, no_decay) = optimizer.muon.param_groups, optimizer.adamw.param_groups
     assert (muon["lr"], muon["momentum"], muon["weight_decay"]) == (0.02, 0.8, 0.3)
@@ -138,5 +158,7 @@ def test_muon_under_fsdp_is_refused_naming_the_fix():
     module._trainer = SimpleNamespace(strategy=FSDPStrategy(), max_steps=5, precision_plugin=None)
     with pytest.raises(ValueError) as err:
         module.configure_optimizers()
-    assert str(err.value) == ("model.optim.optimizer=muon needs whole 2-D matrices, and FSDP shards them into 1-D "
-                              "slices; fix: train with DDP (trainer.strategy: ddp) or optimizer: adamw")
+    assert str(err.value) == (
+        "model.optim.optimizer=muon needs whole 2-D matrices, and FSDP shards them into 1-D "
+        "slices; fix: train with DDP (trainer.strategy: ddp) or optimizer: adamw"
+    )

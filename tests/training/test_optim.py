@@ -27,18 +27,29 @@ class LearningRates(L.Callback):
         self.lrs.append(optimizer.param_groups[0]["lr"])
 
 
-def fit(tmp_path, fused: bool, clip, precision="bf16-mixed", algorithm=None, lrs: list | None = None
-        ) -> dict[str, torch.Tensor]:
+def fit(
+    tmp_path, fused: bool, clip, precision="bf16-mixed", algorithm=None, lrs: list | None = None
+) -> dict[str, torch.Tensor]:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     torch.manual_seed(0)
     cfg = tiny_config(vocab_size=V, seq_len=T, n_heads=2, n_rounds=2)
     lm = LoopedLM(config=cfg, optim=OptimConfig(lr=1e-2, warmup_steps=1, decay_steps=10, fused=fused))
     tokens = torch.randint(0, V, (16, T + 1), generator=torch.Generator().manual_seed(0))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=4)
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, max_steps=3, gradient_clip_val=clip,
-                        gradient_clip_algorithm=algorithm, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                        callbacks=[recorder := LearningRates()])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        precision=precision,
+        max_steps=3,
+        gradient_clip_val=clip,
+        gradient_clip_algorithm=algorithm,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[recorder := LearningRates()],
+    )
     trainer.fit(lm, data)
     assert lm.optimizers().optimizer.defaults["fused"] is fused
     if lrs is not None:
@@ -98,7 +109,10 @@ def test_fp32_and_negative_clip_values(tmp_path):
     clipped = fit(tmp_path, False, 1e-3, precision="32-true")
     assert any(not torch.allclose(clipped[k], v) for k, v in fit(tmp_path, False, None, precision="32-true").items())
     # Lightning treats a clip value <= 0 as no clipping (clip_grad_norm_ would flip the gradients).
-    negative, unclipped = fit(tmp_path, False, -1.0, precision="32-true"), fit(tmp_path, False, None, precision="32-true")
+    negative, unclipped = (
+        fit(tmp_path, False, -1.0, precision="32-true"),
+        fit(tmp_path, False, None, precision="32-true"),
+    )
     for k in negative:
         torch.testing.assert_close(negative[k], unclipped[k])
 
@@ -144,8 +158,15 @@ def test_checkpoint_with_separate_qkv_loads_weights_and_optimizer_state(tmp_path
     # And a run resumes from it: one more step through the Trainer.
     tokens = torch.randint(0, 64, (8, 9), generator=torch.Generator().manual_seed(0))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=2)
-    trainer = L.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     resumed = LoopedLM(**{k: raw["hyper_parameters"][k] for k in ("config", "optim")})
     trainer.fit(resumed, data, ckpt_path=OLD_CKPT)
     assert trainer.global_step == 4 and torch.isfinite(resumed.model.blocks[0].attn.f.qkv_proj.weight).all()

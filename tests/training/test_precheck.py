@@ -71,10 +71,27 @@ GOOD = {
     "cpu": ["fit", *CPU],
     "included, replaced by the includer's model section": ["fit", *CPU, "--config", "outer_model.yaml"],
     "compact vocabulary (its size is known once the corpus is read)": [
-        "fit", *CPU, "--data.vocab", "compact", "--model.config.vocab_size", "1000"],
-    "options of the Trainer and callbacks": ["fit", *CPU, "--trainer.logger.init_args.version", "3",
-                                             "--checkpoint.save_top_k", "0", "--model.optim.betas", "[0.9, 0.99]",
-                                             "--model.config.init", "null", "--model.generate.prompt", "ROMEO:"],
+        "fit",
+        *CPU,
+        "--data.vocab",
+        "compact",
+        "--model.config.vocab_size",
+        "1000",
+    ],
+    "options of the Trainer and callbacks": [
+        "fit",
+        *CPU,
+        "--trainer.logger.init_args.version",
+        "3",
+        "--checkpoint.save_top_k",
+        "0",
+        "--model.optim.betas",
+        "[0.9, 0.99]",
+        "--model.config.init",
+        "null",
+        "--model.generate.prompt",
+        "ROMEO:",
+    ],
     "the Trainer's options from a file": ["fit", *CPU, "--trainer", "trainer.yaml"],
     "max_steps -1 (no limit)": ["fit", *CPU, "--trainer.max_steps", "-1", "--trainer.max_epochs", "1"],
 }
@@ -184,14 +201,26 @@ def test_the_two_parsers_define_the_same_options(folder):
         theirs = {a.dest: a for a in got["parser"]._actions}
         mapped = ("trainer", *CALLBACK_GROUPS)
         utility = ("help", "config", "print_config", "print_shtab")  # the parsers' own, not settings
-        assert ({d for d in ours if d.split(".")[0] not in mapped and d not in utility}
-                == {d for d in theirs if d.split(".")[0] not in mapped and d not in utility})
+        assert {d for d in ours if d.split(".")[0] not in mapped and d not in utility} == {
+            d for d in theirs if d.split(".")[0] not in mapped and d not in utility
+        }
         assert {d.split(".")[0] for d in theirs} >= set(mapped)
-        differ = [(dest, getattr(action, "_typehint", None), getattr(theirs[dest], "_typehint", None),
-                   action.default, theirs[dest].default) for dest, action in ours.items()
-                  if dest.split(".")[0] not in mapped and dest not in utility
-                  and (getattr(action, "_typehint", None) != getattr(theirs[dest], "_typehint", None)
-                       or action.default != theirs[dest].default)]
+        differ = [
+            (
+                dest,
+                getattr(action, "_typehint", None),
+                getattr(theirs[dest], "_typehint", None),
+                action.default,
+                theirs[dest].default,
+            )
+            for dest, action in ours.items()
+            if dest.split(".")[0] not in mapped
+            and dest not in utility
+            and (
+                getattr(action, "_typehint", None) != getattr(theirs[dest], "_typehint", None)
+                or action.default != theirs[dest].default
+            )
+        ]
         assert differ == [], subcommand
 
 
@@ -200,10 +229,18 @@ def test_a_bad_value_in_an_included_config_is_refused_before_lightning(folder):
 
     from tests.reliability.helpers import env
 
-    code = ("import sys\nfrom loopnet.commands import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    print('lightning' in sys.modules, e.code)")
-    proc = subprocess.run([sys.executable, "-c", code, "fit", *CPU, "--config", "outer.yaml"], env=env(),
-                          capture_output=True, text=True, cwd=folder, timeout=120)
+    code = (
+        "import sys\nfrom loopnet.commands import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    print('lightning' in sys.modules, e.code)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "fit", *CPU, "--config", "outer.yaml"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=120,
+    )
     assert proc.stdout.split() == ["False", "2"], proc.stderr[-3000:]
     assert "LoopConfig.n_rounds must be >= 1, got 0" in proc.stderr
 

@@ -11,18 +11,61 @@ from tests.reliability.helpers import ROOT, loopnet, scalars
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["--config", str(ROOT / "configs/cpu.yaml"), "--model.config.d_model", "32", "--model.config.seq_len", "32",
-         "--data.batch_size", "2", "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
-         "--trainer.limit_val_batches", "1", "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
-         "--trainer.enable_model_summary", "false", "--diagnostics.every_n_steps", "1"]
+SMALL = [
+    "--config",
+    str(ROOT / "configs/cpu.yaml"),
+    "--model.config.d_model",
+    "32",
+    "--model.config.seq_len",
+    "32",
+    "--data.batch_size",
+    "2",
+    "--trainer.max_steps",
+    "3",
+    "--trainer.val_check_interval",
+    "3",
+    "--trainer.limit_val_batches",
+    "1",
+    "--trainer.log_every_n_steps",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--diagnostics.every_n_steps",
+    "1",
+]
 
 
-@pytest.mark.parametrize("recipe, expect", [
-    ("huginn_style", dict(n_prelude=2, n_blocks=4, n_coda=2, injection="linear", round_sampling="poisson_lognormal",
-                          qk_norm=False, optimizer="adamw")),
-    ("parcae_style", dict(n_prelude=2, n_blocks=2, n_coda=2, injection="diagonal", round_sampling="poisson_truncated",
-                          qk_norm=True, optimizer="muon")),
-])
+@pytest.mark.parametrize(
+    "recipe, expect",
+    [
+        (
+            "huginn_style",
+            dict(
+                n_prelude=2,
+                n_blocks=4,
+                n_coda=2,
+                injection="linear",
+                round_sampling="poisson_lognormal",
+                qk_norm=False,
+                optimizer="adamw",
+            ),
+        ),
+        (
+            "parcae_style",
+            dict(
+                n_prelude=2,
+                n_blocks=2,
+                n_coda=2,
+                injection="diagonal",
+                round_sampling="poisson_truncated",
+                qk_norm=True,
+                optimizer="muon",
+            ),
+        ),
+    ],
+)
 def test_recipe_config_fits_on_cpu(tmp_path, recipe, expect):
     res = loopnet("fit", "--config", str(ROOT / f"configs/{recipe}.yaml"), *SMALL, cwd=tmp_path)
     assert res.code == 0, res.err[-3000:]

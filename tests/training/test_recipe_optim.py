@@ -23,7 +23,9 @@ def reference_loss(x, w, targets, c):
     logits = x @ w.t()
     valid = targets != -1
     log_z = torch.logsumexp(logits, -1)
-    return F.cross_entropy(logits, targets, ignore_index=-1) + c * (log_z[valid] ** 2).mean(), (log_z[valid] ** 2).mean()
+    return F.cross_entropy(logits, targets, ignore_index=-1) + c * (log_z[valid] ** 2).mean(), (
+        log_z[valid] ** 2
+    ).mean()
 
 
 @pytest.mark.parametrize("c", [1e-4, 0.3])
@@ -46,9 +48,12 @@ def test_fused_head_z_loss_value_and_gradients_match_autograd(c):
     # by the order of the gradient itself.
     logits = (x @ w.t()).requires_grad_()
     valid = targets != -1
-    G, = torch.autograd.grad(2.5 * (F.cross_entropy(logits, targets, ignore_index=-1)
-                                    + c * (torch.logsumexp(logits, -1)[valid] ** 2).mean()), logits)
-    n, u = x.size(0), 2.0 ** -24
+    (G,) = torch.autograd.grad(
+        2.5
+        * (F.cross_entropy(logits, targets, ignore_index=-1) + c * (torch.logsumexp(logits, -1)[valid] ** 2).mean()),
+        logits,
+    )
+    n, u = x.size(0), 2.0**-24
     torch.testing.assert_close(xs.grad, xr.grad, rtol=0, atol=8 * n * u * (G.abs() @ w.abs()).max().item())
     torch.testing.assert_close(ws.grad, wr.grad, rtol=0, atol=8 * n * u * (G.abs().t() @ x.abs()).max().item())
     assert LinearCrossEntropy.apply(xs, ws, targets)[0].item() == pytest.approx(ref.item() - c * ref_z.item(), rel=1e-6)
@@ -83,16 +88,22 @@ def test_z_loss_is_logged_as_the_term_added(tmp_path):
 # ------------------------------------------------------------------------------ Muon
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     torch.manual_seed(0)
-    lm = LoopedLM(config=tiny_config(n_prelude=1, n_coda=1, wiring="inject", injection="diagonal"),
-                  optim=OptimConfig(optimizer="muon", lr=1e-3, muon_lr=0.02, weight_decay=0.1, decay_steps=10))
+    lm = LoopedLM(
+        config=tiny_config(n_prelude=1, n_coda=1, wiring="inject", injection="diagonal"),
+        optim=OptimConfig(optimizer="muon", lr=1e-3, muon_lr=0.02, weight_decay=0.1, decay_steps=10),
+    )
     opt = lm.configure_optimizers()["optimizer"]
     assert isinstance(opt, MuonWithAdamW)
     (muon_group,) = opt.muon.param_groups
     names = {id(p): n for n, p in lm.named_parameters()}
     muon = sorted(names[id(p)] for p in muon_group["params"])
-    expected = sorted(f"model.{part}.{i}.{s}.{w}" for part, n in (("prelude", 1), ("blocks", 2), ("coda", 1))
-                      for i in range(n) for s, ws in (("attn", ("f.qkv_proj.weight", "f.o_proj.weight")),
-                                                      ("ffn", ("f.fc1.weight", "f.fc2.weight"))) for w in ws)
+    expected = sorted(
+        f"model.{part}.{i}.{s}.{w}"
+        for part, n in (("prelude", 1), ("blocks", 2), ("coda", 1))
+        for i in range(n)
+        for s, ws in (("attn", ("f.qkv_proj.weight", "f.o_proj.weight")), ("ffn", ("f.fc1.weight", "f.fc2.weight")))
+        for w in ws
+    )
     assert muon == expected and all(p.ndim == 2 for p in muon_group["params"])
     assert muon_group["initial_lr"] == 0.02 and muon_group["momentum"] == 0.95  # peak rates; lr: warm-up's first
     adamw = {names[id(p)] for g in opt.adamw.param_groups for p in g["params"]}
@@ -104,7 +115,11 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
 
 def test_a_muon_step_is_torch_muon_plus_adamw_and_its_state_round_trips():
     torch.manual_seed(0)
-    a, b, c = torch.nn.Parameter(torch.randn(8, 6)), torch.nn.Parameter(torch.randn(6)), torch.nn.Parameter(torch.randn(5, 4))
+    a, b, c = (
+        torch.nn.Parameter(torch.randn(8, 6)),
+        torch.nn.Parameter(torch.randn(6)),
+        torch.nn.Parameter(torch.randn(5, 4)),
+    )
     ref = [p.detach().clone().requires_grad_() for p in (a, b, c)]
     opt = MuonWithAdamW([{"params": [a, c]}], [{"params": [b]}], muon=dict(lr=0.02), adamw=dict(lr=1e-3))
     ref_muon, ref_adamw = torch.optim.Muon([ref[0], ref[2]], lr=0.02), torch.optim.AdamW([ref[1]], lr=1e-3)
@@ -124,8 +139,11 @@ def test_a_muon_step_is_torch_muon_plus_adamw_and_its_state_round_trips():
 
 
 def test_a_fit_with_muon_schedules_both_rates_and_lowers_the_loss(tmp_path):
-    lm, rows = fit(tmp_path, steps=6, optim=OptimConfig(optimizer="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2,
-                                                       decay_steps=6, weight_decay=0.0))
+    lm, rows = fit(
+        tmp_path,
+        steps=6,
+        optim=OptimConfig(optimizer="muon", lr=3e-3, muon_lr=0.02, warmup_steps=2, decay_steps=6, weight_decay=0.0),
+    )
     opt = lm.optimizers().optimizer
     # After 6 steps the cosine schedule (min_lr_ratio 0.1) sits at its floor for both.
     assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.002)
@@ -148,7 +166,7 @@ def test_muon_beta_scaled_ratio_at_init_follows_the_sign_step_theory(rounds):
     alpha, beta = residual_scales("deepnorm", n)
     ratio, changes = _ratio("muon", rounds, 1e-3)
     assert ug.theory_ratio("muon", n) == 2 * math.sqrt(n)
-    assert abs(ratio / (2 * math.sqrt(n)) - 1) <= 2 * beta ** 2 / alpha, ratio
+    assert abs(ratio / (2 * math.sqrt(n)) - 1) <= 2 * beta**2 / alpha, ratio
     assert all(changes[s]["VOfc"] > 0 for s in changes)
 
 
@@ -157,12 +175,40 @@ def test_probe_groups_prints_muons_ratio_beside_adamws_and_sgds(tmp_path, capsys
     from loopnet.study import probe
     from tests.study.test_update_groups import REPO
 
-    args = ["--config", str(REPO / "configs/deeploop_r6.yaml"), "--config", str(REPO / "configs/cpu.yaml"),
-            "--model.config.d_model", "32", "--model.config.n_heads", "2", "--model.config.seq_len", "16",
-            "--data.batch_size", "2"]
+    args = [
+        "--config",
+        str(REPO / "configs/deeploop_r6.yaml"),
+        "--config",
+        str(REPO / "configs/cpu.yaml"),
+        "--model.config.d_model",
+        "32",
+        "--model.config.n_heads",
+        "2",
+        "--model.config.seq_len",
+        "16",
+        "--data.batch_size",
+        "2",
+    ]
     out = tmp_path / "probe"
-    probe.main([*args, "--groups", "--optimizers", "adamw", "sgd", "muon", "--rounds", "2", "--schemes", "deepnorm",
-                "deeploop", "--seeds", "1", "--out", str(out)])
+    probe.main(
+        [
+            *args,
+            "--groups",
+            "--optimizers",
+            "adamw",
+            "sgd",
+            "muon",
+            "--rounds",
+            "2",
+            "--schemes",
+            "deepnorm",
+            "deeploop",
+            "--seeds",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     for kind in ("adamw", "sgd", "muon"):
         assert f"DeepNorm/DeepLoop {kind:>5}" in printed

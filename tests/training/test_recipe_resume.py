@@ -13,8 +13,14 @@ from tests.reliability.helpers import RUN, TINY, SignalAt, callbacks, finish, lo
 
 pytestmark = pytest.mark.slow
 
-SAMPLED = ["--model.config.round_sampling", "poisson_truncated", "--model.config.max_rounds", "4",
-           "--model.config.dropout", "0.1"]  # dropout on: the RNG streams must continue too
+SAMPLED = [
+    "--model.config.round_sampling",
+    "poisson_truncated",
+    "--model.config.max_rounds",
+    "4",
+    "--model.config.dropout",
+    "0.1",
+]  # dropout on: the RNG streams must continue too
 ARGS = [*TINY, *SAMPLED]
 
 
@@ -60,10 +66,26 @@ def test_a_resumed_run_with_sampled_rounds_matches_the_uninterrupted_one(tmp_pat
 def test_both_ddp_ranks_run_the_same_drawn_rounds(tmp_path):
     # Huginn-like: the input re-enters every round (inject), so every parameter gets a gradient whichever
     # rounds run without; the last round only gets gradients.
-    args = [*TINY, *SAMPLED, "--model.config.wiring", "inject", "--model.config.backprop_rounds", "1",
-            "--trainer.max_steps", "6", "--data.batch_size", "2", "--trainer.accelerator", "cpu",
-            "--trainer.strategy", "ddp", "--trainer.devices", "2",
-            "--diagnostics.every_n_steps", "0"]  # its update-size forwards would call the blocks too
+    args = [
+        *TINY,
+        *SAMPLED,
+        "--model.config.wiring",
+        "inject",
+        "--model.config.backprop_rounds",
+        "1",
+        "--trainer.max_steps",
+        "6",
+        "--data.batch_size",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        "--diagnostics.every_n_steps",
+        "0",
+    ]  # its update-size forwards would call the blocks too
     proc = spawn("fit", *args, *callbacks((RoundsRun, {"folder": str(tmp_path)})), cwd=tmp_path)
     res = finish(proc)
     assert res.code == 0, res.err[-4000:]

@@ -38,7 +38,7 @@ def reference_pmf(rule: str, m: float, cap: int, top: int = 400) -> np.ndarray:
     if rule == "poisson_lognormal":
         sigma = 0.5
         nodes, weights = np.polynomial.hermite_e.hermegauss(200)  # ∫ f(z) e^{-z²/2} dz
-        rates = np.exp(np.log(m) - sigma ** 2 / 2 + sigma * nodes)
+        rates = np.exp(np.log(m) - sigma**2 / 2 + sigma * nodes)
         weights = weights / math.sqrt(2 * math.pi)
         pmf = np.zeros(top + 1)
         pmf[1:] = (poisson_pmf(j[:-1, None], rates[None, :]) * weights[None, :]).sum(1)  # R − 1 ~ Poisson(rate)
@@ -48,12 +48,19 @@ def reference_pmf(rule: str, m: float, cap: int, top: int = 400) -> np.ndarray:
         pmf[0] = 0.0
     capped = np.zeros_like(pmf)
     capped[: cap + 1] = pmf[: cap + 1]
-    capped[cap] += pmf[cap + 1:].sum()
+    capped[cap] += pmf[cap + 1 :].sum()
     return capped
 
 
-@pytest.mark.parametrize("rule, m, cap", [("poisson_lognormal", 8, 400), ("poisson_lognormal", 6, 10),
-                                          ("poisson_truncated", 8, 400), ("poisson_truncated", 2, 3)])
+@pytest.mark.parametrize(
+    "rule, m, cap",
+    [
+        ("poisson_lognormal", 8, 400),
+        ("poisson_lognormal", 6, 10),
+        ("poisson_truncated", 8, 400),
+        ("poisson_truncated", 2, 3),
+    ],
+)
 def test_20000_draws_have_the_reference_mean_and_variance(rule, m, cap):
     cfg = tiny_config(n_rounds=m, round_sampling=rule, backprop_rounds=1, max_rounds=cap)
     draws = np.array([draw_rounds(cfg, step, seed=1234).rounds for step in range(N_DRAWS)], dtype=float)
@@ -71,7 +78,7 @@ def test_20000_draws_have_the_reference_mean_and_variance(rule, m, cap):
     n = draws.size
     se_mean = math.sqrt(var / n)
     # The sample variance s² has Var(s²) = (μ4 − (n−3)/(n−1)·σ⁴)/n.
-    se_var = math.sqrt((mu4 - (n - 3) / (n - 1) * var ** 2) / n)
+    se_var = math.sqrt((mu4 - (n - 3) / (n - 1) * var**2) / n)
     assert abs(draws.mean() - mean) < 3 * se_mean, (draws.mean(), mean, se_mean)
     assert abs(draws.var(ddof=1) - var) < 3 * se_var, (draws.var(ddof=1), var, se_var)
     assert draws.min() >= 1 and draws.max() <= cap
@@ -107,8 +114,15 @@ def test_the_curriculum_ramps_the_rounds_without_gradient_linearly():
 
 
 def test_scales_depth_sampled_gives_alpha_of_the_drawn_depth_to_every_visit():
-    cfg = tiny_config(n_rounds=3, n_prelude=1, n_coda=1, wiring="inject", round_sampling="poisson_truncated",
-                      scales_depth="sampled", max_rounds=8)
+    cfg = tiny_config(
+        n_rounds=3,
+        n_prelude=1,
+        n_coda=1,
+        wiring="inject",
+        round_sampling="poisson_truncated",
+        scales_depth="sampled",
+        max_rounds=8,
+    )
     draws = [draw_rounds(cfg, s, seed=0) for s in range(20)]
     d = next(d for d in draws if d.rounds != 3)
     assert d.alpha == residual_scales("deeploop", 1 + 2 * d.rounds + 1)[0]
@@ -147,8 +161,17 @@ def saved_bytes(model, rounds: int, grad_rounds: int) -> int:
 
 def test_memory_grows_with_backprop_rounds_not_with_the_drawn_rounds():
     torch.manual_seed(0)
-    model = LoopedTransformer(tiny_config(n_rounds=6, n_prelude=1, n_coda=1, wiring="inject",
-                                          round_sampling="poisson_truncated", backprop_rounds=2, max_rounds=12))
+    model = LoopedTransformer(
+        tiny_config(
+            n_rounds=6,
+            n_prelude=1,
+            n_coda=1,
+            wiring="inject",
+            round_sampling="poisson_truncated",
+            backprop_rounds=2,
+            max_rounds=12,
+        )
+    )
     # R > k throughout: round 1 (which starts from x0, not from an injection) runs without grad in each.
     at = {(R, k): saved_bytes(model, R, k) for R, k in ((5, 2), (12, 2), (5, 4), (12, 4))}
     assert at[(5, 2)] == at[(12, 2)] and at[(5, 4)] == at[(12, 4)]
@@ -171,8 +194,15 @@ class StepRecord(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.hook.remove()
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        self.rows.append((trainer.global_step - 1, pl_module.draw(trainer.global_step - 1), self.calls, metrics,
-                          pl_module.flops_per_batch))
+        self.rows.append(
+            (
+                trainer.global_step - 1,
+                pl_module.draw(trainer.global_step - 1),
+                self.calls,
+                metrics,
+                pl_module.flops_per_batch,
+            )
+        )
 
 
 def fit(tmp_path, steps=6, optim=None, **overrides):
@@ -182,15 +212,30 @@ def fit(tmp_path, steps=6, optim=None, **overrides):
     tokens = torch.randint(0, 64, (4 * steps, 17), generator=torch.Generator().manual_seed(0))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=4)
     record = StepRecord()
-    L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-              callbacks=[record]).fit(lm, data)
+    L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[record],
+    ).fit(lm, data)
     return lm, record.rows
 
 
 def test_a_step_runs_logs_and_counts_the_drawn_rounds(tmp_path):
-    lm, rows = fit(tmp_path, n_rounds=3, wiring="inject", n_prelude=1, round_sampling="poisson_lognormal",
-                   backprop_rounds=1, max_rounds=7)
+    lm, rows = fit(
+        tmp_path,
+        n_rounds=3,
+        wiring="inject",
+        n_prelude=1,
+        round_sampling="poisson_lognormal",
+        backprop_rounds=1,
+        max_rounds=7,
+    )
     drawn = [d.rounds for _, d, _, _, _ in rows]
     assert len(set(drawn)) > 1
     for step, d, calls, metrics, flops in rows:

@@ -25,9 +25,15 @@ def logger_name(tmp_path, monkeypatch, args) -> str:
     from loopnet.training.defaults import TRAINER_DEFAULTS
     from loopnet.training.module import LoopedLM
 
-    cli = LoopnetCLI(LoopedLM, TokenStreamDataModule, trainer_defaults=TRAINER_DEFAULTS, auto_configure_optimizers=False,
-                     parser_class=OneLineErrorParser, run=False,
-                     args=[*args, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")])
+    cli = LoopnetCLI(
+        LoopedLM,
+        TokenStreamDataModule,
+        trainer_defaults=TRAINER_DEFAULTS,
+        auto_configure_optimizers=False,
+        parser_class=OneLineErrorParser,
+        run=False,
+        args=[*args, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")],
+    )
     return cli.trainer.logger.name
 
 
@@ -36,15 +42,38 @@ def test_the_cpu_overlays_name_different_folders(tmp_path, monkeypatch):
     assert logger_name(tmp_path, monkeypatch, STUDY) == "deeploop_carry_k2_r6_d64_h4_ctx64_v19136"
 
 
-OTHER = {"d_model": 780, "n_heads": 4, "init": "normal", "wiring": "lt", "injection": "attention",
-         "inject_into": "every", "positions": "rope", "norm": "layernorm", "loss_rounds": "all",
-         "branch_scale": "wang", "round_sampling": "poisson_truncated", "backprop_rounds": 2, "max_rounds": 20,
-         "scales_depth": "sampled", "mup_base_width": 96, "completep_alpha": 0.5, "mlp": "swiglu", "ffn_width": 100,
-         "state_init": "random", "norm_eps": 1e-5, "n_kv_heads": 2}
+OTHER = {
+    "d_model": 780,
+    "n_heads": 4,
+    "init": "normal",
+    "wiring": "lt",
+    "injection": "attention",
+    "inject_into": "every",
+    "positions": "rope",
+    "norm": "layernorm",
+    "loss_rounds": "all",
+    "branch_scale": "wang",
+    "round_sampling": "poisson_truncated",
+    "backprop_rounds": 2,
+    "max_rounds": 20,
+    "scales_depth": "sampled",
+    "mup_base_width": 96,
+    "completep_alpha": 0.5,
+    "mlp": "swiglu",
+    "ffn_width": 100,
+    "state_init": "random",
+    "norm_eps": 1e-5,
+    "n_kv_heads": 2,
+}
 SAMPLED = {"round_sampling": "poisson_truncated"}  # the fields that act on sampled rounds need them
-BASE = {"branch_scale": {"residual": "preln"}, "branch_lambda": {"residual": "preln", "branch_scale": "wang"},  # Pre-LN's ε
-        "max_rounds": SAMPLED, "round_curriculum_steps": SAMPLED, "scales_depth": SAMPLED,
-        "state_init": {"wiring": "inject", "injection": "linear"}}  # the state a learned injection starts from
+BASE = {
+    "branch_scale": {"residual": "preln"},
+    "branch_lambda": {"residual": "preln", "branch_scale": "wang"},  # Pre-LN's ε
+    "max_rounds": SAMPLED,
+    "round_curriculum_steps": SAMPLED,
+    "scales_depth": SAMPLED,
+    "state_init": {"wiring": "inject", "injection": "linear"},
+}  # the state a learned injection starts from
 MUP = {"parametrization": "mup", "mup_base_width": 48}
 COMPLETEP = {"parametrization": "completep", "mup_base_width": 48, "completep_base_depth": 4, "residual": "preln"}
 BASE |= {"mup_base_width": MUP, "completep_base_depth": COMPLETEP, "completep_alpha": COMPLETEP}
@@ -59,8 +88,9 @@ def _other_value(field: dataclasses.Field, base: LoopConfig):
     return not value if isinstance(value, bool) else value + (1 if isinstance(value, int) else 0.5)
 
 
-@pytest.mark.parametrize("field", [f for f in dataclasses.fields(LoopConfig) if f.name not in ("residual", "p")],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "field", [f for f in dataclasses.fields(LoopConfig) if f.name not in ("residual", "p")], ids=lambda f: f.name
+)
 def test_every_field_that_a_checkpoint_must_match_is_in_the_name(field):
     base = LoopConfig(**BASE.get(field.name, {}))
     change = CHANGE[field.name] if field.name in CHANGE else {field.name: _other_value(field, base)}

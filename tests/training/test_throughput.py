@@ -10,19 +10,32 @@ from lightning.pytorch.trainer.states import RunningStage
 from loopnet.training.callbacks import TokenThroughput, gpu_bf16_peak
 
 
-@pytest.mark.parametrize("name, peak", [
-    ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA GH200 480GB", 989e12),
-    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
-    ("NVIDIA H100 80GB HBM2e", 756e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("Tesla T4", None),
-])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA H200 NVL", 835e12),
+        ("NVIDIA GH200 480GB", 989e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H100 80GB HBM2e", 756e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("Tesla T4", None),
+    ],
+)
 def test_dense_bf16_peak_by_device_name(name, peak):
     assert gpu_bf16_peak(name) == peak
 
 
 def fake_trainer(precision_plugin):
-    return SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), world_size=1,
-                           precision_plugin=precision_plugin, enable_validation=True,
-                           state=SimpleNamespace(stage=RunningStage.TRAINING))
+    return SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
+        world_size=1,
+        precision_plugin=precision_plugin,
+        enable_validation=True,
+        state=SimpleNamespace(stage=RunningStage.TRAINING),
+    )
 
 
 def test_h200_gets_its_dense_peak_for_mfu(monkeypatch):

@@ -59,8 +59,9 @@ def test_the_issues_config_is_refused_before_lightning_and_runs_nothing(tmp_path
     assert eval(proc.stderr.strip().splitlines()[-1]) == []  # refused before Lightning's import
 
 
-@pytest.mark.parametrize("form", [["--trainer.callbacks+=this.Foo"], ["--trainer.logger.class_path=this.Foo"],
-                                  ["--config", "this.yaml"]])
+@pytest.mark.parametrize(
+    "form", [["--trainer.callbacks+=this.Foo"], ["--trainer.logger.class_path=this.Foo"], ["--config", "this.yaml"]]
+)
 def test_an_unlisted_module_is_refused_without_being_imported(tmp_path, form):
     (tmp_path / "this.yaml").write_text("trainer:\n  logger:\n    class_path: this.Foo\n")
     proc = _loopnet(tmp_path, "fit", *SHORT, *form)
@@ -79,7 +80,8 @@ def _check(argv: list[str]) -> str | None:
 def own_callback(tmp_path, monkeypatch):
     """A Callback subclass in a module of the user's own (`mycallbacks.MyCallback`), on sys.path."""
     (tmp_path / "mycallbacks.py").write_text(
-        "from lightning.pytorch.callbacks import Callback\n\nclass MyCallback(Callback):\n    pass\n")
+        "from lightning.pytorch.callbacks import Callback\n\nclass MyCallback(Callback):\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("LOOPNET_TRUST_CONFIG", raising=False)
     return ["fit", *SHORT, "--trainer.callbacks+=mycallbacks.MyCallback"]
@@ -88,7 +90,8 @@ def own_callback(tmp_path, monkeypatch):
 def test_a_listed_callback_passes_and_an_unlisted_one_needs_the_opt_in(tmp_path, own_callback, monkeypatch):
     (tmp_path / "lr.yaml").write_text(
         "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n"
-        "      init_args: {logging_interval: step}\n")
+        "      init_args: {logging_interval: step}\n"
+    )
     assert _check(["fit", *SHORT, "--config", str(tmp_path / "lr.yaml")]) is None
     refused = _check(own_callback)
     assert refused and "mycallbacks.MyCallback" in refused and "--trust_config" in refused
@@ -116,7 +119,8 @@ def test_lightning_clis_own_parse_refuses_too(tmp_path, monkeypatch):
     assert exit_.value.code == 2
     (tmp_path / "fn.yaml").write_text(
         "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.LambdaCallback\n"
-        "      init_args: {on_fit_start: torch.save}\n")
+        "      init_args: {on_fit_start: torch.save}\n"
+    )
     with pytest.raises(ValueError, match=r"torch\.serialization\.save.*it is a function, not a class"):
         build(["fit", *SHORT, "--config", "fn.yaml"], CheckOnly)
     assert not (tmp_path / "pwned.txt").exists()
@@ -134,8 +138,9 @@ def test_a_sweep_file_is_held_to_the_same_rule(tmp_path, monkeypatch):
     monkeypatch.delenv("LOOPNET_TRUST_CONFIG", raising=False)
     (tmp_path / "evil.yaml").write_text(EVIL)
     grid = tmp_path / "grid.yaml"
-    grid.write_text(f"base: [{ROOT / 'configs/cpu.yaml'}]\nout: {tmp_path / 'out'}\n"
-                    "grid:\n  trainer.callbacks+: [this.Foo]\n")
+    grid.write_text(
+        f"base: [{ROOT / 'configs/cpu.yaml'}]\nout: {tmp_path / 'out'}\ngrid:\n  trainer.callbacks+: [this.Foo]\n"
+    )
     with pytest.raises(ValueError, match=r"this\.Foo.*--trust_config"):
         load_sweep(grid)
     grid.write_text(f"base: [{tmp_path / 'evil.yaml'}]\nout: {tmp_path / 'out'}\ngrid:\n  model.optim.lr: [0.1]\n")

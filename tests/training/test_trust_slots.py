@@ -29,9 +29,18 @@ TORCH_POPEN = "torch.distributed.elastic.multiprocessing.subprocess_handler.Subp
 def payloads(marker: Path) -> dict[str, dict]:
     command = f"touch {marker}"
     return {
-        "torch": {"class_path": TORCH_POPEN, "init_args": {
-            "entrypoint": "sh", "args": ["-c", command], "env": {}, "stdout": None, "stderr": None,
-            "local_rank_id": 0, "numa_options": None}},
+        "torch": {
+            "class_path": TORCH_POPEN,
+            "init_args": {
+                "entrypoint": "sh",
+                "args": ["-c", command],
+                "env": {},
+                "stdout": None,
+                "stderr": None,
+                "local_rank_id": 0,
+                "numa_options": None,
+            },
+        },
         "subprocess": {"class_path": "subprocess.Popen", "init_args": {"args": ["sh", "-c", command]}},
         "os.system": {"class_path": "os.system", "init_args": {"command": command}},
     }
@@ -56,8 +65,13 @@ def _concrete(base: type) -> list[type]:
         cls = todo.pop()
         todo += cls.__subclasses__()
         module = cls.__module__
-        if (module.split(".")[0] in ALLOWED and not inspect.isabstract(cls) and not cls.__name__.startswith("_")
-                and "._" not in module and not module.startswith("tests")):
+        if (
+            module.split(".")[0] in ALLOWED
+            and not inspect.isabstract(cls)
+            and not cls.__name__.startswith("_")
+            and "._" not in module
+            and not module.startswith("tests")
+        ):
             found.add(cls)
     return sorted(found, key=lambda c: f"{c.__module__}.{c.__qualname__}")
 
@@ -87,16 +101,20 @@ def slots(cls: type, depth: int) -> list[tuple[list, str, str]]:
     out = []
     for p in get_signature_parameters(cls, None, logger=False):
         members = _members(p.annotation)
-        open_ = any(m in (typing.Any, object, inspect.Parameter.empty) or not (inspect.isclass(m) or typing.get_origin(m))
-                    or typing.get_origin(m) is collections.abc.Callable or m is collections.abc.Callable
-                    for m, _ in members)
+        open_ = any(
+            m in (typing.Any, object, inspect.Parameter.empty)
+            or not (inspect.isclass(m) or typing.get_origin(m))
+            or typing.get_origin(m) is collections.abc.Callable
+            or m is collections.abc.Callable
+            for m, _ in members
+        )
         bases = [(m, listed) for m, listed in members if inspect.isclass(m) and issubclass(m, _hierarchies())]
         if open_:
             out.append(([], p.name, "open"))
         if bases:
             out.append(([], p.name, "typed"))
             listed = any(listed for _, listed in bases)
-            for sub in (_concrete(bases[0][0]) if depth else []):
+            for sub in _concrete(bases[0][0]) if depth else []:
                 out += [([(p.name, sub, listed), *chain], name, kind) for chain, name, kind in slots(sub, depth - 1)]
     return out
 
@@ -106,8 +124,9 @@ def settings(root: str, chain: list, name: str, value) -> tuple[dict, str]:
     inner, key = {name: value}, name
     for param, cls, listed in reversed(chain):
         spec = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": inner}
-        inner, key = ({param: [spec]}, f"{param}[0].init_args.{key}") if listed else (
-            {param: spec}, f"{param}.init_args.{key}")
+        inner, key = (
+            ({param: [spec]}, f"{param}[0].init_args.{key}") if listed else ({param: spec}, f"{param}.init_args.{key}")
+        )
     return {root: inner}, f"{root}.{key}"
 
 
@@ -162,12 +181,17 @@ def test_no_parameter_of_a_command_builds_a_class_it_does_not_expect(parsers, su
     cfg = parser.parse_args([sub, "--data.batch_size", "4"])[sub]
     keys = [key for key in vars(cfg) if key not in roots and key != "config"]
     assert {"trainer", "model", "data", "checkpoint"} <= set(vars(cfg)) and "ckpt_path" in keys
-    cases = [(functools.partial(settings, root, chain, name), kind)
-             for root, cls in roots.items() for chain, name, kind in slots(cls, depth=2)]
+    cases = [
+        (functools.partial(settings, root, chain, name), kind)
+        for root, cls in roots.items()
+        for chain, name, kind in slots(cls, depth=2)
+    ]
     cases += [(lambda value, key=key: ({key: value}, key), "open") for key in keys]  # the command's own options
     paths = {place(None)[1] for place, _ in cases}
     # the walk reaches what the probe found: an `object` parameter in an allowed strategy's init_args
-    assert "trainer.strategy.init_args.ddp_comm_state" in paths and "trainer.callbacks[0].init_args.on_fit_start" in paths
+    assert (
+        "trainer.strategy.init_args.ddp_comm_state" in paths and "trainer.callbacks[0].init_args.on_fit_start" in paths
+    )
     marker, holes, tried = tmp_path / "marker", [], 0
     for place, _ in cases:
         for name, payload in payloads(marker).items():
@@ -184,14 +208,18 @@ def test_no_parameter_of_a_command_builds_a_class_it_does_not_expect(parsers, su
                 marker.unlink(missing_ok=True)
             tried += 1
     assert tried == 3 * len(cases)
-    assert not holes, f"{sub}: {len(holes)} payloads not refused: " + "; ".join(sorted(holes, key=lambda hole: "RAN" not in hole)[:8])
+    assert not holes, f"{sub}: {len(holes)} payloads not refused: " + "; ".join(
+        sorted(holes, key=lambda hole: "RAN" not in hole)[:8]
+    )
 
 
 # ------------------------------------------------------------------ every place a config is read
 # The probe's payload: torch's process-starting class in the `object`-typed parameter of an allowed strategy.
 def _strategy(marker: Path) -> dict:
-    return {"class_path": "lightning.pytorch.strategies.DDPStrategy",
-            "init_args": {"ddp_comm_state": payloads(marker)["torch"]}}
+    return {
+        "class_path": "lightning.pytorch.strategies.DDPStrategy",
+        "init_args": {"ddp_comm_state": payloads(marker)["torch"]},
+    }
 
 
 SLOT = "trainer.strategy.init_args.ddp_comm_state"
@@ -227,11 +255,16 @@ def test_a_config_file_and_the_command_line_are_refused_by_slot(checked, tmp_pat
     # an included file, and the payload one level deeper: in the strategy's precision plugin's init_args
     (tmp_path / "top.yaml").write_text("config: evil.yaml\n")
     _refused(checked(["fit", *SHORT, "--config", str(tmp_path / "top.yaml")]), marker)
-    plugin = {"class_path": "lightning.pytorch.plugins.precision.TransformerEnginePrecision",
-              "init_args": {"weights_dtype": "torch.float32", "recipe": payloads(marker)["torch"]}}
+    plugin = {
+        "class_path": "lightning.pytorch.plugins.precision.TransformerEnginePrecision",
+        "init_args": {"weights_dtype": "torch.float32", "recipe": payloads(marker)["torch"]},
+    }
     deeper = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"precision_plugin": plugin}}
-    _refused(checked(["fit", *SHORT, f"--trainer.strategy={json.dumps(deeper)}"]), marker,
-             "trainer.strategy.init_args.precision_plugin.init_args.recipe")
+    _refused(
+        checked(["fit", *SHORT, f"--trainer.strategy={json.dumps(deeper)}"]),
+        marker,
+        "trainer.strategy.init_args.precision_plugin.init_args.recipe",
+    )
 
 
 def test_an_evaluation_is_refused_by_slot(checked, tmp_path):
@@ -252,8 +285,10 @@ def test_an_evaluation_is_refused_by_slot(checked, tmp_path):
         del os.environ["LOOPNET_TRUST_CONFIG"]
     torch.save({"state_dict": {}, "hyper_parameters": {"config": config}, "global_step": 2}, ckpt)
     for sub in ("test", "validate", "predict"):
-        _refused(checked([sub, *SHORT, "--ckpt_path", str(ckpt), f"--trainer.strategy={json.dumps(_strategy(marker))}"]),
-                 marker)
+        _refused(
+            checked([sub, *SHORT, "--ckpt_path", str(ckpt), f"--trainer.strategy={json.dumps(_strategy(marker))}"]),
+            marker,
+        )
 
 
 def test_a_sweeps_overrides_and_grid_are_refused_by_slot(untrusted, tmp_path, monkeypatch):
@@ -266,8 +301,10 @@ def test_a_sweeps_overrides_and_grid_are_refused_by_slot(untrusted, tmp_path, mo
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     marker = tmp_path / "marker"
     base = [str(ROOT / "configs/deeploop_r6.yaml"), str(ROOT / "configs/cpu.yaml")]
-    for spec in ({"overrides": {"trainer.strategy": _strategy(marker)}, "grid": {"model.optim.lr": [0.1]}},
-                 {"grid": {"trainer.strategy": [_strategy(marker)]}}):
+    for spec in (
+        {"overrides": {"trainer.strategy": _strategy(marker)}, "grid": {"model.optim.lr": [0.1]}},
+        {"grid": {"trainer.strategy": [_strategy(marker)]}},
+    ):
         grid = tmp_path / "grid.yaml"
         grid.write_text(yaml.safe_dump({"base": base, "out": str(tmp_path / "out"), **spec}))
         sweep = load_sweep(grid)
@@ -286,8 +323,20 @@ def test_probe_reads_its_config_under_the_same_rule(untrusted, tmp_path, monkeyp
     marker = tmp_path / "marker"
     (tmp_path / "evil.yaml").write_text(yaml.safe_dump({"trainer": {"strategy": _strategy(marker)}}))
     with pytest.raises(SystemExit) as exit_:
-        main(["--config", str(ROOT / "configs/deeploop_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"),
-              "--config", str(tmp_path / "evil.yaml"), "--out", str(tmp_path / "probe"), "--steps", "1"])
+        main(
+            [
+                "--config",
+                str(ROOT / "configs/deeploop_r6.yaml"),
+                "--config",
+                str(ROOT / "configs/cpu.yaml"),
+                "--config",
+                str(tmp_path / "evil.yaml"),
+                "--out",
+                str(tmp_path / "probe"),
+                "--steps",
+                "1",
+            ]
+        )
     assert exit_.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1
@@ -308,7 +357,8 @@ def test_a_package_whose_name_starts_with_an_allowed_one_is_not_allowed(untruste
     marker = tmp_path / "marker"
     (tmp_path / f"{name}.py").write_text(
         f"from pathlib import Path\nPath({str(marker)!r}).touch()\n\n"
-        "from lightning.pytorch.callbacks import Callback\n\nclass Foo(Callback):\n    pass\n")
+        "from lightning.pytorch.callbacks import Callback\n\nclass Foo(Callback):\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     spec = {"trainer": {"callbacks": [{"class_path": f"{name}.Foo"}]}}
@@ -331,7 +381,9 @@ def test_eval_task_yaml_that_names_python_needs_the_opt_in(untrusted, tmp_path):
     marker = tmp_path / "marker"
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "utils.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).touch()\n\ndef docs(d):\n    return d\n")
+    (tasks / "utils.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n\ndef docs(d):\n    return d\n"
+    )
     (tasks / "common.yaml").write_text("process_docs: !function utils.docs\n")
     (tasks / "mytask.yaml").write_text("task: mytask\ninclude: common.yaml\ndataset_path: json\n")
     with pytest.raises(TaskSetupError, match=r"common\.yaml \(line 1\) names the function utils\.docs.*--trust_config"):
@@ -351,9 +403,11 @@ def test_a_class_named_by_its_short_name_is_walked_too(untrusted, tmp_path):
     short = {"class_path": "DDPStrategy", "init_args": {"ddp_comm_state": payloads(marker)["torch"]}}
     with pytest.raises(ValueError, match=rf"^{SLOT.replace('.', '[.]')} names {TORCH_POPEN}.*--trust_config"):
         trust.check_config({"trainer": {"strategy": short}}, LoopnetCLI.roots())
-    fine = {"callbacks": [{"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "step"}}],
-            "strategy": {"class_path": "DDPStrategy", "init_args": {"find_unused_parameters": True}},
-            "plugins": [{"class_path": "lightning.fabric.plugins.environments.LightningEnvironment"}],
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs"}}}
+    fine = {
+        "callbacks": [{"class_path": "LearningRateMonitor", "init_args": {"logging_interval": "step"}}],
+        "strategy": {"class_path": "DDPStrategy", "init_args": {"find_unused_parameters": True}},
+        "plugins": [{"class_path": "lightning.fabric.plugins.environments.LightningEnvironment"}],
+        "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "logs"}},
+    }
     trust.check_config({"trainer": fine}, LoopnetCLI.roots())
     assert not marker.exists()

@@ -41,5 +41,15 @@ from .build import build_report, main, parser
 from .runs import Run, load_runs, read_curves
 from .tables import Group, fmt, group_runs, mean_std
 
-__all__ = ["Group", "Run", "build_report", "fmt", "group_runs", "load_runs", "main", "mean_std", "parser",
-           "read_curves"]
+__all__ = [
+    "Group",
+    "Run",
+    "build_report",
+    "fmt",
+    "group_runs",
+    "load_runs",
+    "main",
+    "mean_std",
+    "parser",
+    "read_curves",
+]

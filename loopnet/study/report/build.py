@@ -48,28 +48,43 @@ def repeated_runs(runs) -> str | None:
             seen.setdefault((run.method, run.rounds, run.seed), []).append(run.id)
     for (method, rounds, seed), ids in seen.items():
         if len(ids) > 1:
-            return (f"{', '.join(ids)} are the same run ({method}, R = {rounds}, seed {seed}), not seeds to average; "
-                    f"fix: keep one version per seed in the folder (move the others out), or run a sweep")
+            return (
+                f"{', '.join(ids)} are the same run ({method}, R = {rounds}, seed {seed}), not seeds to average; "
+                f"fix: keep one version per seed in the folder (move the others out), or run a sweep"
+            )
     return None
 
 
-def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: str | None = None,
-                 notes: str | None = None, argv: list[str] | None = None, only: list[str] | None = None) -> Path:
+def build_report(
+    sweep_dir: Path,
+    out: Path,
+    plateau_arg: str = "auto",
+    title: str | None = None,
+    notes: str | None = None,
+    argv: list[str] | None = None,
+    only: list[str] | None = None,
+) -> Path:
     runs, manifest = load_runs(sweep_dir)
     if only:  # the cells a sweep ran with --only: the others are not this report's, not "not run"
         runs = [r for r in runs if any(fnmatch.fnmatchcase(r.id, glob) for glob in only)]
         if not runs:
-            raise ValueError(f"no cell of {sweep_dir} matches --only {' '.join(only)}; fix: a glob over the cell ids "
-                             f"(`loopnet sweep SWEEP_FILE --dry_run` lists them)")
+            raise ValueError(
+                f"no cell of {sweep_dir} matches --only {' '.join(only)}; fix: a glob over the cell ids "
+                f"(`loopnet sweep SWEEP_FILE --dry_run` lists them)"
+            )
     if not runs:
         deeper = sorted(sweep_dir.glob(f"*/*/{SUMMARY_NAME}"))
         if deeper:  # `loopnet fit`'s own layout, runs/<run name>/version_N/summary.json
-            raise ValueError(f"{sweep_dir} is not a sweep folder: it holds no sweep manifest ({MANIFEST}), and its "
-                             f"{len(deeper)} run summaries lie two levels down (e.g. {deeper[0]}); fix: give "
-                             f"`loopnet report` a sweep's folder (`loopnet sweep ... --out`), or one run name folder "
-                             f"whose version_N folders are seeds; `loopnet compare RUN_A RUN_B` overlays single runs")
-        raise ValueError(f"{sweep_dir} holds no sweep manifest ({MANIFEST}) and no run summary (*/{SUMMARY_NAME}); "
-                         f"fix: give the --out folder of a `loopnet sweep`")
+            raise ValueError(
+                f"{sweep_dir} is not a sweep folder: it holds no sweep manifest ({MANIFEST}), and its "
+                f"{len(deeper)} run summaries lie two levels down (e.g. {deeper[0]}); fix: give "
+                f"`loopnet report` a sweep's folder (`loopnet sweep ... --out`), or one run name folder "
+                f"whose version_N folders are seeds; `loopnet compare RUN_A RUN_B` overlays single runs"
+            )
+        raise ValueError(
+            f"{sweep_dir} holds no sweep manifest ({MANIFEST}) and no run summary (*/{SUMMARY_NAME}); "
+            f"fix: give the --out folder of a `loopnet sweep`"
+        )
     same_run = repeated_runs(runs) if not manifest else None
     if same_run:
         raise ValueError(same_run)
@@ -98,10 +113,24 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
         "loss_curves.png": "Loss curves",
     }
     plot_val_vs_r(methods, rounds, groups, plateau, out / "val_loss_vs_R.png")
-    plot_per_visit(methods, rounds, groups, "resid_norm", "residual RMS (pre-Norm stream)",
-                   "Residual norm per visit at the end of training", out / "resid_norm_per_visit.png")
-    plot_per_visit(methods, rounds, groups, "param_grad_norm", "‖g_r,j‖ (visit's share of the gradient)",
-                   "Per-visit parameter gradient norm at the end of training", out / "grad_norm_per_visit.png")
+    plot_per_visit(
+        methods,
+        rounds,
+        groups,
+        "resid_norm",
+        "residual RMS (pre-Norm stream)",
+        "Residual norm per visit at the end of training",
+        out / "resid_norm_per_visit.png",
+    )
+    plot_per_visit(
+        methods,
+        rounds,
+        groups,
+        "param_grad_norm",
+        "‖g_r,j‖ (visit's share of the gradient)",
+        "Per-visit parameter gradient norm at the end of training",
+        out / "grad_norm_per_visit.png",
+    )
     plot_kappa_vs_r(methods, rounds, groups, out / "kappa_vs_R.png")
     plot_loss_curves(methods, rounds, runs, plateau, out / "loss_curves.png")
     if plot_kappa_curves(methods, rounds, runs, out / "kappa_curves.png"):
@@ -127,54 +156,82 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
     if notes:
         md += [notes.strip(), ""]
     md += [
-        "## How this was produced", "",
+        "## How this was produced",
+        "",
         "```bash",
         "# from the repository root",
         sweep_cmd,
         report_cmd,
-        "```", "",
+        "```",
+        "",
         f"- sweep invoked as: {'; '.join(f'`{i}`' for i in invocations) or 'unknown'}",
         f"- machine: {machine_line(manifest.get('machine'))}",
         f"- cells: {len(runs)}, finished {finished} "
         f"({sum(r.status == 'diverged' for r in runs)} diverged), fit time {wall / 60:.1f} min in all",
         f"- report written {dt.datetime.now().isoformat(timespec='minutes')} by loopnet"
         f"{' @ ' + commit if commit else ''} on {platform.node()}",
-        setup_section(manifest), "",
-        "## Final validation loss", "",
+        setup_section(manifest),
+        "",
+        "## Final validation loss",
+        "",
         "Mean ± sample std over the seeds that completed (a diverged seed is left out and counted with †); "
-        "values straight from each run's `summary.json` (`final_val_loss`).", "",
-        wide_table(methods, rounds, groups, Group.loss_cell), "",
-        "## Escape from the unigram plateau", "",
+        "values straight from each run's `summary.json` (`final_val_loss`).",
+        "",
+        wide_table(methods, rounds, groups, Group.loss_cell),
+        "",
+        "## Escape from the unigram plateau",
+        "",
         f"Seeds whose final validation loss is below the unigram plateau, out of the finished seeds. "
-        f"Plateau: {'—' if plateau is None else f'{plateau:.4f} nats'}, {plateau_how}. A diverged seed did not escape.", "",
-        wide_table(methods, rounds, groups, Group.escape_cell), "",
+        f"Plateau: {'—' if plateau is None else f'{plateau:.4f} nats'}, {plateau_how}. A diverged seed did not escape.",
+        "",
+        wide_table(methods, rounds, groups, Group.escape_cell),
+        "",
         "Steps to escape: the first validation step at which the validation loss is below the plateau (no "
-        "smoothing, so no lag; resolution: the validation interval); mean ± std over the seeds that escaped.", "",
-        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.escape_steps, lambda v: f"{v:.0f}")), "",
-        "## Measured visit alignment κ̂ (whole model)", "",
+        "smoothing, so no lag; resolution: the validation interval); mean ± std over the seeds that escaped.",
+        "",
+        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.escape_steps, lambda v: f"{v:.0f}")),
+        "",
+        "## Measured visit alignment κ̂ (whole model)",
+        "",
         "κ̂ = ‖Σ_r g_r‖² / Σ_r ‖g_r‖² over all sublayers at the last diagnostics step (1: orthogonal visits, "
-        "R: identical); mean ± std over completed seeds.", "",
-        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.kappa)), "",
-        "## Largest residual norm over the visits", "",
+        "R: identical); mean ± std over completed seeds.",
+        "",
+        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.kappa)),
+        "",
+        "## Largest residual norm over the visits",
+        "",
         "Largest RMS of the pre-Norm stream over all visits at the last diagnostics step; mean ± std over "
-        "completed seeds. For Pre-LN this is the residual stream itself (the FLT paper's \"residual explosion\" "
+        'completed seeds. For Pre-LN this is the residual stream itself (the FLT paper\'s "residual explosion" '
         "grows it with R); the Post-LN family renormalises the stream at every visit, so there it is about α·1 "
-        "plus the branch (α = 1, (2N)^¼, (2N)^½ for postln, deepnorm, deeploop).", "",
-        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.max_resid)), "",
-        "## Gradient reaching the first round", "",
+        "plus the branch (α = 1, (2N)^¼, (2N)^½ for postln, deepnorm, deeploop).",
+        "",
+        wide_table(methods, rounds, groups, lambda g: g.stat_cell(g.max_resid)),
+        "",
+        "## Gradient reaching the first round",
+        "",
         "‖g_1,j‖ / ‖g_R,j‖: the norm of the gradient a physical sublayer receives through its first-round visit "
         "over that through its last-round visit, at the last diagnostics step; geometric mean over sublayers and "
         "completed seeds. ≪ 1: the early rounds get (almost) no gradient, and κ̂ ≈ 1 then means one visit "
-        "dominates rather than orthogonal visits.", "",
-        wide_table(methods, rounds, groups, lambda g: "—" if g.first_last_grad() is None else f"{g.first_last_grad():.1e}"), "",
+        "dominates rather than orthogonal visits.",
+        "",
+        wide_table(
+            methods, rounds, groups, lambda g: "—" if g.first_last_grad() is None else f"{g.first_last_grad():.1e}"
+        ),
+        "",
     ]
     from loopnet.diagnostics.fixed_point import fixed_point_table
 
     fixed = fixed_point_table([(run.id, run.summary) for run in runs])
     if fixed:  # runs trained with model.extrapolate_rounds
-        md += ["## Extrapolation and fixed points", "",
-               "The last validation's per-round profile (`summary.json`'s `fixed_point`; docs/inference.md), "
-               "each cell at the listed rounds r.", "", fixed, ""]
+        md += [
+            "## Extrapolation and fixed points",
+            "",
+            "The last validation's per-round profile (`summary.json`'s `fixed_point`; docs/inference.md), "
+            "each cell at the listed rounds r.",
+            "",
+            fixed,
+            "",
+        ]
     exponent = exponent_table(runs, plateau)
     if exponent:
         md += ["## Exponent sweep: training vs p", "", exponent, ""]
@@ -183,26 +240,42 @@ def build_report(sweep_dir: Path, out: Path, plateau_arg: str = "auto", title: s
     md += ["## Plots", ""]
     for file, caption in plots.items():
         md += [f"### {caption}", "", f"![{caption}]({file})", ""]
-    md += ["## Every run", "", runs_table(runs), "",
-           "Per-cell values at full precision: [cells.csv](cells.csv). Each cell's logs are in "
-           f"`{manifest.get('out') or sweep_dir}/<cell>/` (TensorBoard: `tensorboard --logdir {manifest.get('out') or sweep_dir}`).", ""]
+    md += [
+        "## Every run",
+        "",
+        runs_table(runs),
+        "",
+        "Per-cell values at full precision: [cells.csv](cells.csv). Each cell's logs are in "
+        f"`{manifest.get('out') or sweep_dir}/<cell>/` (TensorBoard: `tensorboard --logdir {manifest.get('out') or sweep_dir}`).",
+        "",
+    ]
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loopnet report", description="Turn a sweep folder into a markdown report "
-                                "with tables and PNG plots (loopnet.study.report says what it holds).")
+    p = argparse.ArgumentParser(
+        prog="loopnet report",
+        description="Turn a sweep folder into a markdown report "
+        "with tables and PNG plots (loopnet.study.report says what it holds).",
+    )
     p.add_argument("sweep_dir", help="the sweep folder (the `out:` of the sweep file)")
     p.add_argument("--out", help="report folder (default: <sweep_dir>/report)")
-    p.add_argument("--plateau", default="auto",
-                   help="unigram plateau in nats for the escape column: a number, 'auto' (computed from the "
-                        "training data; 7.67 for hub datasets) or 'none' (default auto)")
+    p.add_argument(
+        "--plateau",
+        default="auto",
+        help="unigram plateau in nats for the escape column: a number, 'auto' (computed from the "
+        "training data; 7.67 for hub datasets) or 'none' (default auto)",
+    )
     p.add_argument("--title", help="report title")
     p.add_argument("--notes", help="markdown file inserted under the title (e.g. the reading of the results)")
-    p.add_argument("--only", action="append", metavar="GLOB",
-                   help="report only the cells whose id matches (repeatable), as `loopnet sweep --only` ran them")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="GLOB",
+        help="report only the cells whose id matches (repeatable), as `loopnet sweep --only` ran them",
+    )
     return p
 
 
@@ -222,4 +295,3 @@ def main(argv: list[str] | None = None) -> None:
     with one_line_errors("loopnet report", (ValueError,)):
         path = build_report(sweep_dir, out, args.plateau, args.title, notes, argv, args.only)
     print(f"loopnet report: wrote {path}")
-

@@ -21,8 +21,14 @@ def plot_loss_curves(methods, rounds, runs, plateau, path):
             first = not any(l.get_label() == run.method for l in ax.get_lines())
             if "train/loss" in run.curves:
                 steps, vals = zip(*run.curves["train/loss"])
-                ax.plot(steps, smooth(list(vals)), color=colors[run.method], lw=1, alpha=0.8,
-                        label=run.method if first else None)
+                ax.plot(
+                    steps,
+                    smooth(list(vals)),
+                    color=colors[run.method],
+                    lw=1,
+                    alpha=0.8,
+                    label=run.method if first else None,
+                )
             if "val/loss" in run.curves:
                 steps, vals = zip(*run.curves["val/loss"])
                 ax.plot(steps, vals, color=colors[run.method], ls="--", marker=".", lw=0.8, alpha=0.8)
@@ -48,8 +54,15 @@ def plot_kappa_curves(methods, rounds, runs, path) -> bool:
             if run.rounds == r and "grad/kappa_model" in run.curves:
                 first = not any(l.get_label() == run.method for l in ax.get_lines())
                 steps, vals = zip(*run.curves["grad/kappa_model"])
-                ax.plot(steps, vals, color=colors[run.method], marker=".", lw=1, alpha=0.8,
-                        label=run.method if first else None)
+                ax.plot(
+                    steps,
+                    vals,
+                    color=colors[run.method],
+                    marker=".",
+                    lw=1,
+                    alpha=0.8,
+                    label=run.method if first else None,
+                )
         ax.axhline(r, ls=":", color="grey", lw=0.8)
         ax.axhline(1.0, ls="--", color="grey", lw=0.8)
         ax.set(title=f"R = {r} (dotted: κ̂ = R, dashed: κ̂ = 1)", xlabel="step", ylim=(0, r + 0.5))
@@ -63,8 +76,11 @@ def plot_window(methods, runs, path) -> bool:
     """The FLT paper's diagnostic window, mean over seeds per method and R: the state norm at the end
     of the last round, the first FFN's gradient norm and the update size of the step, over the steps
     that logged diagnostics. Drawn when the runs logged diagnostics at ≥ 8 steps."""
-    keys = [("state", "state RMS at the end of the last round"), (FIRST_FFN_GRAD, "first FFN's gradient norm"),
-            ("update/output_change", "output change of the step")]
+    keys = [
+        ("state", "state RMS at the end of the last round"),
+        (FIRST_FFN_GRAD, "first FFN's gradient norm"),
+        ("update/output_change", "output change of the step"),
+    ]
     series: dict[tuple[str, int], dict[str, dict[int, list[float]]]] = {}
     for run in runs:
         cfg = (run.summary or {}).get("config") or {}
@@ -84,13 +100,17 @@ def plot_window(methods, runs, path) -> bool:
         for ax, (key, title) in zip(axes, keys):
             if key in data:
                 steps = sorted(data[key])
-                ax.plot(steps, [statistics.fmean(data[key][s]) for s in steps], marker=".", lw=1,
-                        color=cycle[i % len(cycle)], label=f"{method}, R = {r}")
+                ax.plot(
+                    steps,
+                    [statistics.fmean(data[key][s]) for s in steps],
+                    marker=".",
+                    lw=1,
+                    color=cycle[i % len(cycle)],
+                    label=f"{method}, R = {r}",
+                )
             ax.set(title=title, xlabel="step", yscale="log")
     for ax in axes:
         legend(ax, fontsize=7)
     fig.suptitle("Diagnostic window (mean over seeds)", fontsize=10)
     save(plt, fig, path)
     return True
-
-

@@ -29,7 +29,6 @@ def _errorbar_vs_r(ax, methods, rounds, groups, stat, colors):
     ax.set_xlabel("rounds R")
 
 
-
 def plot_val_vs_r(methods, rounds, groups, plateau, path):
     plt = pyplot()
     colors = method_colors(methods)
@@ -74,7 +73,9 @@ def plot_per_visit(methods, rounds, groups, quantity: str, ylabel: str, title: s
     for ax, m in zip(axes.flat, methods):
         for i, r in enumerate(rounds):
             g = groups.get((m, r))
-            stats = [run.value("last_visit_stats") for run in (g.completed if g else []) if run.value("last_visit_stats")]
+            stats = [
+                run.value("last_visit_stats") for run in (g.completed if g else []) if run.value("last_visit_stats")
+            ]
             if not stats:
                 continue
             tags = sorted(stats[0], key=_visit_key)
@@ -90,5 +91,3 @@ def plot_per_visit(methods, rounds, groups, quantity: str, ylabel: str, title: s
         ax.axis("off")
     fig.suptitle(title, fontsize=11)
     save(plt, fig, path)
-
-

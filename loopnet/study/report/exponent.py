@@ -21,11 +21,24 @@ def plot_exponent(runs: list[Run], path) -> bool:
         sel = lambda p: [run for run in scaled if run.rounds == r and run.p == p]  # noqa: E731
         esc = [statistics.fmean(bool(x.escaped) for x in sel(p)) for p in ps]
         ax1.plot(ps, esc, marker="o", label=f"R = {r}")
-        losses = [[x.value("final_val_loss") for x in sel(p) if x.status == "completed" and x.value("final_val_loss") is not None] for p in ps]
+        losses = [
+            [
+                x.value("final_val_loss")
+                for x in sel(p)
+                if x.status == "completed" and x.value("final_val_loss") is not None
+            ]
+            for p in ps
+        ]
         pts = [(p, *mean_std(v)) for p, v in zip(ps, losses) if v]
         if pts:
-            ax2.errorbar([p for p, _, _ in pts], [m for _, m, _ in pts], yerr=[s or 0 for _, _, s in pts], marker="o",
-                         capsize=3, label=f"R = {r}")
+            ax2.errorbar(
+                [p for p, _, _ in pts],
+                [m for _, m, _ in pts],
+                yerr=[s or 0 for _, _, s in pts],
+                marker="o",
+                capsize=3,
+                label=f"R = {r}",
+            )
     ax1.set(xlabel="exponent p", ylabel="fraction of seeds escaping the plateau", ylim=(-0.05, 1.05))
     ax2.set(xlabel="exponent p", ylabel="final validation loss (completed seeds)")
     for ax in (ax1, ax2):
@@ -35,8 +48,6 @@ def plot_exponent(runs: list[Run], path) -> bool:
     fig.suptitle("Exponent sweep: α = (2N)^p, β = (8N)^-p (dotted: DeepNorm 1/4, DeepLoop 1/2)", fontsize=10)
     save(plt, fig, path)
     return True
-
-
 
 
 def exponent_table(runs: list[Run], plateau: float | None) -> str | None:
@@ -50,12 +61,15 @@ def exponent_table(runs: list[Run], plateau: float | None) -> str | None:
         return None
     ps = sorted({r.p for r in scaled})
     cells = sorted({(r.rounds, r.lr) for r in scaled}, key=lambda c: (c[0], c[1] or 0))
-    lines = [f"Seeds that train (completed, final validation loss below the plateau − {TRAIN_MARGIN} nat) out of the "
-             "finished seeds, per exponent p; logistic fit of P(train) = σ(a + b·p) by maximum likelihood (b ± its "
-             "Wald standard error; p½ = −a/b). \"separated\": every seed that trains is on one side of every seed "
-             "that does not, so the fit has no finite maximum and only the sign of the trend is known.", "",
-             "| R | lr | " + " | ".join(f"p = {p:g}" for p in ps) + " | slope b | p½ |",
-             "|---:|---:|" + "---:|" * len(ps) + "---:|---:|"]
+    lines = [
+        f"Seeds that train (completed, final validation loss below the plateau − {TRAIN_MARGIN} nat) out of the "
+        "finished seeds, per exponent p; logistic fit of P(train) = σ(a + b·p) by maximum likelihood (b ± its "
+        'Wald standard error; p½ = −a/b). "separated": every seed that trains is on one side of every seed '
+        "that does not, so the fit has no finite maximum and only the sign of the trend is known.",
+        "",
+        "| R | lr | " + " | ".join(f"p = {p:g}" for p in ps) + " | slope b | p½ |",
+        "|---:|---:|" + "---:|" * len(ps) + "---:|---:|",
+    ]
     for rounds, lr in cells:
         sel = [r for r in scaled if r.rounds == rounds and r.lr == lr]
         ok = {r.id: trains(r.status, r.value("final_val_loss"), plateau) for r in sel}
@@ -66,5 +80,7 @@ def exponent_table(runs: list[Run], plateau: float | None) -> str | None:
             p50 = "—"
         else:
             slope, p50 = f"{fit['b']:.1f} ± {fit['se_b']:.1f}", f"{fit['x50']:.2f}"
-        lines.append(f"| {rounds} | {'—' if lr is None else f'{lr:.3g}'} | " + " | ".join(counts) + f" | {slope} | {p50} |")
+        lines.append(
+            f"| {rounds} | {'—' if lr is None else f'{lr:.3g}'} | " + " | ".join(counts) + f" | {slope} | {p50} |"
+        )
     return "\n".join(lines)

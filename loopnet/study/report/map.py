@@ -19,8 +19,17 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ..measures import (READING1_SUPPORT, TRAIN_MARGIN, capped_loss, lr_sensitivity, paired_interval,
-                        reading1_verdict, trainable_band, trains, welch_interval)
+from ..measures import (
+    READING1_SUPPORT,
+    TRAIN_MARGIN,
+    capped_loss,
+    lr_sensitivity,
+    paired_interval,
+    reading1_verdict,
+    trainable_band,
+    trains,
+    welch_interval,
+)
 from ..plotting import legend, pyplot, save
 from .runs import Run
 from .tables import fmt, mean_std
@@ -67,8 +76,11 @@ class Curve:
 
     def completed(self, lr: float) -> list[tuple]:
         """(seed, final validation loss) of the seeds at `lr` that completed."""
-        return [(r.seed, r.value("final_val_loss")) for r in self.by_lr[lr]
-                if r.status == "completed" and r.value("final_val_loss") is not None]
+        return [
+            (r.seed, r.value("final_val_loss"))
+            for r in self.by_lr[lr]
+            if r.status == "completed" and r.value("final_val_loss") is not None
+        ]
 
     def completed_losses(self, lr: float) -> list[float]:
         return [loss for _, loss in self.completed(lr)]
@@ -96,8 +108,11 @@ class Curve:
 
     def trained(self, plateau: float) -> dict[float, bool]:
         """Rate -> every seed trained; rates with an unfinished seed are left out (not judged)."""
-        return {lr: all(trains(r.status, r.value("final_val_loss"), plateau) for r in runs)
-                for lr, runs in self.by_lr.items() if runs and all(r.finished for r in runs)}
+        return {
+            lr: all(trains(r.status, r.value("final_val_loss"), plateau) for r in runs)
+            for lr, runs in self.by_lr.items()
+            if runs and all(r.finished for r in runs)
+        }
 
     def band(self, plateau: float | None) -> dict | None:
         return None if plateau is None else trainable_band(self.trained(plateau))
@@ -115,11 +130,19 @@ def is_map(runs: list[Run]) -> bool:
 
 def init_loss(runs: list[Run]) -> tuple[float, str]:
     """ℓ₀ of a curve: the mean step-0 training loss of its runs, else ln V (see DEFINITIONS)."""
-    first = [r.curves["train/loss"][0][1] for r in runs if r.curves.get("train/loss") and r.curves["train/loss"][0][0] == 0]
+    first = [
+        r.curves["train/loss"][0][1] for r in runs if r.curves.get("train/loss") and r.curves["train/loss"][0][0] == 0
+    ]
     if first:
         return statistics.fmean(first), f"step-0 training loss, mean of {len(first)} run(s)"
-    vocab = next((((r.summary or {}).get("config") or {}).get("vocab_size") for r in runs
-                  if ((r.summary or {}).get("config") or {}).get("vocab_size")), None)
+    vocab = next(
+        (
+            ((r.summary or {}).get("config") or {}).get("vocab_size")
+            for r in runs
+            if ((r.summary or {}).get("config") or {}).get("vocab_size")
+        ),
+        None,
+    )
     return (math.log(vocab), f"ln V, V = {vocab}") if vocab else (math.nan, "unknown (no step-0 loss, no vocab_size)")
 
 
@@ -155,28 +178,42 @@ def band_cells(band: dict | None) -> tuple[str, str, str]:
 
 
 def summary_table(cs: list[Curve], plateau: float | None) -> str:
-    lines = ["| method | R | seeds | ℓ₀ | best lr | best loss | LR sensitivity | largest lr that trains | "
-             "trainable band | width (decades) |", "|---|---:|---:|---:|---:|---|---:|---:|---|---:|"]
+    lines = [
+        "| method | R | seeds | ℓ₀ | best lr | best loss | LR sensitivity | largest lr that trains | "
+        "trainable band | width (decades) |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---|---:|",
+    ]
     for c in cs:
         if not c.ran:
             lines.append(f"| {c.family} | {c.rounds} | 0 | — | not run | — | — | not run | — | — |")
             continue
         best = c.best()
         mean, std = c.losses(best) if best is not None else (None, None)
-        loss = "—" if best is None else (f"all diverged (ℓ = ℓ₀ {fmt(c.init_loss)})" if mean is None else
-                                         fmt(mean) + ("" if std is None else f" ± {fmt(std)}"))
+        loss = (
+            "—"
+            if best is None
+            else (
+                f"all diverged (ℓ = ℓ₀ {fmt(c.init_loss)})"
+                if mean is None
+                else fmt(mean) + ("" if std is None else f" ± {fmt(std)}")
+            )
+        )
         seeds = max((sum(r.finished for r in v) for v in c.by_lr.values()), default=0)
         sens = c.sensitivity()
-        lines.append(f"| {c.family} | {c.rounds} | {seeds} | {fmt(c.init_loss, 3)} | {lr_text(best)} | {loss} | "
-                     f"{'—' if sens is None else fmt(sens, 3)} | " + " | ".join(band_cells(c.band(plateau))) + " |")
+        lines.append(
+            f"| {c.family} | {c.rounds} | {seeds} | {fmt(c.init_loss, 3)} | {lr_text(best)} | {loss} | "
+            f"{'—' if sens is None else fmt(sens, 3)} | " + " | ".join(band_cells(c.band(plateau))) + " |"
+        )
     return "\n".join(lines)
 
 
 def loss_table(cs: list[Curve], plateau: float | None) -> str:
     """Every point of every curve: mean ± std over completed seeds, with diverged and untrained marks."""
     rates = sorted({lr for c in cs for lr in c.by_lr})
-    lines = ["| method | R | " + " | ".join(f"lr {lr_text(lr)}" for lr in rates) + " |",
-             "|---|---:|" + "---|" * len(rates)]
+    lines = [
+        "| method | R | " + " | ".join(f"lr {lr_text(lr)}" for lr in rates) + " |",
+        "|---|---:|" + "---|" * len(rates),
+    ]
     for c in cs:
         cells = []
         for lr in rates:
@@ -234,23 +271,29 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
         falls[f] = math.log10(a["largest"] / b["largest"])
         cens = [f"R = {r}" for r, band in ((lo, a), (hi, b)) if band["censored_high"]]
         censored = censored or bool(cens)
-        lines.append(f"- {f}: largest trainable lr {lr_text(a['largest'])} at R = {lo}, {lr_text(b['largest'])} at "
-                     f"R = {hi}: falls by {falls[f]:.2f} decades"
-                     + (f" (censored at the grid's top: {', '.join(cens)})" if cens else ""))
+        lines.append(
+            f"- {f}: largest trainable lr {lr_text(a['largest'])} at R = {lo}, {lr_text(b['largest'])} at "
+            f"R = {hi}: falls by {falls[f]:.2f} decades"
+            + (f" (censored at the grid's top: {', '.join(cens)})" if cens else "")
+        )
     theory = 0.5 * math.log10(hi / lo)
     if falls and all(v is not None for v in falls.values()):
         extra = falls[pair[0]] - falls[pair[1]]
         word = reading1_verdict(extra, censored)
-        lines.append(f"- **Reading 1**: DeepNorm's fall minus DeepLoop's = {extra:+.2f} decades: **{word}** by the rule "
-                     f"stated before running (*supported* at ≥ {READING1_SUPPORT:.2f} decades with neither scheme "
-                     f"censored by the grid's top, *contradicted* at ≤ 0, else *not resolved*); the theory (sign-like "
-                     f"updates, DeepNorm/DeepLoop output-change ratio 2√N) predicts +{theory:.2f} (= ½·log10({hi}/{lo})). "
-                     f"The rates' step here is {_grid_step(cs):.2f} decades.")
-    lines.append("- **Reading 2** (DeepLoop's best loss − DeepNorm's, each at its own best lr; ± the two sample stds "
-                 "combined, the rule stated before running: *ahead* below −that, *behind* above +that, else *not "
-                 "distinguished*; the 95% interval of the difference by Welch's t; and, where the two share seeds, "
-                 "the mean of the per-seed differences with its 95% t interval: a seed fixes the data order and the "
-                 "two runs are scored on the same validation batches, so pairing removes the seed's own effect):")
+        lines.append(
+            f"- **Reading 1**: DeepNorm's fall minus DeepLoop's = {extra:+.2f} decades: **{word}** by the rule "
+            f"stated before running (*supported* at ≥ {READING1_SUPPORT:.2f} decades with neither scheme "
+            f"censored by the grid's top, *contradicted* at ≤ 0, else *not resolved*); the theory (sign-like "
+            f"updates, DeepNorm/DeepLoop output-change ratio 2√N) predicts +{theory:.2f} (= ½·log10({hi}/{lo})). "
+            f"The rates' step here is {_grid_step(cs):.2f} decades."
+        )
+    lines.append(
+        "- **Reading 2** (DeepLoop's best loss − DeepNorm's, each at its own best lr; ± the two sample stds "
+        "combined, the rule stated before running: *ahead* below −that, *behind* above +that, else *not "
+        "distinguished*; the 95% interval of the difference by Welch's t; and, where the two share seeds, "
+        "the mean of the per-seed differences with its 95% t interval: a seed fixes the data order and the "
+        "two runs are scored on the same validation batches, so pairing removes the seed's own effect):"
+    )
     for r in rounds:
         dn, dl = by[(pair[0], r)], by[(pair[1], r)]
         bn, bl = dn.best(), dl.best()
@@ -268,9 +311,11 @@ def decisive_readings(cs: list[Curve], plateau: float | None) -> str:
         pi = paired_interval([ll[seed] - loss for seed, loss in ln.items() if seed in ll])
         if pi is not None:
             ci += f"; paired by seed {pi['mean']:+.3f} [{pi['lo']:+.3f}, {pi['hi']:+.3f}] ({pi['n']} seeds)"
-        lines.append(f"  - R = {r}: {d:+.3f} ± {spread:.3f} nat: DeepLoop **{word}** (DeepNorm {fmt(mn)} at lr "
-                     f"{lr_text(bn)}, {len(xs)} seeds; DeepLoop {fmt(ml)} at lr {lr_text(bl)}, "
-                     f"{len(ys)} seeds{ci})")
+        lines.append(
+            f"  - R = {r}: {d:+.3f} ± {spread:.3f} nat: DeepLoop **{word}** (DeepNorm {fmt(mn)} at lr "
+            f"{lr_text(bn)}, {len(xs)} seeds; DeepLoop {fmt(ml)} at lr {lr_text(bl)}, "
+            f"{len(ys)} seeds{ci})"
+        )
     return "\n".join(lines)
 
 
@@ -295,8 +340,15 @@ def plot_loss_vs_lr(cs: list[Curve], plateau: float | None, path) -> None:
             pts = [(lr, *c.losses(lr)) for lr in c.rates]
             pts = [(lr, m, s or 0.0) for lr, m, s in pts if m is not None]
             if pts:
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
-                            color=color, label=f"R = {c.rounds}")
+                ax.errorbar(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    yerr=[p[2] for p in pts],
+                    marker="o",
+                    capsize=3,
+                    color=color,
+                    label=f"R = {c.rounds}",
+                )
             div = [lr for lr in c.rates if c.diverged(lr)]
             if div:
                 ax.plot(div, [c.init_loss] * len(div), marker="x", ls="none", color=color, ms=8)
@@ -316,10 +368,18 @@ def plot_heatmap(cs: list[Curve], plateau: float | None, path) -> None:
     families = list(dict.fromkeys(c.family for c in cs))
     rounds = sorted({c.rounds for c in cs})
     by = {(c.family, c.rounds): c for c in cs}
-    panels = [("log10 largest lr that trains", lambda c: (lambda b: math.log10(b["largest"]) if b and b["largest"] else math.nan)(c.band(plateau)),
-               lambda c, v: band_cells(c.band(plateau))[0]),
-              ("LR sensitivity (nats)", lambda c: c.sensitivity() if c.sensitivity() is not None else math.nan,
-               lambda c, v: f"{v:.2f}")]
+    panels = [
+        (
+            "log10 largest lr that trains",
+            lambda c: (lambda b: math.log10(b["largest"]) if b and b["largest"] else math.nan)(c.band(plateau)),
+            lambda c, v: band_cells(c.band(plateau))[0],
+        ),
+        (
+            "LR sensitivity (nats)",
+            lambda c: c.sensitivity() if c.sensitivity() is not None else math.nan,
+            lambda c, v: f"{v:.2f}",
+        ),
+    ]
     fig, axes = plt.subplots(1, 2, figsize=(4 + 1.3 * len(rounds) * 2, 1.5 + 0.6 * len(families)), squeeze=False)
     for ax, (title, value, text) in zip(axes[0], panels):
         grid = [[value(by[(f, r)]) if (f, r) in by else math.nan for r in rounds] for f in families]
@@ -329,8 +389,7 @@ def plot_heatmap(cs: list[Curve], plateau: float | None, path) -> None:
                 if (f, r) in by:
                     v = grid[i][j]
                     label = text(by[(f, r)], v) if math.isfinite(v) else ("none" if by[(f, r)].ran else "not run")
-                    ax.text(j, i, label, ha="center", va="center",
-                            fontsize=8, color="white")
+                    ax.text(j, i, label, ha="center", va="center", fontsize=8, color="white")
         ax.set_xticks(range(len(rounds)), [f"R = {r}" for r in rounds])
         ax.set_yticks(range(len(families)), families)
         ax.set_title(title, fontsize=9)
@@ -354,8 +413,13 @@ def plot_best_lr_vs_r(cs: list[Curve], plateau: float | None, path) -> None:
         if top:
             ax.plot(*zip(*top), marker="^", ls="--", color=cycle[i % len(cycle)], label=f"{f}: largest lr that trains")
     rounds = sorted({c.rounds for c in cs})
-    ax.set(xscale="log", yscale="log", xlabel="rounds R", ylabel="learning rate",
-           title="Best and largest trainable learning rate vs R")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="rounds R",
+        ylabel="learning rate",
+        title="Best and largest trainable learning rate vs R",
+    )
     ax.set_xticks(rounds, [str(r) for r in rounds])
     legend(ax, fontsize=7)
     save(plt, fig, path)
@@ -364,19 +428,33 @@ def plot_best_lr_vs_r(cs: list[Curve], plateau: float | None, path) -> None:
 def section(runs: list[Run], plateau: float | None, out) -> tuple[list[str], dict[str, str]]:
     """The report's stability-map section (markdown lines) and its plots {file: caption}, drawn into `out`."""
     cs = curves(runs)
-    plots = {"map_loss_vs_lr.png": "Stability map: loss vs learning rate",
-             "map_heatmap.png": "Stability map: largest trainable lr and LR sensitivity, method × R",
-             "map_best_lr_vs_R.png": "Stability map: best and largest trainable lr vs R"}
+    plots = {
+        "map_loss_vs_lr.png": "Stability map: loss vs learning rate",
+        "map_heatmap.png": "Stability map: largest trainable lr and LR sensitivity, method × R",
+        "map_best_lr_vs_R.png": "Stability map: best and largest trainable lr vs R",
+    }
     plot_loss_vs_lr(cs, plateau, out / "map_loss_vs_lr.png")
     plot_heatmap(cs, plateau, out / "map_heatmap.png")
     plot_best_lr_vs_r(cs, plateau, out / "map_best_lr_vs_R.png")
     inits = sorted({c.init_how.split(",")[0] for c in cs if c.ran})
-    md = ["## Stability map", "", DEFINITIONS, "",
-          f"Plateau: {'not judged' if plateau is None else f'{plateau:.4f} nats'}; ℓ₀ from: {', '.join(inits)}.", "",
-          summary_table(cs, plateau), "",
-          "Every point (final validation loss, mean ± std over completed seeds; † diverged seeds; ✓ every seed "
-          "trains):", "", loss_table(cs, plateau), "",
-          "### Decisive readings", "", decisive_readings(cs, plateau), ""]
+    md = [
+        "## Stability map",
+        "",
+        DEFINITIONS,
+        "",
+        f"Plateau: {'not judged' if plateau is None else f'{plateau:.4f} nats'}; ℓ₀ from: {', '.join(inits)}.",
+        "",
+        summary_table(cs, plateau),
+        "",
+        "Every point (final validation loss, mean ± std over completed seeds; † diverged seeds; ✓ every seed trains):",
+        "",
+        loss_table(cs, plateau),
+        "",
+        "### Decisive readings",
+        "",
+        decisive_readings(cs, plateau),
+        "",
+    ]
     for file, caption in plots.items():
         md += [f"![{caption}]({file})", ""]
     return md, plots

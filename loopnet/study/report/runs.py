@@ -73,7 +73,9 @@ def load_runs(sweep_dir: Path) -> tuple[list[Run], dict]:
     """Every cell of the sweep (from its manifest; without one, every sub-folder with a summary)."""
     manifest_path = sweep_dir / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    cells = manifest.get("cells") or [{"id": p.parent.name, "params": {}} for p in sorted(sweep_dir.glob(f"*/{SUMMARY_NAME}"))]
+    cells = manifest.get("cells") or [
+        {"id": p.parent.name, "params": {}} for p in sorted(sweep_dir.glob(f"*/{SUMMARY_NAME}"))
+    ]
     runs = []
     for cell in cells:
         runs.append(Run(cell["id"], dict(cell.get("params") or {}), cell_summary(sweep_dir / cell["id"])))
@@ -151,8 +153,11 @@ def sweep_plateau(runs: list[Run], sweep_dir: Path, cache_dir: Path) -> tuple[fl
     if config is None:
         raise ValueError("no cell has a config.yaml to read the data source from; pass --plateau VALUE")
     # What the plateau depends on: the data, and which tokens a run validates on.
-    key = {"data": config.get("data"), "seq_len": config["model"]["config"]["seq_len"],
-           "limit_val_batches": (config.get("trainer") or {}).get("limit_val_batches")}
+    key = {
+        "data": config.get("data"),
+        "seq_len": config["model"]["config"]["seq_len"],
+        "limit_val_batches": (config.get("trainer") or {}).get("limit_val_batches"),
+    }
     cache = cache_dir / "plateau.json"
     if cache.is_file():
         cached = json.loads(cache.read_text())
@@ -162,5 +167,3 @@ def sweep_plateau(runs: list[Run], sweep_dir: Path, cache_dir: Path) -> tuple[fl
     cache_dir.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"key": key, "plateau": value, "how": how}, indent=2) + "\n")
     return value, how
-
-

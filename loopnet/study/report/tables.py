@@ -51,8 +51,11 @@ class Group:
         return mean_std([r.kappa for r in self.completed if r.kappa is not None])
 
     def max_resid(self) -> tuple[float | None, float | None]:
-        vals = [max(s["resid_norm"] for s in r.value("last_visit_stats").values())
-                for r in self.completed if r.value("last_visit_stats")]
+        vals = [
+            max(s["resid_norm"] for s in r.value("last_visit_stats").values())
+            for r in self.completed
+            if r.value("last_visit_stats")
+        ]
         return mean_std(vals)
 
     def first_last_grad(self) -> float | None:
@@ -63,7 +66,9 @@ class Group:
         if not self.finished:
             return "not run"
         if not self.completed:
-            steps = sorted(r.value("diverged_at_step") for r in self.diverged if r.value("diverged_at_step") is not None)
+            steps = sorted(
+                r.value("diverged_at_step") for r in self.diverged if r.value("diverged_at_step") is not None
+            )
             return f"diverged ({len(self.diverged)}/{len(self.runs)}, step {steps[0]})" if steps else "diverged"
         mean, std = self.loss()
         text = fmt(mean) if std is None else f"{fmt(mean)} ± {fmt(std)}"
@@ -108,37 +113,56 @@ def group_runs(runs: list[Run]) -> tuple[list[str], list[int], dict[tuple[str, i
 
 def wide_table(methods, rounds, groups, cell) -> str:
     """Markdown table: one row per method, one column per R."""
-    lines = ["| method | " + " | ".join(f"R = {r}" for r in rounds) + " |",
-             "|---|" + "---|" * len(rounds)]
+    lines = ["| method | " + " | ".join(f"R = {r}" for r in rounds) + " |", "|---|" + "---|" * len(rounds)]
     for m in methods:
         lines.append(f"| {m} | " + " | ".join(cell(groups[(m, r)]) if (m, r) in groups else "" for r in rounds) + " |")
     return "\n".join(lines)
 
 
 def runs_table(runs: list[Run]) -> str:
-    lines = ["| cell | method | R | seed | status | final val loss | best val loss | final train loss | "
-             "diverged at step | steps | κ̂ (model) | escaped | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| cell | method | R | seed | status | final val loss | best val loss | final train loss | "
+        "diverged at step | steps | κ̂ (model) | escaped | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         esc = "—" if r.escaped is None else ("yes" if r.escaped else "no")
         div = r.value("diverged_at_step")
         wall = r.value("wall_time_s")
-        lines.append(f"| {r.id} | {r.method} | {r.rounds} | {r.seed} | {r.status} | {fmt(r.value('final_val_loss'))} | "
-                     f"{fmt(r.value('best_val_loss'))} | {fmt(r.value('final_train_loss'))} | "
-                     f"{'—' if div is None else div} | {r.value('global_step') if r.summary else '—'} | "
-                     f"{fmt(r.kappa, 3)} | {esc} | {'—' if wall is None else f'{wall:.0f}'} |")
+        lines.append(
+            f"| {r.id} | {r.method} | {r.rounds} | {r.seed} | {r.status} | {fmt(r.value('final_val_loss'))} | "
+            f"{fmt(r.value('best_val_loss'))} | {fmt(r.value('final_train_loss'))} | "
+            f"{'—' if div is None else div} | {r.value('global_step') if r.summary else '—'} | "
+            f"{fmt(r.kappa, 3)} | {esc} | {'—' if wall is None else f'{wall:.0f}'} |"
+        )
     return "\n".join(lines)
 
 
 def write_csv(runs: list[Run], path: Path) -> None:
-    keys = ("status", "final_val_loss", "best_val_loss", "final_train_loss", "diverged_at_step", "global_step",
-            "wall_time_s")
+    keys = (
+        "status",
+        "final_val_loss",
+        "best_val_loss",
+        "final_train_loss",
+        "diverged_at_step",
+        "global_step",
+        "wall_time_s",
+    )
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["cell", "method", "scheme", "p", "R", "seed", *keys, "kappa_model", "escaped"])
         for r in runs:
-            w.writerow([r.id, r.method, r.scheme, r.p, r.rounds, r.seed, r.status,
-                        *(repr(r.value(k)) if isinstance(r.value(k), float) else r.value(k) for k in keys[1:]),
-                        repr(r.kappa) if r.kappa is not None else None, r.escaped])
-
-
+            w.writerow(
+                [
+                    r.id,
+                    r.method,
+                    r.scheme,
+                    r.p,
+                    r.rounds,
+                    r.seed,
+                    r.status,
+                    *(repr(r.value(k)) if isinstance(r.value(k), float) else r.value(k) for k in keys[1:]),
+                    repr(r.kappa) if r.kappa is not None else None,
+                    r.escaped,
+                ]
+            )

@@ -3,7 +3,11 @@
 from loopnet.lazy import lazy_attributes
 
 # Imported on first use: each imports Lightning.
-_WHERE = {"GracefulInterrupt": ".interrupt", "HostMemory": ".memory", "TokenThroughput": ".throughput",
-          "gpu_bf16_peak": ".throughput"}
+_WHERE = {
+    "GracefulInterrupt": ".interrupt",
+    "HostMemory": ".memory",
+    "TokenThroughput": ".throughput",
+    "gpu_bf16_peak": ".throughput",
+}
 
 __getattr__, __dir__, __all__ = lazy_attributes(__name__, _WHERE)

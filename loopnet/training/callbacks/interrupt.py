@@ -68,7 +68,9 @@ class GracefulInterrupt(Checkpoint):
         self._abandoning = False  # the validation under way is being abandoned for a stop
         self._val_progress: dict | None = None  # the validation loop's progress before the validation under way
         self._rerun_at: int | None = None  # resumed from a stop that abandoned the validation of this step
-        self._abandoned_step: int | None = None  # the interruption checkpoint being written abandoned this step's validation
+        self._abandoned_step: int | None = (
+            None  # the interruption checkpoint being written abandoned this step's validation
+        )
 
     @property
     def ckpt_path(self) -> str | None:
@@ -97,7 +99,9 @@ class GracefulInterrupt(Checkpoint):
     def _install_sigterm(self) -> None:
         if self._armed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)  # Lightning's teardown restores the original
-            if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # a closed terminal stops as SIGTERM (not under nohup)
+            if (
+                signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
+            ):  # a closed terminal stops as SIGTERM (not under nohup)
                 signal.signal(signal.SIGHUP, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
@@ -115,8 +119,11 @@ class GracefulInterrupt(Checkpoint):
             if signum == signal.SIGINT:
                 signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts
             if not trainer.received_sigterm and trainer.is_global_zero:
-                print(f"\nloopnet: {signal.Signals(signum).name} received; stopping the generation after this "
-                      "token, the text so far is kept", file=sys.stderr)
+                print(
+                    f"\nloopnet: {signal.Signals(signum).name} received; stopping the generation after this "
+                    "token, the text so far is kept",
+                    file=sys.stderr,
+                )
             set_stop_flag(trainer)
 
         for signum in stops:
@@ -220,8 +227,11 @@ class GracefulInterrupt(Checkpoint):
 
                 RunSummary.of(trainer).name_last_checkpoint(self.ckpt_path)  # written before this checkpoint
                 bar = "\n" if trainer.progress_bar_callback is not None else ""  # the bar's line has no end
-                print(f"{bar}loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
-                      f"resume with {checkpoints.resume_hint()}", file=sys.stderr)
+                print(
+                    f"{bar}loopnet: stopped at step {trainer.global_step}, saved {self.ckpt_path}; "
+                    f"resume with {checkpoints.resume_hint()}",
+                    file=sys.stderr,
+                )
 
     # A Ctrl-C while the interruption checkpoint is written would abandon it (the stop would then leave
     # no checkpoint at all): held, with one line saying what is happening; the run ends moments later.
@@ -232,8 +242,11 @@ class GracefulInterrupt(Checkpoint):
 
     def _on_sigint_while_saving(self, signum, frame) -> None:
         if self._say_saving:
-            print(f"\nloopnet: saving the interrupted checkpoint {self.ckpt_path}, please wait "
-                  "(the run then ends by itself)", file=sys.stderr)
+            print(
+                f"\nloopnet: saving the interrupted checkpoint {self.ckpt_path}, please wait "
+                "(the run then ends by itself)",
+                file=sys.stderr,
+            )
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         # After a fit that completed, a stale interruption checkpoint is removed (by rank 0)

@@ -22,8 +22,13 @@ def _tokens(batch) -> int:
 # counts. Lightning's table has no entry that "NVIDIA H200" matches, and lists the with-sparsity
 # figures for H200 and H100 NVL. "HBM2e": the H100 PCIe as some clouds name it.
 GPU_BF16_PEAK = [
-    ("H100 PCIe", 756e12), ("H100 80GB HBM2e", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12),
-    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
+    ("H100 PCIe", 756e12),
+    ("H100 80GB HBM2e", 756e12),
+    ("H100 NVL", 835e12),
+    ("H200 NVL", 835e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
 ]
 
 
