@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 from tests.helpers import Watch, wait_until
 from .helpers import (
@@ -135,7 +136,9 @@ def _spawn_into_tee(cwd):
     """`loopnet fit PIPE_ARGS 2>&1 | tee cwd/tee.log`, with a progress file the test waits on."""
     read, write = os.pipe()
     tee = subprocess.Popen(["tee", str(cwd / "tee.log")], stdin=read, stdout=subprocess.DEVNULL)
-    extra = callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2}))
+    # tqdm's bar writes at every step, so the fit finds its reader gone at the next step. (Lightning picks Rich's
+    # bar when rich is installed, as transformers' dependencies bring it; off a terminal it writes at the end only.)
+    extra = callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2}), (TQDMProgressBar, {}))
     fit = subprocess.Popen(
         [sys.executable, "-m", "loopnet.training.cli", "fit", *PIPE_ARGS, *extra],
         cwd=cwd,
