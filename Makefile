@@ -12,7 +12,7 @@ CONFIG ?= configs/deeploop_r6.yaml
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup fit test test-quick tensorboard clean device-wheels study map map-controls map-smoke rival rival-smoke width gamma-core gamma mutants
+.PHONY: setup fit test test-quick tensorboard clean device-wheels study map map-controls map-smoke rival rival-smoke width gamma-core gamma transfer mutants
 
 setup: $(TEST_STAMP)
 
@@ -154,6 +154,16 @@ gamma: gamma-core
 	$(LN) sweep configs/sweeps/gamma/long.yaml --jobs 2 --threads 1
 	$(LN) report runs/sweeps/gamma_long --out $(GAMMA)/long --title "Depth exponent: the 1,000-step check"
 	$(GAMMA_READ) --cells $(GAMMA)/core $(GAMMA)/ladder $(GAMMA)/tail --long $(GAMMA)/long
+
+# The transfer reading (docs/results/transfer/PREREGISTRATION.md), resumable: the source, width and target cells
+# (912 fits, in that order: the width reading needs only the first two), then the readings from the run folders.
+TRANSFER := docs/results/transfer
+transfer: $(STAMP)
+	$(LN) sweep configs/sweeps/transfer/source.yaml --jobs 2 --threads 1
+	$(LN) sweep configs/sweeps/transfer/width.yaml --jobs 2 --threads 1
+	$(LN) sweep configs/sweeps/transfer/target.yaml --jobs 2 --threads 1
+	$(PY) -m experiments.transfer.readings --cells runs/sweeps/transfer_source runs/sweeps/transfer_width \
+	  runs/sweeps/transfer_target --out $(TRANSFER)
 
 # The rival pipeline end to end on 20-step fits (a few minutes): sweep -> report -> the confirmation's sweep file,
 # all under runs/sweeps/rival_smoke (not results).

@@ -141,27 +141,29 @@ class Fit:
         searched up to `span` decades either side; None on a side where the profile does not fall that
         far within the span (the interval is open there)."""
         est = self.combination(weights)
+        return profile_interval(est, lambda v: 2 * (self.value - self.profile(weights, v)) - CHI2_95, span, tol)
 
-        def drop(v):
-            return 2 * (self.value - self.profile(weights, v)) - CHI2_95
 
-        ends = []
-        for side in (-1, 1):
-            step, inner, outer = 0.02, est, None
-            while abs(step) <= span:
-                v = est + side * step
-                if drop(v) > 0:
-                    outer = v
-                    break
-                inner, step = v, step * 2
-            if outer is None:
-                ends.append(None)
-                continue
-            while abs(outer - inner) > tol:  # bisection: drop(inner) ≤ 0 < drop(outer)
-                mid = (inner + outer) / 2
-                inner, outer = (mid, outer) if drop(mid) <= 0 else (inner, mid)
-            ends.append((inner + outer) / 2)
-        return ends[0], ends[1]
+def profile_interval(est: float, drop, span: float = 3.0, tol: float = 1e-4) -> tuple[float | None, float | None]:
+    """The ends around `est` where `drop` (twice the profile's fall from the maximum, minus χ²₁(0.95)) turns
+    positive: doubling steps out from est up to `span`, then bisection to `tol`; None on an open side."""
+    ends = []
+    for side in (-1, 1):
+        step, inner, outer = 0.02, est, None
+        while abs(step) <= span:
+            v = est + side * step
+            if drop(v) > 0:
+                outer = v
+                break
+            inner, step = v, step * 2
+        if outer is None:
+            ends.append(None)
+            continue
+        while abs(outer - inner) > tol:  # bisection: drop(inner) ≤ 0 < drop(outer)
+            mid = (inner + outer) / 2
+            inner, outer = (mid, outer) if drop(mid) <= 0 else (inner, mid)
+        ends.append((inner + outer) / 2)
+    return ends[0], ends[1]
 
 
 def separated(data: Data) -> bool:
