@@ -70,7 +70,7 @@ def timed(f):
     return time.perf_counter() - t
 
 # the check: same logits from the zero state (fp32)
-ref = modeling.RavenForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+ref = modeling.RavenForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 ours = build_network(dataclasses.replace(cfg, state_init="zero"), state, dtype=torch.float32)
 with torch.no_grad():
     a = ref(ids, input_states=torch.zeros(1, T, cfg.d_model), num_steps=rounds).logits
@@ -81,7 +81,7 @@ del ref, ours
 
 for name in dtypes.split(","):
     dtype = getattr(torch, name)
-    ref = modeling.RavenForCausalLM.from_pretrained(folder, torch_dtype=dtype).eval()
+    ref = modeling.RavenForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     ours = build_network(cfg, state, dtype=dtype)
     run = {"reference": lambda: ref(ids, num_steps=rounds), "loopnet": lambda: ours(ids, rounds=rounds)}
     for f in run.values():
