@@ -108,7 +108,9 @@ print(json.dumps(out))
 
 def reference_package(reference: Path, into: Path) -> None:
     """The reference's two files as the package `huginn_reference` (they import each other relatively)."""
-    found = {name: next((p for p in (reference / name, reference / "recpre" / name) if p.is_file()), None) for name in FILES}
+    found = {
+        name: next((p for p in (reference / name, reference / "recpre" / name) if p.is_file()), None) for name in FILES
+    }
     missing = [name for name, path in found.items() if path is None]
     if missing:
         raise SystemExit(
