@@ -94,19 +94,35 @@ def load_checkpoint_meta(path: str) -> dict:
 
 def build_network(config, weights: dict, device="cpu", dtype=None):
     """The `LoopedTransformer` of `config` holding `weights` (its state dict), in eval mode on `device` (and
-    `dtype`, default: the weights'). The weights become the parameters themselves (`assign`), so tensors
-    read from disk by memory-mapping are not copied unless the device or dtype asks for it. The one builder of
-    `loopnet.load`, `loopnet eval` and `loopnet export`."""
-    from loopnet.model import LoopConfig, LoopedTransformer
+    `dtype`, default: the weights'). Built on the meta device (no initialisation, no memory), then the weights
+    become the parameters themselves (`assign`): tensors read from disk by memory-mapping (a .ckpt read with
+    mmap, safetensors files) are not copied unless the device or dtype asks for it, and then each is converted
+    once, so that no two full copies of the weights are ever held. The one builder of `loopnet.load`,
+    `loopnet eval`, `loopnet export` and the imported folders' `load_model`."""
+    import torch
 
-    model = LoopedTransformer(config if isinstance(config, LoopConfig) else LoopConfig(**config))
-    tied = model.config.tie_embeddings
-    if tied and "lm_head.weight" not in weights:  # a format that stores a shared tensor once (safetensors)
+    from loopnet.model import LoopConfig, LoopedTransformer
+    from loopnet.model.layers import Rotary
+
+    config = config if isinstance(config, LoopConfig) else LoopConfig(**config)
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = LoopedTransformer(config)
+    if config.tie_embeddings and "lm_head.weight" not in weights:  # a format that stores a shared tensor once
         weights = {**weights, "lm_head.weight": weights.get("wte.weight")}
-    model.load_state_dict(weights, assign=True)
-    if tied:  # assigned one by one, the two names became two parameters: one again
+    converted: dict[int, torch.Tensor] = {}  # by id: a tied head converts once, with its embedding
+
+    def place(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        return converted.setdefault(id(t), t.to(device=device, dtype=dtype if t.is_floating_point() else None))
+
+    model.load_state_dict({k: place(v) for k, v in weights.items()}, assign=True)
+    if config.tie_embeddings:  # assigned one by one, the two names became two parameters: one again
         model.lm_head.weight = model.wte.weight
-    return model.to(device=device, dtype=dtype).eval()
+    if model.rotary is not None:  # its tables are buffers outside the state dict: computed here, in fp32
+        model.rotary = Rotary(config.head_dim, config.seq_len, config.rope_base).to(device)
+    return model.eval()
 
 
 def newer_than_kept(path: str | None, trainer) -> bool:

@@ -44,16 +44,10 @@ GPT2_SMALL = {
 }
 ROWS = ("export", "read_exported", "torch.load", "torch.load mmap", "from_pretrained")
 
-# One row in a fresh process: imports, the baseline RSS, the timed operation, every weight byte read once.
-CHILD = r"""
-import json, resource, sys, time
-row, ckpt, folder, out = sys.argv[1:5]
-import torch
-from loopnet.formats import hf
-if row == "from_pretrained":
-    from transformers import AutoModelForCausalLM
-if row == "export":
-    import loopnet.eval.adapter, transformers, tokenizers  # noqa: F401  (export's imports, outside the timing)
+# Measured in a fresh process after its imports: `peak_rss()` the peak RSS in bytes since `base` (the RSS after the
+# imports), and `touch` reads every byte of some tensors once (a memory-mapped tensor is read from the file there).
+PEAK_RSS = r"""
+import resource
 KB = 1024
 
 def status(field):  # /proc/self/status's field in bytes
@@ -68,9 +62,24 @@ except OSError:  # elsewhere: ru_maxrss, whose peak may be the imports'
     peak_rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KB  # noqa: E731
     base = peak_rss()
 
-def touch(tensors):  # read every byte once (a memory-mapped tensor is read from the file here)
-    return sum(float(t.float().sum()) if t.dtype != torch.float32 else float(t.sum()) for t in tensors)
+def touch(tensors):  # in chunks of 16 M elements: a bf16 tensor's fp32 sum holds no full fp32 copy
+    return sum(float(c.float().sum()) for t in tensors for c in t.detach().reshape(-1).split(1 << 24))
+"""
 
+# One row in a fresh process: imports, the baseline RSS, the timed operation, every weight byte read once.
+CHILD = (
+    r"""
+import json, sys, time
+row, ckpt, folder, out = sys.argv[1:5]
+import torch
+from loopnet.formats import hf
+if row == "from_pretrained":
+    from transformers import AutoModelForCausalLM
+if row == "export":
+    import loopnet.eval.adapter, transformers, tokenizers  # noqa: F401  (export's imports, outside the timing)
+"""
+    + PEAK_RSS
+    + r"""
 t = time.perf_counter()
 if row == "export":
     hf.export(ckpt, out)
@@ -86,6 +95,7 @@ seconds = time.perf_counter() - t
 peak = peak_rss()
 print(json.dumps({"seconds": seconds, "peak_bytes": peak - base, "base_bytes": base}))
 """
+)
 
 
 def make_checkpoint(path: Path, overrides: dict, seed: int = 0) -> tuple[int, int]:

@@ -4,6 +4,8 @@
     loopnet bench sweep-startup ...   a sweep's cells started fresh and from the fit server (`loopnet.bench.sweep_startup`)
     loopnet bench generation ...      generation with and without the KV cache (`loopnet.bench.generation`)
     loopnet bench export ...          export and load of a GPT-2-small-sized model (`loopnet.bench.export`)
+    loopnet bench huginn-memory ...   peak RSS of importing and loading a 1 B Huginn checkpoint (`...huginn_memory`)
+    loopnet bench huginn-speed ...    loopnet's forward of a Huginn model against the reference's (`...huginn_speed`)
     python -m loopnet.bench ...
 
 All variants train the same model on the same batches, in this process (all but one, which needs a
@@ -449,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
         "sweep-startup": "loopnet.bench.sweep_startup",
         "generation": "loopnet.bench.generation",
         "export": "loopnet.bench.export",
+        "huginn-memory": "loopnet.bench.huginn_memory",
+        "huginn-speed": "loopnet.bench.huginn_speed",
     }
     if argv[:1] and argv[0] in rows:  # rows of their own, each with its own --help
         import importlib

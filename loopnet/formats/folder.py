@@ -92,24 +92,13 @@ def read_folder(folder: str | Path) -> tuple[LoopConfig, dict[str, torch.Tensor]
 
 
 def load_model(folder: str | Path, dtype: torch.dtype | None = None):
-    """A `LoopedTransformer` with the folder's weights, in eval mode: built on the meta device and given the
-    tensors read from the file (in their stored dtype, or converted to `dtype`), so that no second copy of
-    the weights is made (a 3.5 B model in bf16 holds its 7 GB once)."""
-    from loopnet.model.layers import Rotary
-    from loopnet.model.transformer import LoopedTransformer
+    """A `LoopedTransformer` with the folder's weights, in eval mode (`checkpoints.build_network`: built on the
+    meta device and given the memory-mapped tensors, in their stored dtype or converted to `dtype`), so that
+    no second copy of the weights is made (a 3.5 B model in bf16 holds its 7 GB once)."""
+    from loopnet.checkpoints import build_network
 
     config, state, _ = read_folder(folder)
-    if dtype is not None:
-        converted: dict[int, torch.Tensor] = {}  # a tied head converts once, with its embedding
-        state = {k: converted.setdefault(id(v), v.to(dtype)) for k, v in state.items()}
-    with torch.device("meta"):
-        model = LoopedTransformer(config)
-    model.load_state_dict(state, assign=True)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.wte.weight
-    if model.rotary is not None:  # its tables are buffers outside the state dict: built here, on the CPU
-        model.rotary = Rotary(config.head_dim, config.seq_len, config.rope_base)
-    return model.eval()
+    return build_network(config, state, dtype=dtype)
 
 
 def load_weights(model, folder: str | Path) -> None:
