@@ -102,8 +102,9 @@ def test_exit_steps_equal_the_references(imported, threshold):
         at = want == r
         reference = golden[f"logits_steps_{r}"]
         assert (logits[at] - reference[at]).abs().max().item() <= tolerance(cfg, r, reference)
-    made = model.generate(ids.tolist(), 1, exit="gate", exit_threshold=threshold, cache=False, temperature=0)
-    assert [row[0] for row in made.rounds] == want[:, -1].tolist()
+    for cache in (False, True):
+        made = model.generate(ids.tolist(), 1, exit="gate", exit_threshold=threshold, cache=cache, temperature=0)
+        assert [row[0] for row in made.rounds] == want[:, -1].tolist()
 
 
 def test_every_visit_is_observed(imported):
@@ -268,3 +269,42 @@ def test_loopnet_test_measures_an_imported_ouro(tmp_path):
     assert m["test/frontier/loss/t0"] == pytest.approx(m["test_fixed_point/loss/r01"], rel=1e-5)
     assert m["test/frontier/loss/t1"] == pytest.approx(m["test_fixed_point/loss/r04"], rel=1e-5)
     assert all(0 < m[f"test_fixed_point/sigma_max/r0{r}"] < float("inf") for r in range(2, 7))
+
+
+def test_loopnet_eval_scores_an_imported_ouro_with_and_without_the_gate(tmp_path, monkeypatch, capsys):
+    """`loopnet eval` of the imported folder with its own tokenizer: without exit every token runs R' = 4 steps;
+    with --exit gate at threshold 0 every token stops after step 1 and scores as R' = 1 does."""
+    pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is not installed")
+    from loopnet.eval.cli import main
+    from tests.eval.helpers import DATA_DIR, TASK
+
+    out = tmp_path / "ouro"
+    assert run_loopnet("import", str(FIXTURES / "mha"), str(out)).returncode == 0
+    monkeypatch.chdir(DATA_DIR)  # where the task YAML's relative data_files points
+    reports = {}
+    for name, extra in {
+        "plain": ["--rounds", "1,4"],
+        "gate": ["--rounds", "4", "--exit", "gate", "--exit_threshold", "0"],
+    }.items():
+        folder = tmp_path / name
+        try:
+            main(
+                [
+                    "--ckpt_path",
+                    str(out),
+                    "--tasks",
+                    TASK,
+                    "--include_path",
+                    str(DATA_DIR),
+                    "--output_dir",
+                    str(folder),
+                    *extra,
+                ]
+            )
+        except SystemExit as exit_:
+            assert exit_.code == 0, capsys.readouterr().err
+        (path,) = folder.glob("eval_*.json")
+        reports[name] = json.loads(path.read_text())
+    plain, gate = reports["plain"], reports["gate"]
+    assert plain["mean_rounds"]["4"][TASK] == 4.0 and gate["mean_rounds"]["4"][TASK] == 1.0
+    assert gate["table"][TASK]["acc"]["4"]["value"] == plain["table"][TASK]["acc"]["1"]["value"]
