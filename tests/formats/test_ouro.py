@@ -308,3 +308,32 @@ def test_loopnet_eval_scores_an_imported_ouro_with_and_without_the_gate(tmp_path
     plain, gate = reports["plain"], reports["gate"]
     assert plain["mean_rounds"]["4"][TASK] == 4.0 and gate["mean_rounds"]["4"][TASK] == 1.0
     assert gate["table"][TASK]["acc"]["4"]["value"] == plain["table"][TASK]["acc"]["1"]["value"]
+
+
+def test_ouros_options_train(imported):
+    """The options train: one backward of the expected-logits loss reaches every weight, the exit gate's too."""
+    _, cfg, model, _ = imported
+    model.train()
+    try:
+        ids = GOLDEN["mha"]["input_ids"]
+        _, loss = model(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"loss_rounds": "expected"}, "exit_gate: true"),
+        ({"round_norm": True, "n_coda": 1}, "round_norm"),
+        ({"round_norm": True, "loop_norm": True}, "round_norm"),
+    ],
+)
+def test_options_that_do_not_fit_together_are_refused(changes, named):
+    from loopnet.model.config import LoopConfig
+
+    with pytest.raises(ValueError, match=named):
+        LoopConfig(residual="preln", **changes)
