@@ -337,3 +337,25 @@ def test_options_that_do_not_fit_together_are_refused(changes, named):
 
     with pytest.raises(ValueError, match=named):
         LoopConfig(residual="preln", **changes)
+
+
+def test_loopnet_fit_fine_tunes_an_imported_ouro(tmp_path):
+    """`loopnet fit` from the folder's model.yaml with Ouro's tokenizer: two steps on the expected-logits loss."""
+    out = tmp_path / "ouro"
+    assert run_loopnet("import", str(FIXTURES / "gqa"), str(out)).returncode == 0
+    root = Path(__file__).resolve().parents[2] / "configs"
+    fit = run_loopnet(
+        "fit",
+        *("--config", str(root / "base.yaml"), "--config", str(root / "cpu.yaml"), "--config", str(out / "model.yaml")),
+        *("--data.vocab", "tokenizer", "--data.tokenizer", str(out), "--data.batch_size", "2"),
+        *("--model.eval_rounds", "null", "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"),
+        *("--trainer.limit_val_batches", "1", "--model.optim.lr", "1e-3", "--model.optim.warmup_steps", "1"),
+        cwd=tmp_path,
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (ckpt,) = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
+    saved = torch.load(ckpt, weights_only=True)
+    _, start, _ = out_folder.read_folder(out)
+    # Two AdamW steps at lr <= 1e-3 move a weight by at most ~2·lr (|m̂/√v̂| <= 1 in the first steps), plus the decay.
+    moved = {k: (saved["state_dict"][f"model.{k}"] - v).abs().max().item() for k, v in start.items()}
+    assert 0 < max(moved.values()) <= 2 * 1e-3 * 1.5 and moved["exit_gate.weight"] > 0
