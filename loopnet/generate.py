@@ -336,8 +336,9 @@ def _greedy_step(model: nn.Module, inputs, positions, last, kv, R: int, *screen_
 
 
 def _readout(model: nn.Module, x: torch.Tensor, last: torch.Tensor, kv: KVCache | None) -> torch.Tensor:
-    """The final Norm [B, d] of the coda's output on the loop state x, at each row's position `last[b]`."""
-    return model.final_norm(model.finish(x, kv=kv)[torch.arange(x.size(0), device=x.device), last])
+    """What the head reads [B, d] (`head_input`: the final Norm) of the coda's output on the loop state x, at each
+    row's position `last[b]`."""
+    return model.head_input(model.finish(x, kv=kv)[torch.arange(x.size(0), device=x.device), last])
 
 
 def _exit_logits(
@@ -366,7 +367,7 @@ def _exit_logits(
     def readout(x):  # logits [B, V] at each row's last position of the loop state x
         return head_logits(_readout(model, x, last, kv))
 
-    criterion = ExitCriterion(exit, threshold)
+    criterion = ExitCriterion(exit, threshold, model)
     done = torch.zeros(B, dtype=torch.bool, device=inputs.device)
     chosen_logits = chosen_x = None
     for r, x in model.iter_rounds(inputs, R, positions=positions, kv=kv, start=True):

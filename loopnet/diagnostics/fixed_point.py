@@ -53,7 +53,7 @@ def round_jacobian_norm(
     (the square root of JᵀJ's Rayleigh quotient): it approaches σ_max from below, with an error of order
     (σ_2/σ_1)^(4·iters)."""
     step = round_map(model, idx, r)
-    x_prev = x_prev.detach()
+    x_prev = x_prev.detach().clone()  # a state of an inference-mode pass cannot be saved for backward; its copy can
     v = torch.randn(x_prev.shape, generator=generator, dtype=x_prev.dtype, device="cpu").to(x_prev.device)
     v = v / v.norm()
     # The fused attention kernels have no forward-mode derivative; the math kernel's ops all do. torch's own
@@ -102,7 +102,8 @@ def jacobian_profile(
     sigmas: list[float | None] = [None]
     if progress is not None:
         progress(1, max_rounds)  # starting
-    with torch.enable_grad():
+    # Lightning's test loop runs in inference mode, whose tensors autograd cannot save: leave it for the jvp/vjp.
+    with torch.inference_mode(False), torch.enable_grad():
         for r in range(2, max_rounds + 1):
             sigmas.append(round_jacobian_norm(model, idx, states[r - 2], r, iters, generator))
             if progress is not None:

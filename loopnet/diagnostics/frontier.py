@@ -37,7 +37,7 @@ class FrontierMeter:
     @torch.no_grad()
     def update(self, model, idx: torch.Tensor, targets: torch.Tensor) -> None:
         valid = targets != -1
-        criteria = [ExitCriterion(self.exit, t) for t in self.thresholds]
+        criteria = [ExitCriterion(self.exit, t, model) for t in self.thresholds]
         n = len(criteria)
         loss = torch.zeros(n, *idx.shape, device=idx.device)
         used = torch.full((n, *idx.shape), self.max_rounds, dtype=torch.long, device=idx.device)

@@ -84,14 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--exit",
         default="none",
-        choices=("none", "kl", "latent", "entropy", "argmax"),
+        choices=("none", "kl", "latent", "entropy", "argmax", "gate"),
         help="adaptive exit per token (each R' is then the most rounds a token runs); default none",
     )
     parser.add_argument(
         "--exit_threshold",
         type=float,
         default=None,
-        help="the exit criterion's threshold (default: its own, e.g. kl 1e-3)",
+        help="the exit criterion's threshold (default: its own, e.g. kl 1e-3, gate 0.5)",
     )
     return parser
 

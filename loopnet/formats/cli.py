@@ -8,6 +8,7 @@ wrote as a loopnet folder (`loopnet.formats.folder`), SRC a local folder or `hf:
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from loopnet.env import one_line_errors
@@ -27,30 +28,32 @@ def import_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="loopnet import",
         description=(
-            "Read a released looped LM (Huginn: config.json with model_type huginn_raven, safetensors weights, "
-            "tokenizer.json) and write it as a loopnet folder. Example: " + IMPORT_EXAMPLE
+            "Read a released looped LM (config.json with model_type huginn_raven (Huginn) or ouro (Ouro), "
+            "safetensors weights, tokenizer.json) and write it as a loopnet folder. Example: " + IMPORT_EXAMPLE
         ),
     )
     parser.add_argument("src", help="a local folder laid out as the hub serves the model, or hf://org/name[@revision]")
     parser.add_argument("out", help="the folder to write (must not exist, or be empty)")
     args = parser.parse_args(argv)
     from loopnet.formats import folder as out_folder
-    from loopnet.formats import huginn, source
+    from loopnet.formats import huginn, ouro, source
 
     with one_line_errors("loopnet import", (ValueError, FileNotFoundError, FileExistsError)):
         out_folder.check_out(Path(args.out))
         src = source.resolve(args.src)
         hf = source.read_json(src, "config.json")
         kind = hf.get("model_type")
-        if kind != huginn.MODEL_TYPE:
+        readers = {huginn.MODEL_TYPE: huginn.read_huginn, ouro.MODEL_TYPE: ouro.read_ouro}
+        if kind not in readers:
             hint = "; a non-looped GPT-2 becomes a looped model with `loopnet retrofit`" if kind == "gpt2" else ""
-            raise ValueError(f"{args.src}: model_type {kind!r} is not one loopnet imports (huginn_raven){hint}")
-        config, state, meta = huginn.read_huginn(src)
+            raise ValueError(f"{args.src}: model_type {kind!r} is not one loopnet imports ({', '.join(readers)}){hint}")
+        config, state, meta = readers[kind](src)
+        recorded = {k: meta[k] for k in ("early_exit_threshold", "special_tokens") if k in meta}
         written = out_folder.write_folder(
             args.out,
             config,
             state,
-            {**_source(src, args.src), "format": meta["format"], "dtype": meta["dtype"]},
+            {**_source(src, args.src), "format": meta["format"], "dtype": meta["dtype"], **recorded},
             tokenizer_dir=src,
         )
     n = sum(v.numel() for k, v in state.items() if k != "lm_head.weight" or not config.tie_embeddings)
@@ -58,6 +61,11 @@ def import_main(argv: list[str]) -> None:
         f"wrote {written}: {meta['format']} as loopnet, {n:,} parameters ({meta['dtype']}), "
         f"P={config.n_prelude} K={config.n_blocks} C={config.n_coda}, R={config.n_rounds} by default"
     )
+    if not meta.get("special_tokens", {}).get("agree", True):
+        print(
+            f"note: the source's files name different bos/eos/pad ids ({json.dumps(meta['special_tokens']['files'])}); "
+            f"loopnet ends a document with the eos_token of tokenizer_config.json"
+        )
 
 
 def retrofit_main(argv: list[str]) -> None:

@@ -21,7 +21,7 @@ Injection = Literal["add", "attention", "linear", "diagonal"]
 InjectInto = Literal["first", "every"]
 Positions = Literal["learned", "rope"]
 Norm = Literal["rmsnorm", "layernorm"]
-LossRounds = Literal["last", "all", "last_third"]
+LossRounds = Literal["last", "all", "last_third", "expected"]
 RoundSampling = Literal["fixed", "poisson_lognormal", "poisson_truncated"]
 ScalesDepth = Literal["mean", "sampled"]
 Parametrization = Literal["standard", "mup", "completep"]
@@ -83,6 +83,13 @@ class Architecture:
             Huginn's ln_f, used twice.
         norm_eps: The ε of the Norms in the blocks and the final Norm (Llama's rms_norm_eps); None: 1e-6 for
             RMSNorm, 1e-5 for LayerNorm.
+        round_norm: End every round with the final Norm (the same weights): the next round starts from
+            final_norm(x_end), and the head reads that state without norming it again (Ouro's model.norm after
+            every step). Needs n_coda 0, loop_norm false and the standard parametrization.
+        exit_gate: A learned exit gate Linear(d, 1) with bias on what the head reads after each round:
+            λ_r = σ(gate(h_r)), the exit probability p_r = λ_r·∏_{j<r}(1 − λ_j), the last round taking the
+            remainder (Ouro's early_exit_gate). Read by the exit criterion "gate" (`loopnet.model.exit`) and
+            by loss_rounds "expected".
         tie_embeddings: Share the token embedding with the LM head (GPT-2, nanoGPT; the FLT code unties).
         input_norm: Feed Norm(e) (parameter-free RMSNorm of the embedding) into round 1 instead of e
             itself. The FLT code does (its configs set it); GPT-2, nanoGPT and DeepNet do not. With a
@@ -96,7 +103,9 @@ class Architecture:
         residual: Residual scheme: "preln", "postln", "deepnorm" (p = 1/4), "deeploop" (p = 1/2),
             or "scaled" with exponent `p`.
         p: Exponent for residual="scaled": α = (2N)^p, β = (8N)^-p.
-        sandwich: Post-LN family only: add an inner Norm on the branch input, x ← Norm(α·x + f(Norm(x))).
+        sandwich: The branch between two Norms. Post-LN family: an inner Norm on the branch input,
+            x ← Norm(α·x + f(Norm_in(x))) (Huginn); Pre-LN: a Norm on the branch output, x ← x +
+            Norm_out(f(Norm(x))) (Ouro's input_layernorm_2 and post_attention_layernorm_2).
         branch_scale: Pre-LN only: the branch multiplier ε of x ← x + ε·f(Norm(x)): "one" (ε = 1),
             "sqrt_depth" (ε = λ/√(K·R)) or "wang" (ε = λ/(R·√K), Wang et al. 2026); `scales.branch_scale`.
         branch_lambda: λ of the "sqrt_depth" and "wang" rules (1.0 for "one").
@@ -150,6 +159,8 @@ class Architecture:
     qk_bias: bool = False
     embed_scale: bool = False
     loop_norm: bool = False
+    round_norm: bool = False
+    exit_gate: bool = False
     norm_eps: Optional[float] = None
     tie_embeddings: bool = True
     input_norm: bool = False
@@ -233,8 +244,9 @@ class RunSettings:
 
     Args:
         dropout: Dropout on attention weights, branch outputs and embeddings.
-        loss_rounds: Train on the "last" round (default), the mean over "all" rounds, or over the
-            "last_third" of rounds.
+        loss_rounds: Train on the "last" round (default), the mean over "all" rounds, over the
+            "last_third" of rounds, or on the "expected" logits Σ_r p_r·logits_r under the exit gate's
+            distribution (Ouro's loss with labels; needs exit_gate; the forward then returns these logits).
         checkpoint_rounds: Activation checkpointing per round, so stored activations grow with K, not K·R.
         truncate_rounds: Run the first n rounds without grad (truncated backprop through rounds), at a
             fixed R: the same as backprop_rounds = n_rounds − truncate_rounds. Give one of the two.
@@ -400,9 +412,15 @@ class LoopConfig(RunSettings, Architecture):
                 f"runs without grad when rounds are truncated: the prelude would get no gradient; fix: "
                 f"set model.config.wiring: inject (the prelude's output re-enters every round)"
             )
-        if self.sandwich and self.residual == "preln":
+        if self.round_norm and (self.n_coda or self.loop_norm or self.parametrization != "standard"):
             raise ValueError(
-                "LoopConfig.sandwich applies to the Post-LN family; Pre-LN already normalises the branch input"
+                "LoopConfig.round_norm ends every round in the final Norm that the head reads; it needs n_coda 0, "
+                "loop_norm false and parametrization standard; fix: drop round_norm or those settings"
+            )
+        if self.loss_rounds == "expected" and not self.exit_gate:
+            raise ValueError(
+                "LoopConfig.loss_rounds='expected' weighs the rounds by the exit gate's distribution; "
+                "fix: set model.config.exit_gate: true, or another loss_rounds"
             )
         if self.branch_scale != "one" and self.residual != "preln":
             raise ValueError(

@@ -9,9 +9,12 @@ logits); round 1 compares with a reference, as Huginn's code does:
     entropy  |H(p_r) − H(p_{r−1})| < threshold                                 (round 1: H_0 = log V)
     argmax   the argmax has been the same for `threshold` successive rounds (an integer n; round 1
              counts 0, so n = 0 exits after round 1 and n ≥ max_rounds never exits early)
+    gate     the learned exit gate's cumulative exit probability Σ_{j≤r} p_j ≥ threshold, p_j = λ_j·∏_{i<j}
+             (1 − λ_i), λ_j = σ(gate(h_j)) (Ouro's early_exit_gate and early_exit_threshold; a model with
+             `LoopConfig.exit_gate`). Not strict, as Ouro's: 0 exits after round 1, above 1 never early
 
 For kl, latent and entropy the comparison is strict, so a threshold of 0 never exits early and
-`math.inf` always exits after round 1. Defaults are Huginn's.
+`math.inf` always exits after round 1. Defaults are Huginn's (gate: 0.5, the median exit round).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-EXITS = ("none", "kl", "latent", "entropy", "argmax")
-DEFAULT_THRESHOLDS = {"kl": 1e-3, "latent": 0.03, "entropy": 1e-3, "argmax": 5}
+EXITS = ("none", "kl", "latent", "entropy", "argmax", "gate")
+DEFAULT_THRESHOLDS = {"kl": 1e-3, "latent": 0.03, "entropy": 1e-3, "argmax": 5, "gate": 0.5}
 
 
 def check_exit(exit: str, threshold: float | None, where: str = "model.generate") -> None:
@@ -39,22 +42,34 @@ def check_exit(exit: str, threshold: float | None, where: str = "model.generate"
 class ExitCriterion:
     """The running state of one criterion over N positions: `start(x0)`, then `step(x_r, logits_r)`
     for r = 1, 2, ... returns (exits [N] bool, value [N]): whether each position's criterion holds
-    after round r, and the compared quantity."""
+    after round r, and the compared quantity. "gate" reads `model.exit_lambda`."""
 
-    def __init__(self, kind: str, threshold: float | None = None):
+    def __init__(self, kind: str, threshold: float | None = None, model=None):
         check_exit(kind, threshold)
         if kind == "none":
             raise ValueError("ExitCriterion needs a criterion other than 'none'")
-        self.kind = kind
+        if kind == "gate" and getattr(model, "exit_gate", None) is None:
+            raise ValueError(
+                "exit 'gate' reads the model's learned exit gate, and this model has none (LoopConfig.exit_gate); "
+                "fix: choose kl, latent, entropy or argmax"
+            )
+        self.kind, self.model = kind, model
         self.threshold = DEFAULT_THRESHOLDS[kind] if threshold is None else float(threshold)
-        self.needs_logits = kind != "latent"
+        self.needs_logits = kind not in ("latent", "gate")
 
     def start(self, x0: torch.Tensor) -> None:
         self.prev_x = x0.float()
         self.prev_logp = self.prev_entropy = self.prev_argmax = None
         self.stable = torch.zeros(x0.shape[:-1], dtype=torch.long, device=x0.device)
+        self.remaining = torch.ones(x0.shape[:-1], device=x0.device)  # gate: ∏(1 − λ_j) of the rounds so far
+        self.cumulative = torch.zeros(x0.shape[:-1], device=x0.device)
 
     def step(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kind == "gate":
+            lam = self.model.exit_lambda(x)
+            self.cumulative = self.cumulative + lam * self.remaining
+            self.remaining = self.remaining * (1 - lam)
+            return self.cumulative >= self.threshold, self.cumulative
         x = x.float()
         if self.kind == "latent":
             value = (x - self.prev_x).norm(dim=-1) / x.norm(dim=-1)
@@ -98,7 +113,7 @@ def exit_logits(
     if exit == "none":
         *_, (_, x) = model.iter_rounds(idx, max_rounds)
         return model.head(x)[0], rounds
-    criterion = ExitCriterion(exit, threshold)
+    criterion = ExitCriterion(exit, threshold, model)
     chosen = done = None
     for r, x in model.iter_rounds(idx, max_rounds, start=True):
         if r == 0:  # the round-1 input

@@ -183,7 +183,7 @@ class Sublayer(nn.Module):
     """One physical residual sublayer j = (k, attn|ffn): its branch f and its Norm(s).
 
     A visit computes, with α from `residual_scales` and ε from `branch_scale` (both of the training depth):
-        Pre-LN:            x ← x + ε·f(Norm(x))
+        Pre-LN:            x ← x + ε·f(Norm(x))            (sandwich: ε·Norm_out(f(Norm(x))))
         Post-LN family:    x ← Norm(α·x + f(x))           (sandwich: f(Norm_in(x)))
     and returns (new x, pre-Norm stream, branch output) so observers can see all three; for Pre-LN the
     branch output is ε·f, what the visit adds to the stream.
@@ -196,7 +196,8 @@ class Sublayer(nn.Module):
         self.epsilon = cfg.branch_epsilon
         self.f = Attention(cfg) if kind == "attn" else MLP(cfg)
         self.norm = make_norm(cfg)
-        self.inner_norm = make_norm(cfg) if cfg.sandwich else None
+        self.inner_norm = make_norm(cfg) if cfg.sandwich and not cfg.pre_norm else None
+        self.out_norm = make_norm(cfg) if cfg.sandwich and cfg.pre_norm else None
         self.drop = nn.Dropout(cfg.dropout)
         self.param_names = [name for name, _ in self.named_parameters()]
 
@@ -207,6 +208,8 @@ class Sublayer(nn.Module):
         else:
             branch_in, q_in = x, q_src
         branch = self.f(branch_in, q_src=q_in, rotary=rotary, kv=kv)
+        if self.out_norm is not None:
+            branch = self.out_norm(branch)
         if self.training and self.drop.p:  # otherwise the identity: no module call per visit
             branch = self.drop(branch)
         if self.pre_norm:

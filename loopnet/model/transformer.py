@@ -71,6 +71,7 @@ class LoopedTransformer(nn.Module):
         self.injection = make_injection(cfg.injection, cfg.d_model, cfg.bias)  # None for add / attention
         self.final_norm = make_norm(cfg, logit_multiplier(cfg))  # μP's logit multiplier d₀/d rides on its output
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.exit_gate = nn.Linear(cfg.d_model, 1) if cfg.exit_gate else None  # Ouro's learned exit
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.observer: VisitObserver | None = None
@@ -182,7 +183,7 @@ class LoopedTransformer(nn.Module):
         cross-entropy plus the z-loss c·mean((log Z)²) when c = `self.z_loss` > 0. Training in fp32 eager
         takes the loss through `LinearCrossEntropy` (the same numbers, fewer passes over the N×V
         logits), which returns the logits without grad: the loss carries the gradient."""
-        h = self.final_norm(x)
+        h = self.head_input(x)
         weight = self.lm_head.weight
         if (
             targets is not None
@@ -274,7 +275,7 @@ class LoopedTransformer(nn.Module):
                 elif every:  # FLT_res; LT_i injected at the round's start (`round_start`)
                     x = unit_rms(x + h)
             x = self._block(r, k, block, x, q_src, alpha, "loop", kv)
-        return x
+        return self.final_norm(x) if cfg.round_norm else x
 
     def round_start(self, r: int, e, x0, x, h):
         """Where round r starts: with a learned injection inj(x_end, x0) (x_end = 0 before round 1);
@@ -306,7 +307,7 @@ class LoopedTransformer(nn.Module):
     def loss_round_indices(self, rounds: int) -> range:
         """Rounds (1-based) whose logits enter the loss."""
         mode = self.config.loss_rounds
-        if mode == "all":
+        if mode in ("all", "expected"):
             return range(1, rounds + 1)
         if mode == "last_third":
             return range(rounds - max(1, math.ceil(rounds / 3)) + 1, rounds + 1)
@@ -366,6 +367,18 @@ class LoopedTransformer(nn.Module):
         logits, loss, self._head_z = head(self.finish(x, alpha, kv), targets)  # z: `forward` reads it for `z_term`
         return logits, loss
 
+    def head_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads of a final state x: final_norm(x), or x itself with `round_norm` (the round
+        ended in the final Norm)."""
+        return x if self.config.round_norm else self.final_norm(x)
+
+    def exit_lambda(self, x: torch.Tensor) -> torch.Tensor:
+        """λ = σ(gate(h)) [...] in fp32 of a round's state x (`exit_gate`, on what the head reads): the
+        probability of exiting at this round, given that no earlier round exited."""
+        if self.exit_gate is None:
+            raise ValueError("this model has no exit gate (LoopConfig.exit_gate); fix: choose another exit criterion")
+        return torch.sigmoid(self.exit_gate(self.head_input(x)).squeeze(-1).float())
+
     def finish(self, x: torch.Tensor, alpha: float | None = None, kv: KVCache | None = None) -> torch.Tensor:
         """The coda blocks on a loop state x (x itself without a coda), after the final Norm with `loop_norm`;
         `kv`: a cached generation's."""
@@ -388,6 +401,8 @@ class LoopedTransformer(nn.Module):
         weights at another round count (α, β stay those of the training N); `grad_rounds` and `alpha`:
         see `iter_rounds` (a training step with sampled rounds passes its draw)."""
         R = self.config.n_rounds if rounds is None else rounds
+        if self.config.loss_rounds == "expected":
+            return self._expected(idx, targets, R, grad_rounds, alpha)
         loss_rounds = self.loss_round_indices(R) if targets is not None else range(R, R + 1)
         losses, logits, z_terms = [], None, []
         for r, x in self.iter_rounds(idx, R, grad_rounds, alpha):
@@ -404,6 +419,30 @@ class LoopedTransformer(nn.Module):
             return logits, None
         # One loss round (the default): the loss itself, no stack and mean to run forward and back.
         return logits, losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+
+    def _expected(self, idx, targets, R: int, grad_rounds: int | None, alpha: float | None):
+        """(Σ_r p_r·logits_r, its loss or None): the logits of every round weighted by the exit gate's
+        distribution p_r = λ_r·∏_{j<r}(1 − λ_j), the last round taking the remainder (loss_rounds "expected")."""
+        expected, remaining, z_terms = None, None, []
+        for r, x in self.iter_rounds(idx, R, grad_rounds, alpha):
+            logits = self.lm_head(self.head_input(x))
+            if self.observer is not None and hasattr(self.observer, "on_logits"):
+                self.observer.on_logits(r, logits)
+            lam = self.exit_lambda(x)
+            remaining = torch.ones_like(lam) if remaining is None else remaining
+            p = remaining if r == R else lam * remaining
+            remaining = remaining * (1 - lam)
+            term = logits * p[..., None].to(logits.dtype)
+            expected = term if expected is None else expected + term
+        loss = None
+        if targets is not None:
+            loss = lm_loss(expected, targets)
+            if self.z_loss:
+                z = z_loss_term(expected, targets)
+                z_terms.append(z.detach())
+                loss = loss + self.z_loss * z
+        self.z_term = torch.stack(z_terms).mean() if z_terms else None
+        return expected, loss
 
     # ----------------------------------------------------------------------------- generate
     def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, **kwargs) -> Generation:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-EXITS = ("none", "kl", "latent", "entropy", "argmax")  # loopnet.model.exit's (kept torch-free here)
+EXITS = ("none", "kl", "latent", "entropy", "argmax", "gate")  # loopnet.model.exit's (kept torch-free here)
 
 
 @dataclass
@@ -123,9 +123,10 @@ class GenerateConfig:
         exit: Adaptive exit per token (`loopnet.model.exit`): "none", or stop a token's rounds once
             "kl" (KL between successive rounds' next-token distributions), "latent" (relative change
             of the state), "entropy" (change of the entropy) falls below `exit_threshold`, or once the
-            "argmax" has been stable for `exit_threshold` rounds.
+            "argmax" has been stable for `exit_threshold` rounds, or once the learned exit gate's cumulative
+            probability reaches it ("gate", a model with exit_gate: Ouro's).
         exit_threshold: The criterion's threshold (None: Huginn's default, kl 1e-3, latent 0.03,
-            entropy 1e-3, argmax 5).
+            entropy 1e-3, argmax 5; gate 0.5).
         max_rounds: Most rounds a token runs with an exit criterion (None: `rounds`, or the training R).
         compile: With the cache and no exit criterion, run each token's step as one `torch.compile` graph:
             a compile of seconds to tens of seconds for a faster token (docs/inference.md).
@@ -200,7 +201,7 @@ class FrontierConfig:
     `at_validation`): loss and mean rounds per token at each threshold (`loopnet.diagnostics.frontier`).
 
     Args:
-        exit: The criterion ("none" turns the frontier off): "kl", "latent", "entropy" or "argmax".
+        exit: The criterion ("none" turns the frontier off): "kl", "latent", "entropy", "argmax" or "gate".
         thresholds: The thresholds to measure, e.g. [0, 1e-4, 1e-3, 1e-2].
         max_rounds: Most rounds a token runs (None: the training R).
     """

@@ -51,6 +51,8 @@ RUN_NAME_FIELDS = {
     "qk_bias": "qk_bias",
     "embed_scale": "embed_scale",
     "loop_norm": "loop_norm",
+    "round_norm": "round_norm",
+    "exit_gate": "exit_gate",
     "norm_eps": "eps{}",
     "n_kv_heads": "kv{}",
 }

@@ -62,7 +62,7 @@ PARAMETRIZATIONS = [
     {"parametrization": "mup", "mup_base_width": 16},
     {"parametrization": "completep", "residual": "preln", "mup_base_width": 16, "completep_base_depth": 2},
 ]
-# the options of the imported and retrofitted architectures (Huginn's block, GPT-2's, Llama's)
+# the options of the imported and retrofitted architectures (Huginn's block, GPT-2's, Llama's, Ouro's)
 IMPORTED = [
     {
         "mlp": "swiglu",
@@ -82,6 +82,18 @@ IMPORTED = [
     },
     {"mlp": "gelu_tanh", "bias": True, "norm": "layernorm", "residual": "preln", "norm_eps": 1e-5},
     {"mlp": "swiglu", "n_kv_heads": 2, "positions": "rope", "residual": "preln"},
+    {  # Ouro's: a Norm on each branch output, the final Norm after every round, the exit gate's expected logits
+        "residual": "preln",
+        "sandwich": True,
+        "round_norm": True,
+        "exit_gate": True,
+        "loss_rounds": "expected",
+        "mlp": "swiglu",
+        "n_kv_heads": 2,
+        "positions": "rope",
+        "rope_base": 1e6,
+        "tie_embeddings": False,
+    },
 ]
 CASES = SCHEMES + WIRINGS + RECIPES + PARAMETRIZATIONS + IMPORTED
 
