@@ -88,7 +88,9 @@ def is_parcae(folder: Path) -> bool:
 
 
 def _refuse(source: str, what: str) -> ImportFormatError:
-    return ImportFormatError(f"{source}: {what}, which loopnet does not compute; fix: give a released Parcae checkpoint")
+    return ImportFormatError(
+        f"{source}: {what}, which loopnet does not compute; fix: give a released Parcae checkpoint"
+    )
 
 
 def _has_ve(i: int, n: int) -> bool:
@@ -109,8 +111,13 @@ def parcae_config(hf: dict, source: str = "config.json") -> LoopConfig:
     d, heads = hf["n_embd"], hf["num_attention_heads"]
     ffn = hf.get("intermediate_size") or 4 * d
     if hf.get("num_key_value_heads") not in (None, heads):
-        raise _refuse(source, f"num_key_value_heads={hf['num_key_value_heads']} (grouped-query attention outside the core)")
-    recurrent = (hf.get("recurrent_embedding_dimension", d), hf.get("recurrent_intermediation_embedding_dimension", ffn))
+        raise _refuse(
+            source, f"num_key_value_heads={hf['num_key_value_heads']} (grouped-query attention outside the core)"
+        )
+    recurrent = (
+        hf.get("recurrent_embedding_dimension", d),
+        hf.get("recurrent_intermediation_embedding_dimension", ffn),
+    )
     if recurrent != (d, ffn) or hf.get("recurrent_num_attention_heads") not in (None, heads):
         raise _refuse(source, f"a core of width {recurrent[0]} and FFN {recurrent[1]} beside n_embd {d}, FFN {ffn}")
     mlp = MLPS.get((hf.get("mlp_class_name", "BaseMLP"), hf.get("nonlin_name", "GELU")))
@@ -186,7 +193,9 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
                 tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             break
     else:
-        raise ImportFormatError(f"{folder}: none of {', '.join(WEIGHT_FILES)}; fix: give the model's folder as the hub serves it")
+        raise ImportFormatError(
+            f"{folder}: none of {', '.join(WEIGHT_FILES)}; fix: give the model's folder as the hub serves it"
+        )
     out = {}
     for key, value in tensors.items():
         for prefix in PREFIXES:

@@ -75,6 +75,7 @@ class LoopedTransformer(nn.Module):
         for u, block in enumerate([*self.prelude_blocks, *self.blocks, *self.coda_blocks]):
             if cfg.has_value_embed(u):
                 block.attn.f.add_value_embed(cfg.vocab_size, cfg.head_dim)
+                block.attn.param_names = [name for name, _ in block.attn.named_parameters()]  # per-visit views
         self.final_norm = make_norm(cfg, logit_multiplier(cfg))  # μP's logit multiplier d₀/d rides on its output
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
