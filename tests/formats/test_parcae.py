@@ -227,3 +227,59 @@ def test_import_command_writes_a_folder_that_computes_the_reference(tmp_path):
     opened = loopnet.load(out)
     assert torch.equal(opened.network.wte.weight, model.wte.weight)
     assert opened.tokenizer.decode(opened.tokenizer.encode("Hello there")) == "Hello there"
+
+
+def metrics(stdout: str) -> dict[str, float]:
+    """The `name │ value` rows of Lightning's test table."""
+    rows = (line.replace("│", " ").split() for line in stdout.splitlines() if "│" in line)
+    return {row[0]: float(row[1]) for row in rows if len(row) == 2 and row[0].startswith("test")}
+
+
+def test_an_imported_parcae_fine_tunes_and_tests_with_the_instruments(tmp_path):
+    """`loopnet fit` from the imported folder's model.yaml (Parcae's poisson_truncated draw, its tokenizer), then
+    `loopnet test` of the folder at other R' with the fixed-point profile and the exit frontier."""
+    out = tmp_path / "parcae"
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "loopnet", *args], capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False
+    )
+    assert run("import", str(FIXTURE), str(out)).returncode == 0
+    root = Path(__file__).resolve().parents[2] / "configs"
+    common = [
+        "--config",
+        str(root / "base.yaml"),
+        "--config",
+        str(root / "cpu.yaml"),
+        "--config",
+        str(out / "model.yaml"),
+    ]
+    common += ["--data.vocab", "tokenizer", "--data.tokenizer", str(out), "--data.batch_size", "2"]
+    common += ["--model.eval_rounds", "null", "--model.config.max_rounds", "8"]
+    fit = run(
+        "fit", *common, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--model.optim.lr", "1e-3"
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (ckpt,) = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
+    saved = torch.load(ckpt, weights_only=True)["state_dict"]
+    _, start, _ = out_folder.read_folder(out)
+    assert any(not torch.equal(saved[f"model.{k}"], v) for k, v in start.items() if "value_embed" in k)
+    test = run(
+        "test",
+        *common,
+        "--model.config.state_init",
+        "zero",
+        "--model.eval_rounds",
+        "[1, 8]",
+        "--model.extrapolate_rounds",
+        "8",
+        "--model.frontier.exit",
+        "kl",
+        "--model.frontier.thresholds",
+        "[0.0, 1e9]",
+        "--trainer.limit_test_batches",
+        "1",
+    )
+    assert test.returncode == 0, test.stderr[-3000:]
+    m = metrics(test.stdout)
+    assert m["test_fixed_point/loss/r04"] == pytest.approx(m["test/loss"], rel=1e-5)
+    assert m["test_fixed_point/loss/r08"] == pytest.approx(m["test/loss_r8"], rel=1e-5)
+    assert m["test/frontier/mean_rounds/t0"] == 4.0 and m["test/frontier/mean_rounds/t1"] == 1.0
