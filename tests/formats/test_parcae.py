@@ -31,7 +31,7 @@ def tolerance(cfg, rounds: int, reference: torch.Tensor) -> float:
     (N = P + K·R + C), the injections and the head sum dot products of length at most n = max(d, d_ff), whose
     worst-case rounding is n·2⁻²⁴ relative; the Norm in front of every branch and the contracting injection keep
     the errors adding rather than compounding; both sides round: 2·(2N + R + 2)·n·2⁻²⁴·max|logit|. Measured
-    differences are below 1e-6, some 10× under it; a wrong weight, pairing or norm placement moves the logits
+    differences are below 1e-6, some 300× under it; a wrong weight, pairing or norm placement moves the logits
     by O(0.1)."""
     terms = 2 * cfg.depth(rounds) + rounds + 2
     return 2 * terms * max(cfg.d_model, cfg.d_ff) * 2.0**-24 * reference.abs().max().item()
