@@ -28,33 +28,43 @@ def import_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="loopnet import",
         description=(
-            "Read a released looped LM (config.json with model_type huginn_raven (Huginn) or ouro (Ouro), "
-            "safetensors weights, tokenizer.json) and write it as a loopnet folder. Example: " + IMPORT_EXAMPLE
+            "Read a released looped LM (Huginn: config.json with model_type huginn_raven; Ouro: model_type ouro; "
+            "both with safetensors weights and tokenizer.json; Parcae: config.json with _class_name ParcaeConfig, "
+            "pytorch_model.bin or model.pt) and write it as a loopnet folder. Example: " + IMPORT_EXAMPLE
         ),
     )
     parser.add_argument("src", help="a local folder laid out as the hub serves the model, or hf://org/name[@revision]")
     parser.add_argument("out", help="the folder to write (must not exist, or be empty)")
     args = parser.parse_args(argv)
     from loopnet.formats import folder as out_folder
-    from loopnet.formats import huginn, ouro, source
+    from loopnet.formats import huginn, ouro, parcae, source
 
     with one_line_errors("loopnet import", (ValueError, FileNotFoundError, FileExistsError)):
         out_folder.check_out(Path(args.out))
         src = source.resolve(args.src)
         hf = source.read_json(src, "config.json")
         kind = hf.get("model_type")
+        tokenizer_dir = src
         readers = {huginn.MODEL_TYPE: huginn.read_huginn, ouro.MODEL_TYPE: ouro.read_ouro}
-        if kind not in readers:
+        if hf.get("_class_name") == parcae.CLASS_NAME:
+            config, state, meta = parcae.read_parcae(src)
+            if meta["tokenizer"] is None and args.src.startswith(source.HF_SCHEME):
+                tokenizer_dir = source.resolve(parcae.TOKENIZER_SRC)  # the hub keeps Parcae's tokenizer apart
+        elif kind in readers:
+            config, state, meta = readers[kind](src)
+        else:
             hint = "; a non-looped GPT-2 becomes a looped model with `loopnet retrofit`" if kind == "gpt2" else ""
-            raise ValueError(f"{args.src}: model_type {kind!r} is not one loopnet imports ({', '.join(readers)}){hint}")
-        config, state, meta = readers[kind](src)
+            raise ValueError(
+                f"{args.src}: model_type {kind!r} is not one loopnet imports ({', '.join(readers)}, or a Parcae "
+                f"config.json with _class_name ParcaeConfig){hint}"
+            )
         recorded = {k: meta[k] for k in ("early_exit_threshold", "special_tokens") if k in meta}
         written = out_folder.write_folder(
             args.out,
             config,
             state,
             {**_source(src, args.src), "format": meta["format"], "dtype": meta["dtype"], **recorded},
-            tokenizer_dir=src,
+            tokenizer_dir=tokenizer_dir,
         )
     n = sum(v.numel() for k, v in state.items() if k != "lm_head.weight" or not config.tie_embeddings)
     print(

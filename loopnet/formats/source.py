@@ -15,8 +15,9 @@ import torch
 
 HF_SCHEME = "hf://"
 INDEX = "model.safetensors.index.json"
-# What an import downloads: the weights, their index, the config and the tokenizer; never remote code.
-ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model"]
+# What an import downloads: the weights, their index, the config and the tokenizer; never remote code. Parcae's
+# weights are a plain torch state dict under one of two names.
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "pytorch_model.bin", "model.pt"]
 
 
 class ImportFormatError(ValueError):

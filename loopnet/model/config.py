@@ -25,7 +25,7 @@ LossRounds = Literal["last", "all", "last_third", "expected"]
 RoundSampling = Literal["fixed", "poisson_lognormal", "poisson_truncated"]
 ScalesDepth = Literal["mean", "sampled"]
 Parametrization = Literal["standard", "mup", "completep"]
-Mlp = Literal["gelu", "gelu_tanh", "swiglu"]
+Mlp = Literal["gelu", "gelu_tanh", "swiglu", "relu2"]
 StateInit = Literal["zero", "random"]
 
 assert get_args(Residual) == SCHEMES
@@ -69,7 +69,8 @@ class Architecture:
         bias: Biases in linear layers.
         mlp: The FFN: "gelu" (fc2(GELU(fc1 x)), erf GELU), "gelu_tanh" (GPT-2's tanh approximation of
             GELU) or "swiglu" (a gated MLP: fc1 maps d to 2·d_ff, [gate; up], and fc2(SiLU(gate)·up):
-            Huginn's GatedMLP, Llama's MLP with gate_proj and up_proj stacked).
+            Huginn's GatedMLP, Llama's MLP with gate_proj and up_proj stacked) or "relu2" (fc2(½·ReLU(fc1 x)²):
+            Parcae's BaseMLP with its ReLU2).
         ffn_width: The FFN's hidden width d_ff exactly (an imported model's intermediate_size); None:
             mlp_ratio·d_model.
         rope_base: Base θ of the rotary frequencies θ^(−2i/d_h) (Huginn: 50000, Llama: 10000 or its
@@ -131,6 +132,18 @@ class Architecture:
             with init="normal").
         qk_norm: RMSNorm (with a learned gain per channel of d_h) on every head's queries and keys, before
             the rotary embedding: bounds each attention logit by √d_h·max|g_q|·max|g_k| (Huginn, Parcae).
+        qk_norm_gain: qk_norm's learned gains. False: Parcae's (nanochat's) parameter-free qk-norm,
+            F.rms_norm at ε = the dtype's machine epsilon; each logit is then at most √d_h. (A rotation
+            keeps a head's RMS, so normalising before the rotary embedding equals Parcae's after.)
+        prelude_norm: A Norm (its own gains) on the prelude's output, so that the loop's input e is
+            normalised (Parcae's ln_prelude).
+        loop_proj: A learned d×d matrix on the loop's output before the coda (Parcae's C, the readout of
+            its dynamical system); initialised like every linear.
+        value_embeds: Value embeddings (nanochat's, which Parcae keeps): of the P + K + C stored blocks,
+            those whose index u (prelude, then core, then coda) has the parity of P + K + C − 1 own a
+            token embedding table VE of width n_kv_heads·d_h, added to the attention's values as
+            v ← v + 2·σ(W_g·x[:32])·VE(tokens), a gate per kv head from the first 32 channels of the
+            attention's input (so d_model ≥ 32). Every visit of a core block reads its table.
         parametrization: How init, multipliers and per-group learning rates scale with width and depth
             (`loopnet.model.parametrization`, docs/model.md): "standard"; "mup" (μP, Yang et al. 2022: hidden
             init std ∝ 1/√fan_in, hidden Adam lr and logit multiplier ×d₀/d, hidden weight decay ×d/d₀,
@@ -178,6 +191,10 @@ class Architecture:
     init: Optional[Init] = None
     init_std: float = 0.02
     qk_norm: bool = False
+    qk_norm_gain: bool = True
+    prelude_norm: bool = False
+    loop_proj: bool = False
+    value_embeds: bool = False
     parametrization: Parametrization = "standard"
     mup_base_width: Optional[int] = None
     completep_base_depth: Optional[int] = None
@@ -201,6 +218,10 @@ class Architecture:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    def has_value_embed(self, u: int) -> bool:
+        """Whether stored block u (0-based: prelude, then core, then coda) owns a value embedding (`value_embeds`)."""
+        return self.value_embeds and u % 2 == (self.n_prelude + self.n_blocks + self.n_coda - 1) % 2
 
     @property
     def kv_heads(self) -> int:
@@ -269,6 +290,8 @@ class RunSettings:
         scales_depth: The N of α and β with sampled rounds: "mean" (α, β of N at n_rounds: Parcae
             initialises from the expected depth) or "sampled" (α of each step's drawn N; β stays its
             initialisation at the mean N).
+        round_sigma: σ of poisson_lognormal's log-normal rate (Huginn's 0.5); μ = log(n_rounds) − σ²/2 keeps
+            its mean at n_rounds.
     """
 
     dropout: float = 0.0
@@ -281,6 +304,7 @@ class RunSettings:
     round_curriculum_steps: int = 0
     scales_depth: ScalesDepth = "mean"
     state_init: StateInit = "zero"
+    round_sigma: float = 0.5
 
 
 RUN_SETTINGS = frozenset(f.name for f in fields(RunSettings))  # the LoopConfig fields a checkpoint need not match
@@ -399,6 +423,13 @@ class LoopConfig(RunSettings, Architecture):
             raise ValueError(
                 f"LoopConfig.backprop_rounds={self.backprop_rounds} exceeds n_rounds={self.n_rounds}; "
                 f"fix: give at most n_rounds (every round then gets gradients)"
+            )
+        if self.round_sigma < 0:
+            raise ValueError(f"LoopConfig.round_sigma={self.round_sigma} must be >= 0; fix: give e.g. 0.5 (Huginn's)")
+        if self.value_embeds and self.d_model < 32:
+            raise ValueError(
+                f"LoopConfig.value_embeds gates from the first 32 channels, but d_model={self.d_model}; "
+                f"fix: give d_model >= 32 or value_embeds: false"
             )
         if self.n_coda and self.loss_rounds != "last":
             raise ValueError(

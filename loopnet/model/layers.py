@@ -22,7 +22,7 @@ class RMSNorm(nn.RMSNorm):
     out_scale = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = rms_norm(x, self.weight, self.eps)
+        y = rms_norm(x, self.weight, torch.finfo(x.dtype).eps if self.eps is None else self.eps)
         return y if self.out_scale == 1.0 else y * self.out_scale
 
 
@@ -115,13 +115,19 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         # qk-norm: each head's queries and keys RMS-normalised over d_h (own gains), so |q·k|/√d_h <= √d_h·|g_q|·|g_k|.
         hd = cfg.head_dim
-        self.q_norm = RMSNorm(hd, eps=1e-6, elementwise_affine=cfg.norm_affine) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(hd, eps=1e-6, elementwise_affine=cfg.norm_affine) if cfg.qk_norm else None
+        gain = cfg.norm_affine and cfg.qk_norm_gain  # without gains: Parcae's F.rms_norm at the dtype's epsilon
+        self.q_norm = RMSNorm(hd, eps=1e-6 if gain else None, elementwise_affine=gain) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, eps=1e-6 if gain else None, elementwise_affine=gain) if cfg.qk_norm else None
         # μP's attention logits q·k·√d_h₀/d_h: the queries times √(d₀/d), so that SDPA's 1/√d_h, the cache and
         # the probes' q·k/√d_h all see the scaled logits (1 under the standard parametrization).
         self.q_scale = query_scale(cfg)
         # Huginn's qk_bias: [query bias; key bias] per head, a bias of W_Q and W_K alone (W_V has none).
         self.qk_bias = nn.Parameter(torch.zeros(2, cfg.n_heads, 1, hd)) if cfg.qk_bias else None
+        # Value embedding (`LoopConfig.value_embeds`, given to this block by `value_embed`): a table of the tokens
+        # added to the values through a gate per kv head; `tokens` is set by the model's embed for the pass.
+        self.value_embed: nn.Embedding | None = None
+        self.value_gate: nn.Linear | None = None
+        self.tokens: torch.Tensor | None = None
         # Called with (q, k) when set: on diagnostics steps only (`Sublayer.observed`), since
         # scaled_dot_product_attention does not expose the logits q·k/√d_h that the probe measures.
         self.qk_hook = None
@@ -139,6 +145,10 @@ class Attention(nn.Module):
             w, b = self.qkv_proj.weight, self.qkv_proj.bias
             q = F.linear(q_src, w[:C], None if b is None else b[:C])
             k, v = F.linear(x, w[C:], None if b is None else b[C:]).split(sizes[1:], dim=2)
+        if self.value_embed is not None:
+            gate = 2 * torch.sigmoid(self.value_gate(x[..., : self.value_gate.in_features]))  # (B, T, kv heads)
+            ve = self.value_embed(self.tokens).view(B, T, self.n_kv_heads, -1)
+            v = v + (gate[..., None] * ve).flatten(2)
         q, k, v = split(q), split(k), split(v)
         if self.qk_bias is not None:
             q, k = q + self.qk_bias[0], k + self.qk_bias[1]
@@ -162,9 +172,15 @@ class Attention(nn.Module):
             )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
+    def add_value_embed(self, vocab_size: int, head_dim: int) -> None:
+        """Give this attention a value embedding: VE of width n_kv_heads·d_h and its gate W_g (32 → n_kv_heads)."""
+        self.value_embed = nn.Embedding(vocab_size, self.n_kv_heads * head_dim)
+        self.value_gate = nn.Linear(32, self.n_kv_heads, bias=False)
+
 
 class MLP(nn.Module):
-    """fc2(GELU(fc1 x)), or with `LoopConfig.mlp` "swiglu" fc2(SiLU(gate)·up), [gate; up] = fc1 x."""
+    """fc2(GELU(fc1 x)), or with `LoopConfig.mlp` "swiglu" fc2(SiLU(gate)·up), [gate; up] = fc1 x, or "relu2"
+    fc2(½·ReLU(fc1 x)²)."""
 
     def __init__(self, cfg: LoopConfig):
         super().__init__()
@@ -176,6 +192,8 @@ class MLP(nn.Module):
         if self.kind == "swiglu":
             gate, up = self.fc1(x).chunk(2, dim=-1)
             return self.fc2(F.silu(gate) * up)
+        if self.kind == "relu2":
+            return self.fc2(F.relu(self.fc1(x)).square() * 0.5)
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh" if self.kind == "gelu_tanh" else "none"))
 
 

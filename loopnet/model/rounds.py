@@ -4,7 +4,7 @@ With m = n_rounds the mean rounds and s = backprop_rounds (Huginn's mean backpro
 R rounds in all, of which the last k = min(s, R) get gradients (k = R when backprop_rounds is null):
 
     fixed               R = m (k from backprop_rounds or truncate_rounds)
-    poisson_lognormal   rate ~ LogNormal(μ, σ), σ = 0.5, μ = log(m) − σ²/2 (so E[rate] = m);
+    poisson_lognormal   rate ~ LogNormal(μ, σ), σ = round_sigma (0.5), μ = log(m) − σ²/2 (so E[rate] = m);
                         R = Poisson(rate) + 1         (Huginn's released `poisson-lognormal-filling`;
                         E[R] = m + 1, Var[R] = m + m²·(e^{σ²} − 1))
     poisson_truncated   R = max(Poisson(m), 1)        (Parcae's `poisson-truncated-full`)
@@ -28,8 +28,6 @@ import torch
 
 from .config import LoopConfig
 from .scales import residual_scales
-
-LOGNORMAL_SIGMA = 0.5  # Huginn's σ
 
 
 class RoundDraw(NamedTuple):
@@ -57,11 +55,11 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) % (2**63 - 1))
 
 
-def sample_rounds(rule: str, mean: float, generator: torch.Generator) -> int:
-    """One R from `rule` at mean `mean`, before the cap."""
+def sample_rounds(rule: str, mean: float, generator: torch.Generator, sigma: float = 0.5) -> int:
+    """One R from `rule` at mean `mean` (log-normal σ `sigma`: Huginn's 0.5), before the cap."""
     if rule == "poisson_lognormal":
-        mu = math.log(mean) - LOGNORMAL_SIGMA**2 / 2
-        rate = math.exp(mu + LOGNORMAL_SIGMA * torch.randn((), generator=generator).item())
+        mu = math.log(mean) - sigma**2 / 2
+        rate = math.exp(mu + sigma * torch.randn((), generator=generator).item())
         return int(torch.poisson(torch.tensor(rate, dtype=torch.float64), generator=generator).item()) + 1
     if rule == "poisson_truncated":
         return max(int(torch.poisson(torch.tensor(float(mean), dtype=torch.float64), generator=generator).item()), 1)
@@ -73,6 +71,6 @@ def draw_rounds(cfg: LoopConfig, step: int, seed: int | None = None) -> RoundDra
     if cfg.round_sampling == "fixed":
         return RoundDraw(cfg.n_rounds, cfg.grad_rounds(cfg.n_rounds), None)
     g = step_generator(run_seed() if seed is None else seed, step)
-    R = min(sample_rounds(cfg.round_sampling, mean_rounds(cfg, step), g), cfg.round_cap)
+    R = min(sample_rounds(cfg.round_sampling, mean_rounds(cfg, step), g, cfg.round_sigma), cfg.round_cap)
     alpha = residual_scales(cfg.residual, cfg.depth(R), cfg.p)[0] if cfg.scales_depth == "sampled" else None
     return RoundDraw(R, cfg.grad_rounds(R), alpha)

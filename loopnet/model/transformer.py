@@ -69,6 +69,13 @@ class LoopedTransformer(nn.Module):
         if cfg.n_coda:
             self.coda = nn.ModuleList(Block(cfg) for _ in range(cfg.n_coda))
         self.injection = make_injection(cfg.injection, cfg.d_model, cfg.bias)  # None for add / attention
+        # Parcae's ln_prelude on the loop's input, C on the loop's output, value embeddings in some blocks.
+        self.prelude_norm = make_norm(cfg) if cfg.prelude_norm else None
+        self.loop_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias) if cfg.loop_proj else None
+        for u, block in enumerate([*self.prelude_blocks, *self.blocks, *self.coda_blocks]):
+            if cfg.has_value_embed(u):
+                block.attn.f.add_value_embed(cfg.vocab_size, cfg.head_dim)
+                block.attn.param_names = [name for name, _ in block.attn.named_parameters()]  # per-visit views
         self.final_norm = make_norm(cfg, logit_multiplier(cfg))  # μP's logit multiplier d₀/d rides on its output
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.exit_gate = nn.Linear(cfg.d_model, 1) if cfg.exit_gate else None  # Ouro's learned exit
@@ -249,6 +256,10 @@ class LoopedTransformer(nn.Module):
                 f"shorten the input or train with a larger seq_len"
             )
         e = self.wte(idx)
+        if self.config.value_embeds:  # the tokens every visit's value embedding reads in this pass
+            for block in [*self.prelude_blocks, *self.blocks, *self.coda_blocks]:
+                if block.attn.f.value_embed is not None:
+                    block.attn.f.tokens = idx
         if self.config.embed_scale:
             e = e * math.sqrt(self.config.d_model)
         if self.wpe is not None:
@@ -256,7 +267,7 @@ class LoopedTransformer(nn.Module):
         e = self.drop(e)
         for p, block in enumerate(self.prelude_blocks, start=1):
             e = self._block(0, p, block, e, None, self.alpha if alpha is None else alpha, "prelude", kv)
-        return e
+        return e if self.prelude_norm is None else self.prelude_norm(e)
 
     def round(self, r: int, x, h, alpha: float, kv: KVCache | None = None):
         """Round r (1-based) of the loop: its K blocks from the round's start x (`round_start`), with
@@ -385,6 +396,8 @@ class LoopedTransformer(nn.Module):
         alpha = self.alpha if alpha is None else alpha
         if self.config.loop_norm:
             x = self.final_norm(x)
+        if self.loop_proj is not None:
+            x = self.loop_proj(x)
         for c, block in enumerate(self.coda_blocks, start=1):
             x = self._block(0, c, block, x, None, alpha, "coda", kv)
         return x

@@ -62,7 +62,7 @@ PARAMETRIZATIONS = [
     {"parametrization": "mup", "mup_base_width": 16},
     {"parametrization": "completep", "residual": "preln", "mup_base_width": 16, "completep_base_depth": 2},
 ]
-# the options of the imported and retrofitted architectures (Huginn's block, GPT-2's, Llama's, Ouro's)
+# the options of the imported and retrofitted architectures (Huginn's block, GPT-2's, Llama's, Ouro's, Parcae's)
 IMPORTED = [
     {
         "mlp": "swiglu",
@@ -93,6 +93,22 @@ IMPORTED = [
         "positions": "rope",
         "rope_base": 1e6,
         "tie_embeddings": False,
+    },
+    {  # Parcae's
+        "d_model": 32,
+        "n_heads": 4,
+        "mlp": "relu2",
+        "positions": "rope",
+        "residual": "preln",
+        "qk_norm": True,
+        "qk_norm_gain": False,
+        "prelude_norm": True,
+        "loop_proj": True,
+        "value_embeds": True,
+        "n_prelude": 2,
+        "n_coda": 1,
+        "wiring": "inject",
+        "injection": "diagonal",
     },
 ]
 CASES = SCHEMES + WIRINGS + RECIPES + PARAMETRIZATIONS + IMPORTED
