@@ -104,6 +104,7 @@ def jacobian_profile(
         progress(1, max_rounds)  # starting
     # Lightning's test loop runs in inference mode, whose tensors autograd cannot save: leave it for the jvp/vjp.
     with torch.inference_mode(False), torch.enable_grad():
+        idx = idx.clone()  # the ids too: a value embedding (`value_embeds`) saves them for backward
         for r in range(2, max_rounds + 1):
             sigmas.append(round_jacobian_norm(model, idx, states[r - 2], r, iters, generator))
             if progress is not None:
