@@ -3,6 +3,7 @@
 
 import glob
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,7 +155,8 @@ def test_cpu_overlay_composes(tmp_path):
     ],
 )
 def test_bad_input_fails_before_training(args, message, tmp_path):
-    proc = loopnet("fit", *TINY, *args, cwd=tmp_path, check=False)
+    res = loopnet_here("fit", *TINY, *args, cwd=tmp_path)  # in this process: the refusal, not the start-up, is tested
+    proc = subprocess.CompletedProcess(["loopnet", "fit"], res.code, res.out, res.err)
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.ckpt"))
