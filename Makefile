@@ -39,15 +39,17 @@ fit: $(STAMP)
 	 echo "loopnet is in $(VENV)/bin, not on your PATH: run '. $(abspath $(VENV))/bin/activate' (or 'export PATH=$(abspath $(VENV))/bin:\$$PATH') to type 'loopnet ...'"; \
 	 exit $$status
 
-# The lint and the format check first (seconds), then the suite. (In one process: two pytest-xdist workers took
-# longer on two cores, each fit's threads competing with the other worker's.)
+# The lint and the format check first (seconds), then the suite on two pytest-xdist workers, a test module per
+# worker (its module-scoped fits are made once), each with one intra-op thread so that the two do not compete
+# for the two cores.
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 test: $(TEST_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
 
 test-quick: $(TEST_STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # The CPU study that orders the schemes (docs/results/order/README.md): four sweeps, the
 # update-size probe and their reports, ~1-2 h on 2 cores. Rerunning skips the finished cells.

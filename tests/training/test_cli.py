@@ -1,7 +1,9 @@
-"""End to end through the real `loopnet` CLI, in subprocesses, on the embedded corpus."""
+"""End to end through the real `loopnet` CLI, in subprocesses, on the embedded corpus; the configs' parsing
+(`--print_config`) in this process, which spares an interpreter start-up per config."""
 
 import glob
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import run_command
+from tests.reliability.helpers import loopnet as loopnet_here
 
 pytestmark = pytest.mark.slow
 
@@ -111,34 +114,33 @@ def test_checkpoint_is_safe_to_load(fitted):
     assert ckpt["hyper_parameters"]["config"]["n_rounds"] == 3
 
 
+def printed_config(*args, cwd) -> str:
+    """`loopnet fit <args> --print_config` in this process: the config as LightningCLI reads it."""
+    res = loopnet_here("fit", *args, "--print_config", cwd=cwd)
+    assert res.code == 0, res.err[-5000:]
+    return res.out
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_config_parses(name, tmp_path):
-    out = loopnet("fit", "--config", str(ROOT / "configs" / name), "--print_config", cwd=tmp_path).stdout
+    out = printed_config("--config", str(ROOT / "configs" / name), cwd=tmp_path)
     assert "residual:" in out and "d_model: 768" in out
 
 
 def test_cpu_overlay_composes(tmp_path):
-    out = loopnet(
-        "fit",
-        "--config",
-        str(ROOT / "configs/flt_r6.yaml"),
-        "--config",
-        str(ROOT / "configs/cpu.yaml"),
-        "--print_config",
-        cwd=tmp_path,
-    ).stdout
+    out = printed_config(
+        "--config", str(ROOT / "configs/flt_r6.yaml"), "--config", str(ROOT / "configs/cpu.yaml"), cwd=tmp_path
+    )
     assert "wiring: flt" in out and "d_model: 128" in out and "accelerator: cpu" in out
-    out = loopnet(
-        "fit",
+    out = printed_config(
         "--config",
         str(ROOT / "configs/flt_r6.yaml"),
         "--config",
         str(ROOT / "configs/cpu.yaml"),
         "--config",
         str(ROOT / "configs/study_cpu.yaml"),
-        "--print_config",
         cwd=tmp_path,
-    ).stdout
+    )
     assert "wiring: flt" in out and "d_model: 64" in out and "vocab: compact" in out and "vocab_size: 19136" in out
 
 
@@ -153,7 +155,8 @@ def test_cpu_overlay_composes(tmp_path):
     ],
 )
 def test_bad_input_fails_before_training(args, message, tmp_path):
-    proc = loopnet("fit", *TINY, *args, cwd=tmp_path, check=False)
+    res = loopnet_here("fit", *TINY, *args, cwd=tmp_path)  # in this process: the refusal, not the start-up, is tested
+    proc = subprocess.CompletedProcess(["loopnet", "fit"], res.code, res.out, res.err)
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.ckpt"))
