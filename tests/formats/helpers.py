@@ -33,3 +33,10 @@ def save_checkpoint(model: LoopedTransformer, path: Path, **kwargs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(checkpoint_dict(model, **kwargs), path)
     return path
+
+
+def model_of(cfg, state, **changes) -> LoopedTransformer:
+    """An imported (config, state) as a model in eval mode, with `changes` to its config."""
+    model = LoopedTransformer(dataclasses.replace(cfg, **changes)).eval()
+    model.load_state_dict(state)
+    return model

@@ -2,7 +2,6 @@
 written by scripts/fixtures/huginn.py from the reference itself), and a folder that does not match its
 config is refused in one line."""
 
-import dataclasses
 import json
 import math
 import shutil
@@ -18,7 +17,7 @@ import loopnet
 from loopnet.formats import folder as out_folder
 from loopnet.formats.huginn import read_huginn
 from loopnet.formats.source import ImportFormatError, read_weights, resolve
-from loopnet.model.transformer import LoopedTransformer
+from tests.formats.helpers import model_of
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "huginn"
 GOLDEN = load_file(FIXTURE / "golden.safetensors")
@@ -35,12 +34,6 @@ def tolerance(cfg, rounds: int, reference: torch.Tensor) -> float:
     weight, pairing or norm placement moves the logits by O(1)."""
     visits = 2 * cfg.depth(rounds) + 1
     return 2 * visits * max(cfg.d_model, cfg.d_ff) * 2.0**-24 * reference.abs().max().item()
-
-
-def model_of(cfg, state, **changes):
-    model = LoopedTransformer(dataclasses.replace(cfg, **changes)).eval()
-    model.load_state_dict(state)
-    return model
 
 
 @pytest.fixture(scope="module")

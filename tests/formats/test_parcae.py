@@ -2,7 +2,6 @@
 written by scripts/fixtures/parcae.py from the reference itself), a folder that does not match its config is
 refused in one line, and the per-visit instruments see the imported model."""
 
-import dataclasses
 import json
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import loopnet
 from loopnet.formats import folder as out_folder
 from loopnet.formats.parcae import read_parcae, read_tensors
 from loopnet.formats.source import ImportFormatError
-from loopnet.model.transformer import LoopedTransformer
+from tests.formats.helpers import model_of
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "parcae"
 GOLDEN = load_file(FIXTURE / "golden.safetensors")
@@ -35,12 +34,6 @@ def tolerance(cfg, rounds: int, reference: torch.Tensor) -> float:
     by O(0.1)."""
     terms = 2 * cfg.depth(rounds) + rounds + 2
     return 2 * terms * max(cfg.d_model, cfg.d_ff) * 2.0**-24 * reference.abs().max().item()
-
-
-def model_of(cfg, state, **changes):
-    model = LoopedTransformer(dataclasses.replace(cfg, **changes)).eval()
-    model.load_state_dict(state)
-    return model
 
 
 @pytest.fixture(scope="module")
