@@ -41,8 +41,8 @@ fit: $(STAMP)
 
 # The lint and the format check first (seconds), then the suite on two pytest-xdist workers, a test module per
 # worker (its module-scoped fits are made once), each with one intra-op thread so that the two do not compete
-# for the two cores.
-PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+# for the two cores; the modules in the order tests/conftest.py gives (the slow ones first).
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 test: $(TEST_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
