@@ -292,6 +292,10 @@ class RunSettings:
             initialisation at the mean N).
         round_sigma: σ of poisson_lognormal's log-normal rate (Huginn's 0.5); μ = log(n_rounds) − σ²/2 keeps
             its mean at n_rounds.
+        exit_kl: With loss_rounds "expected", the coefficient β of the exit distribution's KL to the uniform
+            prior over the R rounds run, KL(p ‖ U_R) = Σ_r p_r·log p_r + log R averaged over tokens, added to
+            the training loss (Ouro's prior over exit steps; β·KL = β·(log R − H(p)), so it rewards spread
+            exits); 0: none. Logged as train/exit_kl.
     """
 
     dropout: float = 0.0
@@ -305,6 +309,7 @@ class RunSettings:
     scales_depth: ScalesDepth = "mean"
     state_init: StateInit = "zero"
     round_sigma: float = 0.5
+    exit_kl: float = 0.0
 
 
 RUN_SETTINGS = frozenset(f.name for f in fields(RunSettings))  # the LoopConfig fields a checkpoint need not match
@@ -447,6 +452,12 @@ class LoopConfig(RunSettings, Architecture):
             raise ValueError(
                 "LoopConfig.round_norm ends every round in the final Norm that the head reads; it needs n_coda 0, "
                 "loop_norm false and parametrization standard; fix: drop round_norm or those settings"
+            )
+        if self.exit_kl < 0 or (self.exit_kl and self.loss_rounds != "expected"):
+            raise ValueError(
+                f"LoopConfig.exit_kl={self.exit_kl} is the coefficient of the exit distribution's KL to the uniform "
+                f"prior with loss_rounds 'expected' (got {self.loss_rounds!r}); fix: give exit_kl >= 0 with "
+                "loss_rounds: expected, or exit_kl: 0"
             )
         if self.loss_rounds == "expected" and not self.exit_gate:
             raise ValueError(

@@ -87,6 +87,7 @@ class LoopedTransformer(nn.Module):
         self.z_loss = 0.0
         self.z_term: torch.Tensor | None = None
         self._head_z: torch.Tensor | None = None  # the last head evaluation's mean (log Z)², with z-loss on
+        self.exit_kl_term: torch.Tensor | None = None  # KL(p ‖ U_R) of the last expected loss, with exit_kl on
         self._compiled_head = None
         # Counted once, whole: under FSDP the parameters are later shards (flops_per_token reads these).
         self._block_numel = sum(p.numel() for p in self.blocks[0].parameters())
@@ -435,8 +436,10 @@ class LoopedTransformer(nn.Module):
 
     def _expected(self, idx, targets, R: int, grad_rounds: int | None, alpha: float | None):
         """(Σ_r p_r·logits_r, its loss or None): the logits of every round weighted by the exit gate's
-        distribution p_r = λ_r·∏_{j<r}(1 − λ_j), the last round taking the remainder (loss_rounds "expected")."""
-        expected, remaining, z_terms = None, None, []
+        distribution p_r = λ_r·∏_{j<r}(1 − λ_j), the last round taking the remainder (loss_rounds "expected").
+        With targets and `exit_kl` = β > 0 the loss adds β·mean over tokens of KL(p ‖ U_R) = Σ_r p_r·log p_r +
+        log R (Ouro's uniform prior over exit steps); `exit_kl_term` then holds that KL (detached)."""
+        expected, remaining, z_terms, probs = None, None, [], []
         for r, x in self.iter_rounds(idx, R, grad_rounds, alpha):
             logits = self.lm_head(self.head_input(x))
             if self.observer is not None and hasattr(self.observer, "on_logits"):
@@ -445,15 +448,21 @@ class LoopedTransformer(nn.Module):
             remaining = torch.ones_like(lam) if remaining is None else remaining
             p = remaining if r == R else lam * remaining
             remaining = remaining * (1 - lam)
+            probs.append(p)
             term = logits * p[..., None].to(logits.dtype)
             expected = term if expected is None else expected + term
-        loss = None
+        loss, self.exit_kl_term = None, None
         if targets is not None:
             loss = lm_loss(expected, targets)
             if self.z_loss:
                 z = z_loss_term(expected, targets)
                 z_terms.append(z.detach())
                 loss = loss + self.z_loss * z
+            if self.config.exit_kl:
+                p = torch.stack(probs, dim=-1)  # [B, T, R], fp32 (exit_lambda's)
+                kl = (torch.xlogy(p, p).sum(-1) + math.log(R)).mean()  # xlogy: 0·log 0 = 0
+                self.exit_kl_term = kl.detach()
+                loss = loss + self.config.exit_kl * kl
         self.z_term = torch.stack(z_terms).mean() if z_terms else None
         return expected, loss
 

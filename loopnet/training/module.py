@@ -254,6 +254,8 @@ class LoopedLM(L.LightningModule):
             self.log("train/rounds", float(draw.rounds))
         if self.model.z_term is not None:
             self.log("train/z_loss", self.optim.z_loss * self.model.z_term)  # the term added to the loss
+        if self.model.exit_kl_term is not None:
+            self.log("train/exit_kl", self.model.exit_kl_term)  # KL(p ‖ U_R), before its coefficient
         if hasattr(self.model.injection, "decay_stats"):  # Parcae's names for the diagonal injection's decay
             for name, value in self.model.injection.decay_stats().items():
                 self.log(f"injection/{name}", value)

@@ -33,6 +33,7 @@ def test_the_fields_are_the_architecture_and_the_run_settings_each_once():
             "scales_depth",
             "state_init",
             "round_sigma",
+            "exit_kl",
         }
     )
 
