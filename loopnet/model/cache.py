@@ -25,7 +25,9 @@ import torch.nn.functional as F
 
 
 class KVCache:
-    """Keys and values [B, H, capacity, d_h] per attention visit, allocated at the first write."""
+    """Keys and values [B, H_kv, capacity, d_h] per attention visit, allocated at the first write. Under
+    grouped-query attention H_kv = n_kv_heads < n_heads: the cache keeps the shared heads once, and query head h
+    reads K/V head h // (n_heads / n_kv_heads) (`enable_gqa`)."""
 
     def __init__(self, batch: int, capacity: int, device: torch.device | str, static: bool = False):
         self.capacity, self.static = capacity, static
@@ -62,34 +64,40 @@ class KVCache:
         return self.store[key]
 
     def attend(self, key: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Write this call's k, v [B, H, T, d_h] at their positions under `key`, then causal attention
-        of the queries q over every cached position up to each query's own."""
+        """Write this call's k, v [B, H_kv, T, d_h] at their positions under `key`, then causal attention
+        of the queries q [B, H, T, d_h] over every cached position up to each query's own."""
         K, V = self._slot(key, k)
         pos = self.positions
+        gqa = q.size(1) != K.size(1)
         if self.static:  # fixed shapes: unfilled positions (zeros) lie past every query's own and are masked
             index = pos[:, None, :, None].expand(-1, K.size(1), -1, K.size(3))
             K.scatter_(2, index, k)
             V.scatter_(2, index, v)
             mask = self.span[None, None, :] <= pos[:, :, None]  # [B, T, capacity]
             if q.size(2) > 1:  # a prefill
-                return F.scaled_dot_product_attention(q, K, V, attn_mask=mask[:, None])
+                return F.scaled_dot_product_attention(q, K, V, attn_mask=mask[:, None], enable_gqa=gqa)
             # One query (a decode step): softmax(q·Kᵀ/√d_h)·V as products and sums, which inductor fuses with
             # the step's other work into one kernel (SDPA would be an opaque call per visit, ~25 µs on CPU).
-            scores = (q * K).sum(-1)[:, :, None] * q.size(-1) ** -0.5  # [B, H, 1, capacity]
-            p = scores.masked_fill(~mask[:, None], float("-inf")).softmax(-1)
-            return (p.transpose(2, 3) * V).sum(2, keepdim=True)
+            # The query heads as [B, H_kv, group, d_h]: each group reads its K/V head.
+            B, H, _, D = q.shape
+            qg = q.view(B, K.size(1), H // K.size(1), 1, D)
+            scores = (qg * K[:, :, None]).sum(-1) * D**-0.5  # [B, H_kv, group, capacity]
+            p = scores.masked_fill(~mask[:, None, None, 0], float("-inf")).softmax(-1)
+            return (p[..., None] * V[:, :, None]).sum(3).view(B, H, 1, D)
         if self.shared is not None:
             p = self.shared
             K[:, :, p], V[:, :, p] = k[:, :, 0], v[:, :, 0]
-            return F.scaled_dot_product_attention(q, K[:, :, : p + 1], V[:, :, : p + 1])
+            return F.scaled_dot_product_attention(q, K[:, :, : p + 1], V[:, :, : p + 1], enable_gqa=gqa)
         rows = torch.arange(pos.size(0), device=pos.device)[:, None].expand_as(pos)
         K[rows, :, pos] = k.transpose(1, 2)  # advanced indices first: [B, T, H, d_h]
         V[rows, :, pos] = v.transpose(1, 2)
         if not bool(self.lengths.any()):  # first call over empty cache: plain causal attention
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         span = int(pos.max()) + 1
         mask = torch.arange(span, device=pos.device)[None, None, :] <= pos[:, :, None]  # [B, T, span]
-        return F.scaled_dot_product_attention(q, K[:, :, :span], V[:, :, :span], attn_mask=mask[:, None])
+        return F.scaled_dot_product_attention(
+            q, K[:, :, :span], V[:, :, :span], attn_mask=mask[:, None], enable_gqa=gqa
+        )
 
     def fill_later_rounds(self, exit_round: torch.Tensor, rounds: int, n_blocks: int, positions: torch.Tensor) -> None:
         """The exit rule: sequence b's token at `positions[b]` stopped after round `exit_round[b]`; its

@@ -159,18 +159,25 @@ class Attention(nn.Module):
             q, k = rotary(q, positions), rotary(k, positions)
         if self.q_scale != 1.0:
             q = q * self.q_scale
-        if self.n_kv_heads != self.n_heads:  # grouped-query attention: query head h reads K/V head h // group
-            group = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        if self.qk_hook is not None:
-            self.qk_hook(q, k)
-        if kv is not None:
+        if kv is not None:  # the cache keeps the n_kv_heads heads; its attention reads them grouped
+            if self.qk_hook is not None:
+                self.qk_hook(q, self.grouped(k))
             y = kv.attend(q, k, v)
         else:
+            k, v = self.grouped(k), self.grouped(v)
+            if self.qk_hook is not None:
+                self.qk_hook(q, k)
             y = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
             )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
+
+    def grouped(self, t: torch.Tensor) -> torch.Tensor:
+        """Keys or values [B, n_kv_heads, T, d_h] as n_heads heads: grouped-query attention's query head h reads
+        K/V head h // group."""
+        if self.n_kv_heads == self.n_heads:
+            return t
+        return t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
 
     def add_value_embed(self, vocab_size: int, head_dim: int) -> None:
         """Give this attention a value embedding: VE of width n_kv_heads·d_h and its gate W_g (32 → n_kv_heads)."""

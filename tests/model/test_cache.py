@@ -90,6 +90,8 @@ def test_cached_logits_equal_the_full_forward_at_every_position(wiring, position
         + [("prelude", p) for p in range(1, cfg.n_prelude + 1)]
         + [("coda", c) for c in range(1, cfg.n_coda + 1)]
     )
+    # grouped-query attention caches each shared K/V head once: [B, n_kv_heads, capacity, d_h]
+    assert {K.shape for K, _ in kv.store.values()} == {(2, cfg.kv_heads, 16, cfg.head_dim)}
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope"])
