@@ -1,7 +1,7 @@
 """loopnet's Python API: open a trained looped Transformer in a few lines, generate text at any R′, and read
 its per-visit and per-round quantities for a text. Documented with runnable examples in docs/python.md.
 
-    model = loopnet.load("runs/<run name>")          # a .ckpt, a run or version folder, an exported folder
+    model = loopnet.load("runs/<run name>")          # a .ckpt, a run or version folder, a model folder
     model.generate("ROMEO:", 40, rounds=12, exit="kl").text
     print(model.visits("To be, or not to be"))       # one row per visit (round r, block k, sublayer)
     print(model.fixed_point("To be, or not to be"))  # one row per round: loss, latent change, KL, σ_max
@@ -240,10 +240,11 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
 
     `path`: a checkpoint file written by `loopnet fit` (``.ckpt``); a run folder (``runs/<run name>``: the
     newest ``last*.ckpt`` of its one version with checkpoints), a version folder or a ``checkpoints/``
-    folder (its newest ``last*.ckpt``); a folder written by `loopnet export` (``config.json`` and
-    ``model.safetensors``); or one written by `loopnet import` or `loopnet retrofit` (with the source's tokenizer). Checkpoints are read with torch's restricted (weights_only) unpickler and
-    exported folders without unpickling; the weights are used as read (no copy) when `device` and `dtype`
-    are theirs. A sharded (FSDP) checkpoint folder is refused with the command that consolidates it."""
+    folder (its newest ``last*.ckpt``); or a model folder written by `loopnet export`, `loopnet import` or
+    `loopnet retrofit` (``config.json`` and ``model.safetensors``; an imported model with the source's own
+    tokenizer). Checkpoints are read with torch's restricted (weights_only) unpickler and model folders without
+    unpickling; the weights are used as read (no copy) when `device` and `dtype` are theirs. A sharded (FSDP)
+    checkpoint folder is refused with the command that consolidates it."""
     from loopnet.checkpoints import is_sharded_checkpoint, load_checkpoint_meta, model_weights
 
     where = Path(path).expanduser()
@@ -257,15 +258,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     if not where.exists():
         raise FileNotFoundError(
             f"{where} does not exist; fix: give a .ckpt file, a run folder (runs/<run name>) "
-            f"or a folder written by loopnet export"
+            f"or a folder written by loopnet export or import"
         )
-    if is_imported(where):  # `loopnet import` / `retrofit`: the source's weights and its own tokenizer.json
-        from loopnet.data.vocabulary import TokenizerVocab
-        from loopnet.formats.folder import read_folder
-
-        config, weights, _ = read_folder(where)
-        return Model(build_network(config, weights, device, dtype), TokenizerVocab(str(where)))
-    if is_exported(where):
+    if is_exported(where):  # `loopnet export`, `import` or `retrofit`
         config, weights, meta = _read_exported(where)
         tokenizer = _tokenizer(meta.get("vocab", "gpt2"), meta.get("data"), meta.get("vocab_ids"), where)
         return Model(build_network(config, weights, device, dtype), tokenizer)
@@ -277,18 +272,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.d
     return Model(build_network(config, weights, device, dtype), tokenizer)
 
 
-def is_imported(folder: Path) -> bool:
-    """A folder written by `loopnet import` or `loopnet retrofit`: config.json of format "loopnet"."""
-    import json
-
-    try:
-        return json.loads((folder / "config.json").read_text()).get("format") == "loopnet"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def is_exported(folder: Path) -> bool:
-    """A folder written by `loopnet export`: config.json beside model.safetensors (or its shards' index)."""
+    """A model folder written by `loopnet export`, `import` or `retrofit`: config.json beside model.safetensors
+    (or its shards' index)."""
     return (folder / "config.json").is_file() and any((folder / name).is_file() for name in EXPORTED_WEIGHTS)
 
 
@@ -325,7 +311,7 @@ def _folder_checkpoint(folder: Path) -> Path:
         raise ValueError(
             f"{folder} is not a loopnet checkpoint, run folder or exported folder (no last*.ckpt in it, "
             f"its checkpoints/ or version_*/checkpoints/, and no config.json + model.safetensors); fix: "
-            f"give a .ckpt file{hint}, a run folder, or a folder written by loopnet export"
+            f"give a .ckpt file{hint}, a run folder, or a folder written by loopnet export or import"
         )
     return found
 
@@ -339,13 +325,16 @@ def _read_exported(folder: Path) -> tuple[LoopConfig, dict[str, torch.Tensor], d
 
 
 def _tokenizer(vocab: str, data: dict | None, ids, where: Path) -> Vocabulary:
-    """The vocabulary a run trained with: GPT-2's or bytes by name; a compact one from its GPT-2 `ids` when
-    given, else rebuilt from the corpus that the run's data settings `data` name (as `loopnet predict` does)."""
+    """The vocabulary a run trained with: GPT-2's or bytes by name; a tokenizer.json's (`data.tokenizer`, else the
+    folder `where`); a compact one from its GPT-2 `ids` when given, else rebuilt from the corpus that the run's
+    data settings `data` name (as `loopnet predict` does)."""
     if vocab not in VOCABULARIES:
         raise ValueError(
             f"{where} names data.vocab {vocab!r}, which this loopnet does not know "
             f"({', '.join(VOCABULARIES)}); fix: load it with the loopnet that trained it"
         )
+    if vocab == "tokenizer":  # a tokenizer.json: an imported folder's own, or the one the run's data.tokenizer names
+        return VOCABULARIES[vocab](str((data or {}).get("tokenizer") or where))
     if not VOCABULARIES[vocab].reads_corpus:
         return VOCABULARIES[vocab]()
     if ids is not None:

@@ -98,7 +98,7 @@ def build_network(config, weights: dict, device="cpu", dtype=None):
     become the parameters themselves (`assign`): tensors read from disk by memory-mapping (a .ckpt read with
     mmap, safetensors files) are not copied unless the device or dtype asks for it, and then each is converted
     once, so that no two full copies of the weights are ever held. The one builder of `loopnet.load`,
-    `loopnet eval`, `loopnet export` and the imported folders' `load_model`."""
+    `loopnet eval`, `loopnet export` and a model folder's `load_model`."""
     import torch
 
     from loopnet.model import LoopConfig, LoopedTransformer

@@ -1,6 +1,6 @@
-"""The format commands: `loopnet export CKPT OUT` writes a checkpoint's model in the Hugging Face layout
-(`loopnet.formats.hf`); `loopnet import SRC OUT` and `loopnet retrofit SRC OUT` write a model another library
-wrote as a loopnet folder (`loopnet.formats.folder`), SRC a local folder or `hf://org/name[@revision]`.
+"""The format commands: `loopnet export CKPT OUT` writes a checkpoint's model, `loopnet import SRC OUT` and
+`loopnet retrofit SRC OUT` a model another library wrote (SRC a local folder or `hf://org/name[@revision]`), each
+as loopnet's model folder in the Hugging Face layout, through its one writer (`loopnet.formats.hf.write_model`).
 
     loopnet export runs/<run>/version_0/checkpoints/last.ckpt exported/ [--dtype bfloat16] [--overwrite]
 """
@@ -17,7 +17,8 @@ IMPORT_EXAMPLE = "loopnet import hf://tomg-group-umd/huginn-0125@<commit> models
 
 
 def _source(folder: Path, src: str) -> dict:
-    """What the written folder records of its source: the argument, and the hub commit when downloaded."""
+    """What the written folder records of its source (config.json's `loopnet_export.source`, with what the reader
+    adds): the argument, and the hub commit when downloaded."""
     source = {"src": src}
     if src.startswith("hf://") and folder.parent.name == "snapshots":
         source["commit"] = folder.name  # the cache's snapshot folder is named by the resolved commit
@@ -30,23 +31,23 @@ def import_main(argv: list[str]) -> None:
         description=(
             "Read a released looped LM (Huginn: config.json with model_type huginn_raven; Ouro: model_type ouro; "
             "both with safetensors weights and tokenizer.json; Parcae: config.json with _class_name ParcaeConfig, "
-            "pytorch_model.bin or model.pt) and write it as a loopnet folder. Example: " + IMPORT_EXAMPLE
+            "pytorch_model.bin or model.pt) and write it as a loopnet model folder (the layout of loopnet export). "
+            "Example: " + IMPORT_EXAMPLE
         ),
     )
     parser.add_argument("src", help="a local folder laid out as the hub serves the model, or hf://org/name[@revision]")
     parser.add_argument("out", help="the folder to write (must not exist, or be empty)")
     args = parser.parse_args(argv)
-    from loopnet.formats import folder as out_folder
-    from loopnet.formats import huginn, ouro, parcae, source
+    from loopnet.formats import hf, huginn, ouro, parcae, source
 
-    with one_line_errors("loopnet import", (ValueError, FileNotFoundError, FileExistsError)):
-        out_folder.check_out(Path(args.out))
+    with one_line_errors("loopnet import", (ValueError, FileNotFoundError)):
+        hf.check_destination(Path(args.out))
         src = source.resolve(args.src)
-        hf = source.read_json(src, "config.json")
-        kind = hf.get("model_type")
+        src_config = source.read_json(src, "config.json")
+        kind = src_config.get("model_type")
         tokenizer_dir = src
         readers = {huginn.MODEL_TYPE: huginn.read_huginn, ouro.MODEL_TYPE: ouro.read_ouro}
-        if hf.get("_class_name") == parcae.CLASS_NAME:
+        if src_config.get("_class_name") == parcae.CLASS_NAME:
             config, state, meta = parcae.read_parcae(src)
             if meta["tokenizer"] is None and args.src.startswith(source.HF_SCHEME):
                 tokenizer_dir = source.resolve(parcae.TOKENIZER_SRC)  # the hub keeps Parcae's tokenizer apart
@@ -59,13 +60,8 @@ def import_main(argv: list[str]) -> None:
                 f"config.json with _class_name ParcaeConfig){hint}"
             )
         recorded = {k: meta[k] for k in ("early_exit_threshold", "special_tokens") if k in meta}
-        written = out_folder.write_folder(
-            args.out,
-            config,
-            state,
-            {**_source(src, args.src), "format": meta["format"], "dtype": meta["dtype"], **recorded},
-            tokenizer_dir=tokenizer_dir,
-        )
+        record = {"source": {**_source(src, args.src), "format": meta["format"], "dtype": meta["dtype"], **recorded}}
+        written = hf.write_model(args.out, config, state, record, tokenizer_dir=tokenizer_dir, fit_settings=True)
     n = sum(v.numel() for k, v in state.items() if k != "lm_head.weight" or not config.tie_embeddings)
     print(
         f"wrote {written}: {meta['format']} as loopnet, {n:,} parameters ({meta['dtype']}), "
@@ -103,19 +99,17 @@ def retrofit_main(argv: list[str]) -> None:
         help="every layer in the loop at R = 1, without injection: the original model exactly",
     )
     args = parser.parse_args(argv)
-    from loopnet.formats import folder as out_folder
-    from loopnet.formats import retrofit, source
+    from loopnet.formats import hf, retrofit, source
 
-    with one_line_errors("loopnet retrofit", (ValueError, FileNotFoundError, FileExistsError)):
-        out_folder.check_out(Path(args.out))
+    with one_line_errors("loopnet retrofit", (ValueError, FileNotFoundError)):
+        hf.check_destination(Path(args.out))
         src = source.resolve(args.src)
         config, state, split = retrofit.retrofit(
             src, prelude=args.prelude, core=args.core, coda=args.coda, rounds=args.rounds, plain=args.plain
         )
         family = source.read_json(src, "config.json").get("model_type")
-        written = out_folder.write_folder(
-            args.out, config, state, {**_source(src, args.src), "format": family, "layers": split}, tokenizer_dir=src
-        )
+        record = {"source": {**_source(src, args.src), "format": family, "layers": split}}
+        written = hf.write_model(args.out, config, state, record, tokenizer_dir=src, fit_settings=True)
     print(
         f"wrote {written}: prelude layers {split['prelude']}, core {split['core']} (R={config.n_rounds}), "
         f"coda {split['coda']}"

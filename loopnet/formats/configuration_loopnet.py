@@ -14,9 +14,9 @@ class LoopnetConfig(PretrainedConfig):
     """A loopnet `LoopConfig` as a transformers config.
 
     Besides the `LoopConfig` fields: `loopnet_vocab` names the vocabulary the model was trained on
-    ("gpt2": GPT-2's BPE ids; "bytes": UTF-8 bytes, 256 = end-of-text), `loopnet_n_vocab` is its id
-    count (the logits cover these ids, not the padding of `vocab_size`, as loopnet's evaluation and
-    generation do; None: all), and `tie_word_embeddings` mirrors `tie_embeddings` (transformers ties
+    ("gpt2": GPT-2's BPE ids; "bytes": UTF-8 bytes, 256 = end-of-text; "tokenizer": the folder's own
+    tokenizer files, an imported model's), `loopnet_n_vocab` is its id count (the logits cover these ids,
+    not the padding of `vocab_size`, as loopnet's evaluation and generation do; None: all), and `tie_word_embeddings` mirrors `tie_embeddings` (transformers ties
     the head to the embedding by it)."""
 
     model_type = "loopnet"

@@ -1,18 +1,32 @@
-"""The Hugging Face layout: `loopnet export CKPT OUT` writes a checkpoint's model into it, `read_exported`
-reads one back (memory-mapped, never unpickled).
+"""loopnet's model folder, in the Hugging Face layout: `write_model` is its one writer (`loopnet export CKPT OUT`
+writes a checkpoint's model through it, `loopnet import` and `loopnet retrofit` another library's model) and
+`read_exported` its one reader (memory-mapped, never unpickled).
 
     OUT/
       model.safetensors                 weights (model-0000i-of-0000n.safetensors + model.safetensors.index.json
                                         past `max_shard_size`), keys of `LoopnetForCausalLM`: "model." + loopnet's
-      config.json                       model_type loopnet, auto_map, every LoopConfig field, dtype, loopnet_vocab
+      config.json                       model_type loopnet, auto_map, every LoopConfig field, dtype, loopnet_vocab,
+                                        loopnet_export: where the weights came from (below)
       generation_config.json
       configuration_loopnet.py          the transformers config (`loopnet.formats.configuration_loopnet`)
       modeling_loopnet.py               loopnet.model's modules in one file, and the transformers wrapper
-      tokenizer.json, tokenizer_config.json, ...   GPT-2's BPE, or the byte vocabulary
+      tokenizer.json, tokenizer_config.json, ...   GPT-2's BPE or the byte vocabulary (export); the source's own
+                                        files, copied (import, retrofit: loopnet_vocab "tokenizer")
       README.md                         the model card
+      model.yaml                        import and retrofit only: the `model:` settings of a fit that starts
+                                        from the folder (`--config OUT/model.yaml`)
 
-Light to import: torch, safetensors and transformers load inside the functions that use them; reading an
-exported folder needs no transformers.
+config.json's `loopnet_export` is the one record of provenance: "parameters", and from a checkpoint (export)
+"checkpoint", "global_step", "epoch", "data"; from another library's folder (import, retrofit) "source": "src"
+(the argument), "commit" (an hf:// source's resolved commit), "format" and what the importer read ("dtype",
+"layers", "special_tokens", ...). `read_exported` returns it as the metadata.
+
+A folder that `loopnet import` or `retrofit` wrote in the layout they used before this one (config.json
+{"format": "loopnet", "config": LoopConfig's fields, "source": ...}, loopnet's keys unprefixed) is still read
+(`read_legacy`): its weights, config and source as written.
+
+Light to import: torch, safetensors and transformers load inside the functions that use them; reading a
+model folder needs no transformers.
 """
 
 from __future__ import annotations
@@ -37,26 +51,33 @@ SHIPPED = ("configuration_loopnet", "modeling_loopnet")  # the code files writte
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_SHARD_SIZE = "5GB"  # save_pretrained's default
 EXPORT_KEY = "loopnet_export"  # config.json's record of where the weights came from
+# The files of a source's tokenizer that an import copies (its generation_config.json replaces the default one).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+LEGACY_FORMAT = "loopnet"  # config.json's "format" in the layout import and retrofit wrote before this one
+WRITERS = "loopnet export, import or retrofit"
 
 
 class ExportError(ValueError):
-    """What `loopnet export` refuses, said in one line."""
+    """What writing a model folder (`loopnet export`, `import`, `retrofit`) refuses, said in one line."""
 
 
 # ----------------------------------------------------------------------------------------- reading
 def read_exported(folder: str | Path) -> tuple[Any, dict, dict]:
-    """(LoopConfig, the `LoopedTransformer`'s state dict, metadata) of an exported folder.
+    """(LoopConfig, the `LoopedTransformer`'s state dict, metadata) of a model folder (the module docstring).
 
     The state dict has the keys of `LoopedTransformer.state_dict()` (with a tied head, `lm_head.weight` is
     the embedding's tensor); its tensors are memory-mapped from the safetensors files, in the dtype they
-    were exported in. Nothing is unpickled. Metadata: "vocab" (the `data.vocab` the model was trained on:
-    the tokenizer), "dtype", and what the export recorded ("global_step", "checkpoint", ...)."""
+    were written in. Nothing is unpickled. Metadata: "vocab" (the tokenizer: the `data.vocab` the model was
+    trained on, or "tokenizer", the folder's own tokenizer.json), "dtype", and config.json's `loopnet_export`
+    record ("global_step", "checkpoint", ... of an export; "source" of an import)."""
     from safetensors.torch import load_file
 
     from loopnet.model.config import LoopConfig
 
     folder = Path(folder)
     config = read_config(folder)
+    if config.get("format") == LEGACY_FORMAT:
+        return read_legacy(folder, config)
     names = [f.name for f in dataclasses.fields(LoopConfig)]
     loop_config = LoopConfig(**{k: config[k] for k in names if k in config})
     state: dict = {}
@@ -65,7 +86,7 @@ def read_exported(folder: str | Path) -> tuple[Any, dict, dict]:
             if not key.startswith(PREFIX):
                 raise ValueError(
                     f"{folder / file} holds {key!r}, not a loopnet weight ({PREFIX}...); "
-                    f"fix: give a folder written by loopnet export"
+                    f"fix: give a folder written by {WRITERS}"
                 )
             state[key.removeprefix(PREFIX)] = tensor
     if loop_config.tie_embeddings and "wte.weight" in state:
@@ -75,37 +96,48 @@ def read_exported(folder: str | Path) -> tuple[Any, dict, dict]:
     return loop_config, state, meta
 
 
-def is_exported(folder: str | Path) -> bool:
-    """A folder `loopnet export` wrote: config.json of model_type loopnet."""
-    try:
-        return read_config(Path(folder))["model_type"] == MODEL_TYPE
-    except (ValueError, OSError, KeyError):
-        return False
+def read_legacy(folder: Path, config: dict) -> tuple[Any, dict, dict]:
+    """`read_exported` of a folder in the layout `loopnet import` and `retrofit` wrote before this one: config.json
+    {"format": "loopnet", "config": LoopConfig's fields, "source": ...}, one model.safetensors with loopnet's own
+    keys (a tied head stored once, as wte.weight), the source's tokenizer files. Metadata: "source", "vocab"
+    ("tokenizer") and "dtype"."""
+    from safetensors.torch import load_file
+
+    from loopnet.model.config import LoopConfig
+
+    loop_config = LoopConfig(**config["config"])
+    (file,) = weight_files(folder)
+    state = load_file(folder / file)
+    if loop_config.tie_embeddings and "wte.weight" in state:
+        state.setdefault("lm_head.weight", state["wte.weight"])
+    dtype = str(next(iter(state.values())).dtype).removeprefix("torch.") if state else "float32"
+    return loop_config, state, {"source": config.get("source") or {}, "vocab": "tokenizer", "dtype": dtype}
 
 
 def read_config(folder: Path) -> dict:
+    """config.json of a model folder: model_type loopnet, or the earlier import layout's format loopnet."""
     path = folder / "config.json"
     if not path.is_file():
         raise ValueError(
-            f"{folder} holds no config.json, so it is not an exported model; fix: give a folder "
-            f"written by loopnet export"
+            f"{folder} holds no config.json, so it is not a loopnet model folder; fix: give a folder "
+            f"written by {WRITERS}"
         )
     config = json.loads(path.read_text())
-    if config.get("model_type") != MODEL_TYPE:
+    if config.get("model_type") != MODEL_TYPE and config.get("format") != LEGACY_FORMAT:
         raise ValueError(
             f"{path} is of model_type {config.get('model_type')!r}, not {MODEL_TYPE!r}; fix: give a "
-            f"folder written by loopnet export"
+            f"folder written by {WRITERS} (another library's model: `loopnet import` it first)"
         )
     return config
 
 
 def weight_files(folder: Path) -> list[str]:
-    """The safetensors files of an exported folder: the index's, else model.safetensors."""
+    """The safetensors files of a model folder: the index's, else model.safetensors."""
     if (folder / INDEX).is_file():
         return sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
     if (folder / WEIGHTS).is_file():
         return [WEIGHTS]
-    raise ValueError(f"{folder} holds neither {WEIGHTS} nor {INDEX}; fix: export the model again with loopnet export")
+    raise ValueError(f"{folder} holds neither {WEIGHTS} nor {INDEX}; fix: write the folder again with {WRITERS}")
 
 
 # ----------------------------------------------------------------------------------------- the checkpoint
@@ -170,11 +202,14 @@ def sharded_model_weights(folder: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------------------- export
-def check_destination(out: Path, overwrite: bool) -> None:
+def check_destination(out: Path, overwrite: bool | None = None) -> None:
+    """Refuse, before any work, an `out` that is a file or a folder holding files: nothing written is replaced,
+    unless `overwrite` (export's --overwrite; None: the command has no such option)."""
     if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} exists and is a file; fix: give a folder path for the export")
+        raise ExportError(f"{out} exists and is a file; fix: give a folder path to write the model into")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty; fix: give a new folder, or pass --overwrite to replace it")
+        fix = ", or pass --overwrite to replace it" if overwrite is False else " (nothing is overwritten)"
+        raise ExportError(f"{out} already exists and is not empty; fix: give a new folder{fix}")
 
 
 def check_dtype(dtype: str) -> None:
@@ -189,20 +224,61 @@ def export(
     overwrite: bool = False,
     max_shard_size: int | str = MAX_SHARD_SIZE,
 ) -> Path:
-    """Write the model of loopnet checkpoint `ckpt_path` into folder `out` in the Hugging Face layout (the
-    module docstring), its weights in `dtype`. The folder is written into a temporary sibling and renamed
-    into place at the end: a failure leaves `out` as it was (absent, empty, or the previous export)."""
+    """Write the model of loopnet checkpoint `ckpt_path` into folder `out` (`write_model`), its weights in
+    `dtype`, its tokenizer the run's `data.vocab`."""
+    import torch
+
+    from loopnet.checkpoints import build_network
+
     out = Path(out)
     check_dtype(dtype)
     check_destination(out, overwrite)
     if importlib.util.find_spec("transformers") is None:  # the tokenizer files are written through it
         raise ExportError("loopnet export needs transformers, which is not installed; fix: pip install -e '.[hf]'")
     config, weights, ckpt = checkpoint_contents(ckpt_path)
+    model = build_network(config, weights)  # checks the weights against the config (and reads older layouts)
+    cfg, target = model.config, getattr(torch, dtype)
+    state = {
+        k: v.detach().to(target)
+        for k, v in model.state_dict().items()
+        if not (cfg.tie_embeddings and k == "lm_head.weight")
+    }
+    vocab = (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2")
+    record, summary = export_record(ckpt, Path(ckpt_path)), run_summary(Path(ckpt_path))
+    return write_model(
+        out, cfg, state, record, vocab=vocab, overwrite=overwrite, max_shard_size=max_shard_size, summary=summary
+    )
+
+
+def write_model(
+    out: str | Path,
+    config,
+    state: dict,
+    record: dict,
+    *,
+    vocab: str = "gpt2",
+    tokenizer_dir: Path | None = None,
+    overwrite: bool | None = None,
+    max_shard_size: int | str = MAX_SHARD_SIZE,
+    summary: dict | None = None,
+    fit_settings: bool = False,
+) -> Path:
+    """Write the model folder at `out` (the module docstring), the one writer of export, import and retrofit:
+    `config` (a LoopConfig) and `state` (the LoopedTransformer's state dict, in the dtype to store; a tied head
+    is stored once), `record` as config.json's `loopnet_export` (the parameter count added), the tokenizer of
+    `vocab` ("gpt2" or "bytes", built) or, with `tokenizer_dir`, that folder's own files (`TOKENIZER_FILES`,
+    copied; the vocabulary is then "tokenizer"), `summary` the run's summary.json for the model card, and with
+    `fit_settings` model.yaml. A non-empty `out` is refused unless `overwrite` (`check_destination`). The folder is written
+    into a temporary sibling and renamed into place at the end: a failure or a kill leaves `out` as it was
+    (absent, empty, or the previous folder)."""
+    out = Path(out)
+    check_destination(out, overwrite)
+    vocab = "tokenizer" if tokenizer_dir is not None else vocab
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.write-", dir=out.parent))
     try:
-        write_folder(work, config, weights, ckpt, Path(ckpt_path), dtype, max_shard_size)
-        if out.exists():  # --overwrite: the old folder goes only once the new one is complete
+        fill_folder(work, out, config, state, record, vocab, tokenizer_dir, max_shard_size, summary or {}, fit_settings)
+        if out.exists():  # empty, or --overwrite: the old folder goes only once the new one is complete
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "old")
             os.replace(work, out)
@@ -215,30 +291,40 @@ def export(
     return out
 
 
-def write_folder(
-    folder: Path, config: dict, weights: dict, ckpt: dict, source: Path, dtype: str, max_shard_size: int | str
+def fill_folder(
+    folder: Path,
+    out: Path,
+    cfg,
+    state: dict,
+    record: dict,
+    vocab: str,
+    tokenizer_dir: Path | None,
+    max_shard_size: int | str,
+    summary: dict,
+    fit_settings: bool,
 ) -> None:
-    import torch
-
-    from loopnet.data.token_ids import EOT_ID
-    from loopnet.checkpoints import build_network
-
-    model = build_network(config, weights)  # checks the weights against the config (and reads older layouts)
-    cfg = model.config
-    vocab = (ckpt.get("datamodule_hyper_parameters") or {}).get("vocab", "gpt2")
-    state = {k: v for k, v in model.state_dict().items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
-    target = getattr(torch, dtype)
-    state = {PREFIX + k: v.detach().to(target).contiguous() for k, v in state.items()}
-    write_weights(folder, state, max_shard_size)
-    meta = export_record(ckpt, source, model)
-    write_json(folder / "config.json", hf_config(cfg, vocab, dtype, meta))
-    eot = 256 if vocab == "bytes" else EOT_ID
-    ids = {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot} if eot < cfg.vocab_size else {}
-    write_json(folder / "generation_config.json", {**ids, "do_sample": False})
+    """The files of `write_model`, written into `folder` (renamed to `out` once complete)."""
+    stored = {
+        PREFIX + k: v.contiguous() for k, v in state.items() if not (cfg.tie_embeddings and k == "lm_head.weight")
+    }
+    write_weights(folder, stored, max_shard_size)
+    dtype = str(state["wte.weight"].dtype).removeprefix("torch.")
+    record = {**record, "parameters": sum(v.numel() for v in stored.values())}
+    write_json(folder / "config.json", hf_config(cfg, vocab, dtype, record))
+    ids = eot_ids(vocab, cfg.vocab_size)
+    pad = {"pad_token_id": ids["eos_token_id"]} if ids else {}
+    write_json(folder / "generation_config.json", {**ids, **pad, "do_sample": False})
     for name in SHIPPED:
         (folder / f"{name}.py").write_text(shipped_source(name))
-    write_tokenizer(folder, vocab, cfg.seq_len)
-    (folder / "README.md").write_text(model_card(cfg, vocab, dtype, meta, run_summary(source)))
+    if tokenizer_dir is None:
+        write_tokenizer(folder, vocab, cfg.seq_len)
+    else:
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copyfile(tokenizer_dir / name, folder / name)
+    (folder / "README.md").write_text(model_card(cfg, vocab, dtype, record, summary))
+    if fit_settings:
+        (folder / "model.yaml").write_text(model_yaml(out, cfg))
 
 
 def write_weights(folder: Path, state: dict, max_shard_size: int | str) -> None:
@@ -255,23 +341,30 @@ def write_weights(folder: Path, state: dict, max_shard_size: int | str) -> None:
         write_json(folder / INDEX, {"metadata": split.metadata, "weight_map": split.tensor_to_filename})
 
 
-def export_record(ckpt: dict, source: Path, model) -> dict:
+def export_record(ckpt: dict, source: Path) -> dict:
     """What config.json records of the checkpoint (read_exported returns it)."""
     data = ckpt.get("datamodule_hyper_parameters") or {}
     return {
         "checkpoint": source.name,
         "global_step": ckpt.get("global_step"),
         "epoch": ckpt.get("epoch"),
-        "parameters": model.num_params(non_embedding=False),
         "data": {k: data.get(k) for k in ("source", "path", "name", "vocab", "seq_len") if k in data},
     }
 
 
-def hf_config(cfg, vocab: str, dtype: str, meta: dict) -> dict:
+def eot_ids(vocab: str, vocab_size: int) -> dict:
+    """bos_token_id and eos_token_id: the end-of-text id of a vocabulary loopnet trains with, when the embedding
+    holds it ({} for a folder's own tokenizer: its files name them)."""
     from loopnet.data.token_ids import EOT_ID
+
+    eot = {"gpt2": EOT_ID, "bytes": 256}.get(vocab)
+    return {"bos_token_id": eot, "eos_token_id": eot} if eot is not None and eot < vocab_size else {}
+
+
+def hf_config(cfg, vocab: str, dtype: str, meta: dict) -> dict:
     from loopnet.data.vocabulary import known_size
 
-    eot = 256 if vocab == "bytes" else EOT_ID
+    n_vocab = known_size(vocab)
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
@@ -281,20 +374,37 @@ def hf_config(cfg, vocab: str, dtype: str, meta: dict) -> dict:
         },
         **dataclasses.asdict(cfg),
         "loopnet_vocab": vocab,
-        "loopnet_n_vocab": min(known_size(vocab), cfg.vocab_size),  # the real ids: the logits' width, as loopnet's
+        # the real ids: the logits' width, as loopnet's (None, a folder's own tokenizer: every id)
+        "loopnet_n_vocab": None if n_vocab is None else min(n_vocab, cfg.vocab_size),
         "tie_word_embeddings": cfg.tie_embeddings,
         # the usual names, for tools that read them (lm-eval's window: max_position_embeddings)
         "hidden_size": cfg.d_model,
         "num_attention_heads": cfg.n_heads,
         "max_position_embeddings": cfg.seq_len,
-        **({"bos_token_id": eot, "eos_token_id": eot} if eot < cfg.vocab_size else {}),
+        **eot_ids(vocab, cfg.vocab_size),
         "dtype": dtype,
         EXPORT_KEY: meta,
     }
 
 
+def model_yaml(out: Path, config) -> str:
+    """The model settings of a fit that starts from the folder `out`: its weights and its architecture (and the
+    source's own run settings: rounds drawn, backprop depth), as YAML with dotted keys, which set each value
+    and leave the rest of `model` (optim, eval_rounds...) to the configs given before it."""
+    import yaml
+
+    values = {
+        "model.init_weights": str(out.resolve()),
+        **{f"model.config.{k}": v for k, v in dataclasses.asdict(config).items()},
+    }
+    return (
+        "# loopnet fit --config configs/base.yaml --config <this file> [--data.vocab tokenizer --data.tokenizer "
+        "<this folder>]\n" + yaml.safe_dump(values, sort_keys=False)
+    )
+
+
 def write_json(path: Path, value: dict) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
+    path.write_text(json.dumps(value, indent=2, default=str) + "\n")
 
 
 # ----------------------------------------------------------------------------------------- tokenizer
@@ -334,6 +444,7 @@ def run_summary(source: Path) -> dict:
 
 
 def model_card(cfg, vocab: str, dtype: str, meta: dict, summary: dict) -> str:
+    """README.md: what the folder holds and how to open it; for an imported model, where it came from."""
     from loopnet.model.scales import scheme_label
 
     data = meta.get("data") or {}
@@ -349,11 +460,24 @@ def model_card(cfg, vocab: str, dtype: str, meta: dict, summary: dict) -> str:
         ("parameters", f"{meta.get('parameters'):,}"),
         ("vocabulary", f"{vocab} ({cfg.vocab_size} ids)"),
         ("context", f"{cfg.seq_len} tokens"),
-        ("trained on", corpus or "not recorded"),
-        ("steps", meta.get("global_step")),
-        ("validation loss", "not recorded" if loss is None else f"{loss:.4f} (nats per token at R={cfg.n_rounds})"),
-        ("weights", f"{dtype} safetensors"),
     ]
+    source = meta.get("source")
+    if source is None:
+        title = "A looped Transformer trained with loopnet"
+        origin = f"exported from `{meta.get('checkpoint')}`."
+        rows += [
+            ("trained on", corpus or "not recorded"),
+            ("steps", meta.get("global_step")),
+            ("validation loss", "not recorded" if loss is None else f"{loss:.4f} (nats per token at R={cfg.n_rounds})"),
+        ]
+    else:
+        title = "A looped Transformer in loopnet's layout"
+        at = f" at commit {source['commit']}" if source.get("commit") else ""
+        origin = (
+            f"{source.get('format')} read from `{source.get('src')}`{at} by loopnet. The weights are the source's: "
+            f"its license and model card apply."
+        )
+    rows.append(("weights", f"{dtype} safetensors"))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return f"""---
 library_name: transformers
@@ -361,9 +485,9 @@ pipeline_tag: text-generation
 tags: [loopnet, looped-transformer]
 ---
 
-# A looped Transformer trained with loopnet
+# {title}
 
-{cfg.n_blocks} physical blocks applied for {cfg.n_rounds} rounds, exported from `{meta.get("checkpoint")}`.
+{cfg.n_blocks} physical blocks applied for {cfg.n_rounds} rounds, {origin}
 
 | | |
 |---|---|

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is not installed")
 
 from loopnet.eval.cli import main
-from loopnet.formats.folder import load_model, write_folder
+from loopnet.formats.folder import load_model
+from loopnet.formats.hf import write_model
 from loopnet.formats.huginn import read_huginn
 from loopnet.formats.tokenizer import HFTokenizer
 from tests.eval.helpers import DATA_DIR, TASK, load_docs
@@ -40,8 +41,12 @@ def direct_acc(model, tok: HFTokenizer, rounds: int) -> float:
 
 def test_eval_reads_an_imported_folder_with_its_tokenizer(in_data_dir, tmp_path, capsys):
     cfg, state, _ = read_huginn(HUGINN)
-    folder = write_folder(
-        tmp_path / "huginn", dataclasses.replace(cfg, state_init="zero"), state, {}, tokenizer_dir=HUGINN
+    folder = write_model(
+        tmp_path / "huginn",
+        dataclasses.replace(cfg, state_init="zero"),
+        state,
+        {},
+        tokenizer_dir=HUGINN,
     )  # the zero state: every pass deterministic
     try:
         main(

@@ -11,6 +11,17 @@ import torch
 from loopnet.model import LoopedTransformer
 from tests.helpers import tiny_config
 
+EXPORTED_FILES = {  # what `loopnet export` writes (the weights in one file)
+    "README.md",
+    "config.json",
+    "configuration_loopnet.py",
+    "generation_config.json",
+    "model.safetensors",
+    "modeling_loopnet.py",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+
 
 def tiny_model(seed: int = 0, **overrides) -> LoopedTransformer:
     torch.manual_seed(seed)

@@ -16,7 +16,7 @@ import torch
 from loopnet.formats import hf
 from loopnet.model import LoopConfig
 
-from .helpers import save_checkpoint, tiny_model
+from .helpers import EXPORTED_FILES, save_checkpoint, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,18 +34,7 @@ def exported(tmp_path_factory):
 
 def test_the_folder_holds_the_hugging_face_layout(exported):
     model, _, out = exported
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        [
-            "README.md",
-            "config.json",
-            "configuration_loopnet.py",
-            "generation_config.json",
-            "model.safetensors",
-            "modeling_loopnet.py",
-            "tokenizer.json",
-            "tokenizer_config.json",
-        ]
-    )
+    assert {p.name for p in out.iterdir()} == EXPORTED_FILES
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "loopnet" and config["architectures"] == ["LoopnetForCausalLM"]
     assert config["auto_map"] == {

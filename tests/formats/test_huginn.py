@@ -210,6 +210,7 @@ def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer
     (ckpt,) = tmp_path.glob("runs/*/version_0/checkpoints/last.ckpt")
     saved = torch.load(ckpt, weights_only=True)
     assert saved["datamodule_hyper_parameters"]["tokenizer"] == str(out)
+    assert loopnet.load(ckpt).tokenizer.name == "tokenizer"  # the fine-tune opens with the tokenizer it trained on
     _, start, _ = out_folder.read_folder(out)
     # Two AdamW steps at lr <= 1e-3 move a weight by at most ~2·lr (|m̂/√v̂| <= 1 in the first steps), plus the
     # decay.

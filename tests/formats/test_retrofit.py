@@ -197,4 +197,4 @@ def test_fit_continues_training_a_retrofitted_model(tmp_path):
     # decay of lr·wd·|w|): far less than a fresh initialisation's distance (~0.02 per weight).
     moved = max((trained[f"model.{k}"] - v).abs().max().item() for k, v in start.items())
     assert 0 < moved <= 3 * 1e-3 * 1.5
-    assert json.loads((out / "config.json").read_text())["source"]["layers"]["core"] == [3, 4]
+    assert json.loads((out / "config.json").read_text())["loopnet_export"]["source"]["layers"]["core"] == [3, 4]
