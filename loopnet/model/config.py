@@ -278,13 +278,13 @@ class RunSettings:
             R = Poisson(rate) + 1, mean n_rounds + 1) or "poisson_truncated" (Parcae's: R =
             max(Poisson(n_rounds), 1)). Drawn from the run's seed and the global step (`round_draw`), so a
             resumed run draws the same. Evaluation runs at n_rounds.
-        round_draw: Who draws the rounds of a training step (`loopnet.model.rounds`): "batch" (one R for the
-            whole batch; every DDP rank draws the same) or "sequence" (each sequence its own R_i, Parcae's
-            `recurrent_iteration_method: per-sequence`: the batch runs the most rounds any sequence runs
-            without grad, then the most it runs with grad, and a sequence's state moves only in the first
-            of each of them that are its own). Needs sampled rounds, loss_rounds "last", scales_depth "mean"
-            and a wiring whose blocks do not read the previous round (not flt, nor inject by attention or
-            into every block).
+        round_draw: Who draws a training step's rounds (`loopnet.model.rounds`): "batch" (one R for the whole
+            batch; every DDP rank draws the same) or "sequence" (every sequence its own R_i, of which k_i with
+            gradients and n_i = R_i − k_i without: Parcae's `recurrent_iteration_method: per-sequence`. The
+            batch runs max n_i rounds without grad, then max k_i with; sequence i advances in the first n_i
+            and the first k_i of them and holds its state in the rest). Needs sampled rounds, loss_rounds
+            "last", scales_depth "mean" and a wiring whose blocks do not read the previous round (not flt,
+            nor inject by attention or into every block).
         backprop_rounds: The last this-many rounds of a step get gradients, the earlier ones run
             without (Huginn's mean backprop depth; memory grows with it, not with the drawn R). None:
             every round, less `truncate_rounds`.
