@@ -78,13 +78,14 @@ def physical_sublayers(model) -> dict[str, dict[str, torch.nn.Parameter]]:
     }
 
 
-def step_draw(pl_module, step: int):
-    """(rounds, alpha) that training step `step` runs (`LoopedLM.draw`); (None, None), the model's own,
-    for a module that draws nothing."""
+def step_draw(pl_module, step: int, batch_size: int | None = None, batch_idx: int = 0):
+    """(rounds, alpha) that training step `step` runs on micro-batch `batch_idx` of `batch_size` sequences
+    (`LoopedLM.draw`; rounds per sequence with `round_draw` "sequence"); (None, None), the model's own, for a
+    module that draws nothing."""
     draw = getattr(pl_module, "draw", None)
     if draw is None:
         return None, None
-    d = draw(step)
+    d = draw(step, batch_size=batch_size, batch_idx=batch_idx)
     return d.rounds, d.alpha
 
 
@@ -259,7 +260,7 @@ class VisitDiagnostics(Callback):
             self._step = trainer.global_step
             if self.update_size:  # before the forward: the weights the step starts from
                 self._inputs = batch[0]
-                self._draw = step_draw(pl_module, trainer.global_step)  # the rounds this step runs
+                self._draw = step_draw(pl_module, trainer.global_step, batch[0].size(0), batch_idx)  # this step's
                 self._outputs_before = round_outputs(self._looped(pl_module), self._inputs, *self._draw)
         self._looped(pl_module).attach_observer(self._probe)
 

@@ -60,6 +60,7 @@ LOGIT_SCALED = {
     "scaled-and-logit-scale",
     "takase-scaled",
 }
+ROUND_DRAWS = {"per-batch": "batch", "per-sequence": "sequence"}  # recurrent_iteration_method -> round_draw
 EMBED_SCALED = {"takase"}  # embed_scale √d, loopnet's embed_scale
 BLOCK_NAMES = {
     "norm_1.weight": "attn.norm.weight",
@@ -99,7 +100,8 @@ def _has_ve(i: int, n: int) -> bool:
 
 def parcae_config(hf: dict, source: str = "config.json") -> LoopConfig:
     """The `LoopConfig` of a Parcae config.json (a dict). R = its `mean_recurrence`; training draws rounds as
-    its `poisson-truncated-full` does, with its mean backprop depth."""
+    its `poisson-truncated-full` does, with its mean backprop depth, per sequence or per batch as its
+    `recurrent_iteration_method` says."""
     if hf.get("_class_name", CLASS_NAME) != CLASS_NAME or "injection_type" not in hf:
         raise ImportFormatError(
             f"{source}: not a Parcae config (_class_name {hf.get('_class_name')!r}, no injection_type); fix: give a "
@@ -133,6 +135,9 @@ def parcae_config(hf: dict, source: str = "config.json") -> LoopConfig:
         raise _refuse(source, "use_rope false")
     P, K, C = hf["n_layers_in_prelude"], hf["n_layers_in_recurrent_block"], hf["n_layers_in_coda"]
     mean, depth = hf.get("mean_recurrence", 32), hf.get("mean_backprop_depth", 8)
+    method = hf.get("recurrent_iteration_method", "per-batch")  # the reference's default
+    if method not in ROUND_DRAWS:
+        raise _refuse(source, f"recurrent_iteration_method={method!r} (loopnet draws per-batch or per-sequence)")
     # The reference gives a layer a table by its index among the P + K + C stored layers and a gate by its
     # unrolled layer id against K·mean_backprop_depth; loopnet's one rule holds when the two sets agree.
     n, n_layer = P + K + C, K * depth
@@ -176,6 +181,7 @@ def parcae_config(hf: dict, source: str = "config.json") -> LoopConfig:
         init="normal",
         init_std=math.sqrt(2 / (5 * d)),  # the "scaled" tables' std: its init and its like-init state's
         round_sampling="poisson_truncated",
+        round_draw=ROUND_DRAWS[method],
         backprop_rounds=min(depth, mean),
     )
 

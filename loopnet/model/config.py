@@ -23,6 +23,7 @@ Positions = Literal["learned", "rope"]
 Norm = Literal["rmsnorm", "layernorm"]
 LossRounds = Literal["last", "all", "last_third", "expected"]
 RoundSampling = Literal["fixed", "poisson_lognormal", "poisson_truncated"]
+RoundDrawUnit = Literal["batch", "sequence"]
 ScalesDepth = Literal["mean", "sampled"]
 Parametrization = Literal["standard", "mup", "completep"]
 Mlp = Literal["gelu", "gelu_tanh", "swiglu", "relu2"]
@@ -41,6 +42,7 @@ _CHOICES = {
     "norm": Norm,
     "loss_rounds": LossRounds,
     "round_sampling": RoundSampling,
+    "round_draw": RoundDrawUnit,
     "scales_depth": ScalesDepth,
     "parametrization": Parametrization,
     "mlp": Mlp,
@@ -274,8 +276,15 @@ class RunSettings:
         round_sampling: How many rounds a training step runs: "fixed" (n_rounds every step),
             "poisson_lognormal" (Huginn's released rule: rate ~ LogNormal(log(n_rounds) − σ²/2, σ = 0.5),
             R = Poisson(rate) + 1, mean n_rounds + 1) or "poisson_truncated" (Parcae's: R =
-            max(Poisson(n_rounds), 1)). One draw per step for the whole batch, from the run's seed and
-            the global step: a resumed run and every DDP rank draw the same. Evaluation runs at n_rounds.
+            max(Poisson(n_rounds), 1)). Drawn from the run's seed and the global step (`round_draw`), so a
+            resumed run draws the same. Evaluation runs at n_rounds.
+        round_draw: Who draws a training step's rounds (`loopnet.model.rounds`): "batch" (one R for the whole
+            batch; every DDP rank draws the same) or "sequence" (every sequence its own R_i, of which k_i with
+            gradients and n_i = R_i − k_i without: Parcae's `recurrent_iteration_method: per-sequence`. The
+            batch runs max n_i rounds without grad, then max k_i with; sequence i advances in the first n_i
+            and the first k_i of them and holds its state in the rest). Needs sampled rounds, loss_rounds
+            "last", scales_depth "mean" and a wiring whose blocks do not read the previous round (not flt,
+            nor inject by attention or into every block).
         backprop_rounds: The last this-many rounds of a step get gradients, the earlier ones run
             without (Huginn's mean backprop depth; memory grows with it, not with the drawn R). None:
             every round, less `truncate_rounds`.
@@ -303,6 +312,7 @@ class RunSettings:
     checkpoint_rounds: bool = False
     truncate_rounds: int = 0
     round_sampling: RoundSampling = "fixed"
+    round_draw: RoundDrawUnit = "batch"
     backprop_rounds: Optional[int] = None
     max_rounds: Optional[int] = None
     round_curriculum_steps: int = 0
@@ -424,6 +434,22 @@ class LoopConfig(RunSettings, Architecture):
                 "LoopConfig.round_curriculum_steps and scales_depth='sampled' act on sampled rounds; "
                 "fix: set model.config.round_sampling (poisson_lognormal or poisson_truncated) or remove them"
             )
+        if self.round_draw == "sequence":
+            if not sampled:
+                raise ValueError(
+                    "LoopConfig.round_draw='sequence' draws each sequence's rounds, but round_sampling='fixed' "
+                    "draws none; fix: set model.config.round_sampling (poisson_truncated, Parcae's, or "
+                    "poisson_lognormal), or round_draw: batch"
+                )
+            if self.scales_depth != "mean":
+                raise ValueError(
+                    "LoopConfig.scales_depth='sampled' gives a step the α of its one drawn depth; with "
+                    "round_draw='sequence' every sequence has its own; fix: set model.config.scales_depth: mean, "
+                    "or round_draw: batch"
+                )
+            problem = self.sequence_rounds_problem()
+            if problem:
+                raise ValueError(f"LoopConfig.round_draw='sequence': {problem}, or round_draw: batch")
         if self.backprop_rounds is not None and self.backprop_rounds > self.n_rounds:
             raise ValueError(
                 f"LoopConfig.backprop_rounds={self.backprop_rounds} exceeds n_rounds={self.n_rounds}; "
@@ -483,6 +509,28 @@ class LoopConfig(RunSettings, Architecture):
         if self.round_sampling == "fixed":
             return self.n_rounds
         return self.max_rounds if self.max_rounds is not None else 2 * self.n_rounds
+
+    def sequence_rounds_problem(self) -> str | None:
+        """Why this model cannot run a round count per sequence (`LoopedTransformer.iter_rounds` with a
+        tensor of rounds), or None. A sequence whose rounds all get gradients starts after the batch's
+        rounds without grad, and its first round must be a round 1 for it alone: that holds where only
+        the round's start (`round_start`) tells round 1 from the others, not where the blocks read the
+        previous round's h; the loss is read after the last round only."""
+        if self.wiring == "flt" or (
+            self.wiring == "inject" and (self.injection == "attention" or self.inject_into == "every")
+        ):
+            how = "flt" if self.wiring == "flt" else f"inject (injection={self.injection!r}, {self.inject_into!r})"
+            return (
+                f"wiring={how} hands the previous round's state to the blocks, which a sequence's own round 1 "
+                f"must not see; fix: choose wiring carry or lt, or inject into the first block by add, linear "
+                f"or diagonal"
+            )
+        if self.loss_rounds != "last":
+            return (
+                f"loss_rounds={self.loss_rounds!r} reads rounds that differ between the sequences; "
+                f"fix: set model.config.loss_rounds: last"
+            )
+        return None
 
     def grad_rounds(self, rounds: int) -> int:
         """How many of a pass's last rounds get gradients when it runs `rounds` rounds in training:

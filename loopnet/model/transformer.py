@@ -38,6 +38,7 @@ from .injection import make_injection
 from .kernels import LinearCrossEntropy, z_loss_term
 from .layers import Block, QKVLinear, Rotary, make_norm, unit_rms
 from .parametrization import hidden_init_gain, logit_multiplier
+from .rounds import check_sequence_rounds, sequence_grad_rounds, sequence_layout
 from .scales import BETA_SCALED
 from .visits import SUBLAYERS, Visit, VisitObserver
 
@@ -325,11 +326,38 @@ class LoopedTransformer(nn.Module):
             return range(rounds - max(1, math.ceil(rounds / 3)) + 1, rounds + 1)
         return range(rounds, rounds + 1)
 
+    def round_plan(
+        self,
+        idx: torch.Tensor,
+        rounds: int | torch.Tensor | None = None,
+        grad_rounds: int | torch.Tensor | None = None,
+        kv: KVCache | None = None,
+    ) -> tuple[int, int, torch.Tensor | None]:
+        """(R, no_grad, active) of a pass of `iter_rounds`: the rounds it runs, how many of the first run
+        without grad, and with per-sequence `rounds` the [R, B] bool (CPU) mask of the sequences that advance
+        in each round (`loopnet.model.rounds.sequence_layout`); None when every sequence runs every round."""
+        cfg = self.config
+        if not torch.is_tensor(rounds):
+            R = cfg.n_rounds if rounds is None else rounds
+            if R < 1:
+                raise ValueError(f"rounds must be >= 1, got {R}")
+            return R, R - (cfg.grad_rounds(R) if grad_rounds is None else grad_rounds), None
+        problem = cfg.sequence_rounds_problem()
+        if problem:
+            raise ValueError(f"rounds per sequence: {problem}")
+        if kv is not None:
+            raise ValueError("a cached generation runs one round count for every sequence; fix: give rounds as an int")
+        check_sequence_rounds(rounds, grad_rounds, idx.size(0))
+        rounds = rounds.cpu()
+        grad_rounds = sequence_grad_rounds(cfg, rounds) if grad_rounds is None else grad_rounds.cpu()
+        no_grad, active = sequence_layout(rounds, grad_rounds)
+        return active.size(0), no_grad, active
+
     def iter_rounds(
         self,
         idx: torch.Tensor,
-        rounds: int | None = None,
-        grad_rounds: int | None = None,
+        rounds: int | torch.Tensor | None = None,
+        grad_rounds: int | torch.Tensor | None = None,
         alpha: float | None = None,
         *,
         positions: torch.Tensor | None = None,
@@ -341,29 +369,41 @@ class LoopedTransformer(nn.Module):
         only the last `grad_rounds` rounds (default `LoopConfig.grad_rounds(R')`) get gradients; `alpha`
         replaces the skip scale α of every visit (default: α of the training N). A cached generation
         passes the new tokens' `positions` [B, T] and its `kv` cache; `start` first yields (0, x0), the
-        round-1 input."""
+        round-1 input.
+
+        Per sequence (`round_draw` "sequence"), `rounds` and `grad_rounds` are [B] integer tensors R_i and
+        k_i (default k_i = `LoopConfig.grad_rounds(R_i)`): the pass runs n = max(R_i − k_i) rounds without
+        grad, then max k_i with, and sequence i advances in the first R_i − k_i of the n and the first k_i
+        of the rest, its state unchanged in the others (`round_plan`). A sequence with no round without
+        grad (n > 0) takes round n + 1 as its own round 1, started as round 1 starts. Round r yields the
+        batch's state after pass round r; the last is every sequence's state after its own R_i rounds."""
         cfg = self.config
-        R = cfg.n_rounds if rounds is None else rounds
-        if R < 1:
-            raise ValueError(f"rounds must be >= 1, got {R}")
+        R, no_grad, active = self.round_plan(idx, rounds, grad_rounds, kv)
         alpha = self.alpha if alpha is None else alpha
-        no_grad = R - (cfg.grad_rounds(R) if grad_rounds is None else grad_rounds)  # rounds 1..no_grad: no grad
         e = self.embed(idx, alpha, positions, kv)
         x0 = unit_rms(e) if cfg.input_norm else e
         if start:
             yield 0, x0
         use_ckpt = cfg.checkpoint_rounds and self.observer is None and torch.is_grad_enabled() and kv is None
         reads_h = cfg.wiring != "carry" and self.injection is None
+        masks, late = [None] * R, None  # per round: where the state advances ([B, 1, 1]), None: everywhere
+        if active is not None:
+            masks = [None if a.all() else a.to(x0.device)[:, None, None] for a in active]
+            starts_late = ~active[:no_grad].any(0)  # no round without grad: round no_grad + 1 is its round 1
+            late = starts_late.to(x0.device)[:, None, None] if no_grad and starts_late.any() else None
         x, h = x0, None
         for r in range(1, R + 1):
             if r > 1 and reads_h:  # h = Norm(x_end): only for a next round whose wiring reads it
                 h = unit_rms(x)
             with torch.set_grad_enabled(torch.is_grad_enabled() and r > no_grad):
                 begin = self.round_start(r, e, x0, x, h)
+                if late is not None and r == no_grad + 1:
+                    begin = torch.where(late, self.round_start(1, e, x0, x0, None), begin)
                 if use_ckpt and r > no_grad:
-                    x = checkpoint(self.round, r, begin, h, alpha, use_reentrant=False)
+                    new = checkpoint(self.round, r, begin, h, alpha, use_reentrant=False)
                 else:
-                    x = self.round(r, begin, h, alpha, kv)
+                    new = self.round(r, begin, h, alpha, kv)
+                x = new if masks[r - 1] is None else torch.where(masks[r - 1], new, x)
             yield r, x
 
     def head(
@@ -407,19 +447,22 @@ class LoopedTransformer(nn.Module):
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
-        rounds: int | None = None,
-        grad_rounds: int | None = None,
+        rounds: int | torch.Tensor | None = None,
+        grad_rounds: int | torch.Tensor | None = None,
         alpha: float | None = None,
     ):
         """Return (logits of the last round, loss or None). `rounds` = R' ≥ 1 evaluates the same
-        weights at another round count (α, β stay those of the training N); `grad_rounds` and `alpha`:
-        see `iter_rounds` (a training step with sampled rounds passes its draw)."""
+        weights at another round count (α, β stay those of the training N); `rounds` and `grad_rounds` per
+        sequence, and `alpha`: see `iter_rounds` (a training step with sampled rounds passes its draw)."""
+        per_sequence = torch.is_tensor(rounds)
         R = self.config.n_rounds if rounds is None else rounds
+        if per_sequence:  # the pass's rounds; the loss reads its last
+            R = self.round_plan(idx, rounds, grad_rounds)[0]
         if self.config.loss_rounds == "expected":
             return self._expected(idx, targets, R, grad_rounds, alpha)
         loss_rounds = self.loss_round_indices(R) if targets is not None else range(R, R + 1)
         losses, logits, z_terms = [], None, []
-        for r, x in self.iter_rounds(idx, R, grad_rounds, alpha):
+        for r, x in self.iter_rounds(idx, rounds if per_sequence else R, grad_rounds, alpha):
             if r in loss_rounds:
                 logits, loss = self.head(x, targets, alpha)
                 if self._head_z is not None:

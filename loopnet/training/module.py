@@ -2,9 +2,9 @@
 
 The Trainer and callbacks decide *how* to run it (precision, clipping, devices, checkpoints,
 diagnostics). A training step runs the rounds that `loopnet.model.rounds.draw_rounds` gives its global
-step (n_rounds unless `round_sampling` draws them). Evaluation always runs at the mean R: its loss is the
-cross-entropy of the last round, token-weighted, and `eval_rounds` re-evaluates the same weights at other
-round counts R'.
+step (n_rounds unless `round_sampling` draws them; per sequence with `round_draw`). Evaluation always runs
+at the mean R: its loss is the cross-entropy of the last round, token-weighted, and `eval_rounds`
+re-evaluates the same weights at other round counts R'.
 """
 
 from __future__ import annotations
@@ -217,10 +217,18 @@ class LoopedLM(L.LightningModule):
             vocab.check_fits(self.config.vocab_size)
 
     # ----------------------------------------------------------------------------- train
-    def draw(self, step: int | None = None) -> RoundDraw:
+    def draw(self, step: int | None = None, batch_size: int | None = None, batch_idx: int = 0) -> RoundDraw:
         """The rounds of training step `step` (default: this one): a function of the run's seed and the step
-        alone, so the diagnostics, a resumed run and every DDP rank see the same draw."""
-        return draw_rounds(self.config, self.global_step if step is None else step)
+        alone, so the diagnostics, a resumed run and every DDP rank see the same draw. With `round_draw`
+        "sequence", the R_i of the `batch_size` sequences of micro-batch `batch_idx` on this rank, a function
+        of the seed, the step and the shard (batch_idx mod accumulate_grad_batches) · world size + rank."""
+        step = self.global_step if step is None else step
+        if self.config.round_draw == "batch":
+            return draw_rounds(self.config, step)
+        trainer = self._trainer
+        rank, world = (self.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        micro = batch_idx % trainer.accumulate_grad_batches if trainer is not None else 0
+        return draw_rounds(self.config, step, batch_size=batch_size, shard=micro * world + rank)
 
     def on_train_batch_start(self, batch, batch_idx):
         if self._resume_rng is not None:
@@ -228,16 +236,17 @@ class LoopedLM(L.LightningModule):
             # restore draws from torch's RNG, which the uninterrupted run did before saving.
             set_rng_states(self._resume_rng)
             self._resume_rng = None
-        self._set_flops(batch, "train", self.draw())
+        self._set_flops(batch, "train", self.draw(batch_size=batch[0].size(0), batch_idx=batch_idx))
 
     def _set_flops(self, batch, stage: str, draw: RoundDraw | None = None) -> None:
         """`flops_per_batch` (read by ThroughputMonitor after each batch) for this stage's batches:
         forward + backward of the rounds that ran in training; one forward at every evaluated R' otherwise."""
         B, T = batch[0].shape
-        key = (stage, B, T) + ((draw.rounds, draw.grad_rounds) if draw else ())
+        key = (stage, B, T) + (draw.run if draw else ())
         if key not in self._flops:
-            if stage == "train":
-                per_token = self.model.flops_per_token(seq_len=T, rounds=draw.rounds, grad_rounds=draw.grad_rounds)
+            if stage == "train":  # per sequence: every round of the pass runs on every sequence
+                rounds, grad_rounds = draw.run
+                per_token = self.model.flops_per_token(seq_len=T, rounds=rounds, grad_rounds=grad_rounds)
             else:
                 per_token = sum(
                     self.model.flops_per_token(seq_len=T, rounds=int(r), training=False) for r in self.eval_loss
@@ -247,11 +256,11 @@ class LoopedLM(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
-        draw = self.draw()
+        draw = self.draw(batch_size=inputs.size(0), batch_idx=batch_idx)
         _, loss = self.model(inputs, targets, rounds=draw.rounds, grad_rounds=draw.grad_rounds, alpha=draw.alpha)
         self.log("train/loss", loss, prog_bar=True)
         if self.config.round_sampling != "fixed":
-            self.log("train/rounds", float(draw.rounds))
+            self.log("train/rounds", draw.mean)
         if self.model.z_term is not None:
             self.log("train/z_loss", self.optim.z_loss * self.model.z_term)  # the term added to the loss
         if self.model.exit_kl_term is not None:

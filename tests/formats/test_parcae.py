@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import loopnet
 from loopnet.formats import folder as out_folder
-from loopnet.formats.parcae import read_parcae, read_tensors
+from loopnet.formats.parcae import parcae_config, read_parcae, read_tensors
 from loopnet.formats.source import ImportFormatError
 from tests.formats.helpers import model_of
 
@@ -56,6 +56,7 @@ def test_config_reads_parcaes_architecture(imported):
     )
     assert cfg.qk_norm and not cfg.qk_norm_gain and cfg.prelude_norm and cfg.loop_proj and cfg.value_embeds
     assert cfg.backprop_rounds == 2 and cfg.norm_eps == 1e-5 and cfg.rope_base == 50_000
+    assert hf["recurrent_iteration_method"] == "per-sequence" and cfg.round_draw == "sequence"
     assert meta["tokenizer"] == "tokenizer.json" and meta["dtype"] == "float32"
 
 
@@ -81,6 +82,32 @@ def test_random_initial_state_is_parcaes_draw(imported):
         logits, _ = model(GOLDEN["input_ids"], rounds=4)
     assert (logits - reference).abs().max().item() <= tolerance(cfg, 4, reference)
     assert (GOLDEN["logits_steps_4"] - reference).abs().max().item() > 10 * tolerance(cfg, 4, reference)
+
+
+def test_each_sequence_at_its_own_rounds_gives_the_references_logits(imported):
+    """The per-sequence loop (round_draw "sequence") on the imported model: sequence 0 runs 1 round, sequence 1
+    runs 4, and each gets the reference's logits at its own step count. Sequence 0 has no round without grad
+    (k = min(2, 1)), so it waits through sequence 1's two and starts at round 3 as at round 1."""
+    cfg, state, _ = imported
+    model = model_of(cfg, state, state_init="zero")
+    with torch.no_grad():
+        logits, _ = model(GOLDEN["input_ids"], rounds=torch.tensor([1, 4]))
+    for i, steps in enumerate((1, 4)):
+        reference = GOLDEN[f"logits_steps_{steps}"][i]
+        error = (logits[i] - reference).abs().max().item()
+        assert error <= tolerance(cfg, steps, reference), f"sequence {i} at R={steps}: max |Δlogit| {error:.3g}"
+
+
+@pytest.mark.parametrize("method, draw", [("per-sequence", "sequence"), ("per-batch", "batch"), (None, "batch")])
+def test_the_depth_is_drawn_as_the_configs_recurrent_iteration_method_says(method, draw):
+    """Parcae's released configs draw per sequence; a config without the key has the reference's default,
+    per-batch."""
+    hf = json.loads((FIXTURE / "config.json").read_text())
+    if method is None:
+        del hf["recurrent_iteration_method"]
+    else:
+        hf["recurrent_iteration_method"] = method
+    assert parcae_config(hf).round_draw == draw
 
 
 def copy_with(tmp_path: Path, tensors: dict, name: str = "pytorch_model.bin") -> Path:
@@ -125,6 +152,7 @@ def test_a_folder_that_does_not_match_is_refused(tmp_path, change, named):
         ("logit_softcap", 15.0, "logit_softcap=15.0"),
         ("recurrent_embedding_dimension", 64, "a core of width 64"),
         ("mlp_class_name", "GatedMLP", "mlp GatedMLP with ReLU2"),
+        ("recurrent_iteration_method", "per-token", "recurrent_iteration_method='per-token'"),
     ],
 )
 def test_a_config_loopnet_does_not_compute_is_refused(tmp_path, key, value, named):

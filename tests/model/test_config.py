@@ -27,6 +27,7 @@ def test_the_fields_are_the_architecture_and_the_run_settings_each_once():
             "checkpoint_rounds",
             "truncate_rounds",
             "round_sampling",
+            "round_draw",
             "backprop_rounds",
             "max_rounds",
             "round_curriculum_steps",

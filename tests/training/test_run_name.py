@@ -57,6 +57,7 @@ OTHER = {
     "backprop_rounds": 2,
     "max_rounds": 20,
     "scales_depth": "sampled",
+    "round_draw": "sequence",
     "mup_base_width": 96,
     "completep_alpha": 0.5,
     "mlp": "swiglu",
@@ -72,6 +73,7 @@ BASE = {
     "max_rounds": SAMPLED,
     "round_curriculum_steps": SAMPLED,
     "scales_depth": SAMPLED,
+    "round_draw": SAMPLED,
     "state_init": {"wiring": "inject", "injection": "linear"},
 }  # the state a learned injection starts from
 MUP = {"parametrization": "mup", "mup_base_width": 48}
