@@ -187,3 +187,27 @@ def test_the_speed_bench_sizes_the_checkpoint_of_its_format():
     args, sizes = import_speed.parse(["--format", "ouro", "--reference", ".", "--num_hidden_layers", "3"])
     assert args.format == "ouro" and sizes == import_speed.SIZES["ouro"] | {"num_hidden_layers": 3}
     assert import_speed.SIZES["ouro"]["total_ut_steps"] == import_speed.ROUNDS
+
+
+def test_the_speed_table_has_a_row_per_dtype_with_the_wall_clock_and_cpu_ratios():
+    model = {"d_model": 1024, "n_heads": 8, "ffn_width": 2816, "mlp": "swiglu", "vocab_size": 8192, "seq_len": 256}
+    row = {"reference": 2.0, "loopnet": 1.8, "ratio": 0.9, "ratios": [0.9, 0.91], "cpu_ratio": 0.95}
+    res = {
+        "format": "ouro",
+        "parameters": 42e6,
+        "model": model | {"n_prelude": 0, "n_blocks": 2, "n_coda": 0},
+        "rounds": 4,
+        "reps": 2,
+        "threads": 1,
+        "torch": "2.13.0",
+        "transformers": "4.57.6",
+        "attention": "sdpa",
+        "date": "2026-12-05T07:00+00:00",
+        "load_average": 3.0,
+        "max_abs_logit_diff_fp32": 3e-6,
+        "logit_scale": 2.9,
+        "dtypes": {"float32": row},
+    }
+    text = import_speed.markdown(res, "loopnet bench import-speed --format ouro")
+    assert "P 0 + K 2·R 4 + C 0" in text and "largest |Δ logit| 3.00e-06" in text
+    assert "| float32 | 2.000 s | 1.800 s | 0.900 | 0.950 | 0.90, 0.91 |" in text.splitlines()
