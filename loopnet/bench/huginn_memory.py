@@ -3,7 +3,7 @@
     loopnet bench huginn-memory [--reps 1] [--scratch /tmp] [--out huginn-memory.md] [--json huginn-memory.json]
                                 [--n_embd 3072 --n_heads 24 --intermediate_size 8192 ...]
 
-The checkpoint: random weights in Huginn-0125's hub layout (`loopnet.bench.huginn_checkpoint`: config.json,
+The checkpoint: random weights in Huginn-0125's hub layout (`loopnet.bench.hub_checkpoints`: config.json,
 safetensors shards of 1 GB with their index, tokenizer files), bf16, by default Huginn's shape narrowed to
 d 3072, 24 heads, FFN 8192, vocabulary 65536, prelude 2, core 4, coda 2 (1.13 B parameters, 2.25 GB), written
 under `--scratch` and deleted at the end. Each row runs in a fresh Python process that imports what it needs first,
@@ -108,7 +108,7 @@ def run_row(row: str, src: Path, out: Path) -> dict:
 
 
 def run(reps: int, sizes: dict, scratch: str | None = None) -> dict:
-    from loopnet.bench.huginn_checkpoint import write_checkpoint
+    from loopnet.bench.hub_checkpoints import write_checkpoint
     from loopnet.env import machine
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None

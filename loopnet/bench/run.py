@@ -5,7 +5,8 @@
     loopnet bench generation ...      generation with and without the KV cache (`loopnet.bench.generation`)
     loopnet bench export ...          export and load of a GPT-2-small-sized model (`loopnet.bench.export`)
     loopnet bench huginn-memory ...   peak RSS of importing and loading a 1 B Huginn checkpoint (`...huginn_memory`)
-    loopnet bench huginn-speed ...    loopnet's forward of a Huginn model against the reference's (`...huginn_speed`)
+    loopnet bench import-speed ...    loopnet's forward of an imported Huginn, Ouro or Parcae model against the
+                                      reference code's (`...import_speed`); `huginn-speed` is its --format huginn
     python -m loopnet.bench ...
 
 All variants train the same model on the same batches, in this process (all but one, which needs a
@@ -452,8 +453,10 @@ def main(argv: list[str] | None = None) -> None:
         "generation": "loopnet.bench.generation",
         "export": "loopnet.bench.export",
         "huginn-memory": "loopnet.bench.huginn_memory",
-        "huginn-speed": "loopnet.bench.huginn_speed",
+        "import-speed": "loopnet.bench.import_speed",
     }
+    if argv[:1] == ["huginn-speed"]:  # the Huginn row's own name
+        argv = ["import-speed", "--format", "huginn", *argv[1:]]
     if argv[:1] and argv[0] in rows:  # rows of their own, each with its own --help
         import importlib
 
