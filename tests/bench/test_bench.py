@@ -29,14 +29,37 @@ VARIANTS = [
 ]
 
 
-def test_smoke_run_prints_and_writes_every_variant(tmp_path):
-    md, js = tmp_path / "bench.md", tmp_path / "bench.json"
-    proc = run_command(
-        [sys.executable, "-m", "loopnet.bench.run", "--smoke", "--out", str(md), "--json", str(js)],
-        env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
-    )
+# The bench run with keep_freed_memory() counted: every call of it, by main() or a Trainer's HostMemory.
+COUNTED = (
+    "import sys\n"
+    "import loopnet.training.host_memory as hm\n"
+    "calls = []\n"
+    "real = hm.keep_freed_memory\n"
+    "hm.keep_freed_memory = lambda: calls.append(1) or real()\n"
+    "import loopnet.bench.run as run\n"
+    "run.keep_freed_memory = hm.keep_freed_memory\n"
+    "run.main(sys.argv[1:])\n"
+    "print('CALLS', len(calls))\n"
+)
+
+
+def counted_run(*args):
+    proc = run_command([sys.executable, "-c", COUNTED, *args], env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for text in (proc.stdout, md.read_text()):
+    return proc
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """`loopnet bench --smoke`, keep_freed_memory() counted: its stdout, markdown and JSON files."""
+    folder = tmp_path_factory.mktemp("smoke")
+    md, js = folder / "bench.md", folder / "bench.json"
+    return counted_run("--smoke", "--out", str(md), "--json", str(js)).stdout, md, js
+
+
+def test_smoke_run_prints_and_writes_every_variant(smoke):
+    stdout, md, js = smoke
+    for text in (stdout, md.read_text()):
         for name in VARIANTS:
             assert f"| {name} |" in text, f"no row for {name}"
         assert "Command: `loopnet bench --smoke" in text and "Peak for MFU" in text and "| K | R |" in text
@@ -95,29 +118,20 @@ def test_compiled_model_matches_eager_and_reuses_graphs_across_rounds():
     assert counters["stats"]["unique_graphs"] == before
 
 
-def test_bf16_on_cpu_runs_autocast_and_measures_a_bf16_peak(tmp_path):
+@pytest.fixture(scope="module")
+def bf16_system(tmp_path_factory):
+    """`loopnet bench --smoke --precision bf16 --system-malloc` (memory, data and all but one R' off),
+    keep_freed_memory() counted: its stdout and JSON file. The bf16 and the system-malloc tests read it."""
+    js = tmp_path_factory.mktemp("bf16") / "bench.json"
+    flags = ["--smoke", "--precision", "bf16", "--no-memory", "--no-data", "--rounds", "6", "--system-malloc"]
+    return counted_run(*flags, "--json", str(js)).stdout, js
+
+
+def test_bf16_on_cpu_runs_autocast_and_measures_a_bf16_peak(bf16_system):
     """--precision bf16 on CPU: every variant in bf16 autocast (Lightning: bf16-mixed), MFU against
     this CPU's own bf16 matmul rate."""
-    js = tmp_path / "bench.json"
-    proc = run_command(
-        [
-            sys.executable,
-            "-m",
-            "loopnet.bench.run",
-            "--smoke",
-            "--precision",
-            "bf16",
-            "--no-memory",
-            "--no-data",
-            "--rounds",
-            "6",
-            "--json",
-            str(js),
-        ],
-        env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "T=32, batch 2, vocabulary 256, bf16 autocast" in proc.stdout
+    stdout, js = bf16_system
+    assert "T=32, batch 2, vocabulary 256, bf16 autocast" in stdout
     result = json.loads(js.read_text())
     assert result["settings"]["bf16"] is True and result["peak_method"].startswith("this CPU's bf16")
     assert {"bare", "lightning", "checkpoint"} <= {r["name"] for r in result["rows"]}
@@ -141,26 +155,11 @@ def test_bare_loop_forward_runs_in_the_chosen_precision():
         torch.set_num_threads(threads)
 
 
-def test_system_malloc_leaves_the_allocator_alone(tmp_path):
+def test_system_malloc_leaves_the_allocator_alone(smoke, bf16_system):
     """--system-malloc: no keep_freed_memory() in the bench process, nor through a Trainer's HostMemory;
-    without it, main() and every Trainer apply it (the control: the count is not zero by accident)."""
-    code = (
-        "import sys\n"
-        "import loopnet.training.host_memory as hm\n"
-        "calls = []\n"
-        "real = hm.keep_freed_memory\n"
-        "hm.keep_freed_memory = lambda: calls.append(1) or real()\n"
-        "import loopnet.bench.run as run\n"
-        "run.keep_freed_memory = hm.keep_freed_memory\n"
-        "run.main(['--smoke', '--no-memory', '--no-data', '--rounds', '6'] + sys.argv[1:])\n"
-        "print('CALLS', len(calls))\n"
-    )
-    outputs = {}
-    for flags in ([], ["--system-malloc"]):
-        proc = run_command([sys.executable, "-c", code, *flags], env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        outputs[bool(flags)] = proc.stdout
-    tuned, system = outputs[False], outputs[True]
+    without it (the smoke run), main() and every Trainer apply it (the control: the count is not zero by
+    accident)."""
+    tuned, system = smoke[0], bf16_system[0]
     assert "CALLS 0" not in tuned and "keep_freed_memory(), applied" in tuned and "| system malloc |" in tuned
     assert "CALLS 0" in system and "keep_freed_memory(), NOT applied" in system
     assert "| system malloc |" not in system and "| lightning |" in system

@@ -241,26 +241,26 @@ def spy(name, globals=None, *args, **kwargs):  # every import statement, also of
     return plain(name, globals, *args, **kwargs)
 
 builtins.__import__ = spy
-import MODULES
-print(sorted(importers, key=str))
+for modules in sys.argv[1:]:  # each group after the ones before it: the importers so far
+    exec("import " + modules)
+    print("IMPORTERS", sorted(importers, key=str))
 """
 TRAINING_PATH = "loopnet.training.cli, loopnet.training.module, loopnet.data.datamodule, loopnet.diagnostics"
 
 
-def importers_of_transformers(modules: str) -> list:
-    proc = subprocess.run(
-        [sys.executable, "-c", SPY.replace("MODULES", modules)], check=False, capture_output=True, text=True, cwd=ROOT
-    )
+def importers_of_transformers(*groups: str) -> list[list]:
+    """The modules that import transformers, in one fresh process, after each group of modules in turn."""
+    proc = subprocess.run([sys.executable, "-c", SPY, *groups], check=False, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return eval(proc.stdout.strip().splitlines()[-1])
+    return [eval(line.removeprefix("IMPORTERS ")) for line in proc.stdout.splitlines() if line.startswith("IMPORTERS ")]
 
 
 def test_no_loopnet_module_of_the_training_path_imports_transformers():
     """The fit's imports (the CLI, the LightningModule, the data module, the callbacks) and the exported-folder reader
     import no transformers themselves: only `loopnet export` and the exported model's code need it. (Lightning's
     torchmetrics imports it when it is installed: the spy names who asks.)"""
-    importers = importers_of_transformers(f"{TRAINING_PATH}, loopnet.formats.hf")
-    assert not [name for name in importers if (name or "").split(".")[0] == "loopnet"], importers
-    assert "loopnet.formats.modeling_loopnet" in importers_of_transformers(
-        f"{TRAINING_PATH}, loopnet.formats.modeling_loopnet"
+    importers, control = importers_of_transformers(
+        f"{TRAINING_PATH}, loopnet.formats.hf", "loopnet.formats.modeling_loopnet"
     )
+    assert not [name for name in importers if (name or "").split(".")[0] == "loopnet"], importers
+    assert "loopnet.formats.modeling_loopnet" in control  # the control: the spy sees a module that does import it

@@ -139,9 +139,16 @@ def run_loopnet(*args, cwd=None):
     )
 
 
-def test_import_command_writes_a_loopnet_folder_that_computes_the_reference(tmp_path):
-    out = tmp_path / "huginn"
-    proc = run_loopnet("import", str(FIXTURE), str(out))
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """`loopnet import` of the fixture, once for the tests that read the folder: the command's result and the
+    folder."""
+    out = tmp_path_factory.mktemp("import") / "huginn"
+    return run_loopnet("import", str(FIXTURE), str(out)), out
+
+
+def test_import_command_writes_a_loopnet_folder_that_computes_the_reference(folder):
+    proc, out = folder
     assert proc.returncode == 0, proc.stderr
     assert (out / "tokenizer.json").is_file() and (out / "model.safetensors").is_file()
     _, _, source = out_folder.read_folder(out)
@@ -166,12 +173,12 @@ def metrics(stdout: str) -> dict[str, float]:
     return {row[0]: float(row[1]) for row in rows if len(row) == 2 and row[0].startswith("test")}
 
 
-def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer(tmp_path):
+def test_an_imported_huginn_fine_tunes_tests_and_predicts_with_its_own_tokenizer(tmp_path, folder):
     """`loopnet import`; `loopnet test` of the folder itself at other R' with the fixed-point profile and the exit
     frontier; `loopnet fit` from the folder's model.yaml with its tokenizer.json as the data's ids; `loopnet
     predict` from the fit's checkpoint."""
-    out = tmp_path / "huginn"
-    assert run_loopnet("import", str(FIXTURE), str(out)).returncode == 0
+    proc, out = folder
+    assert proc.returncode == 0, proc.stderr
     root = Path(__file__).resolve().parents[2] / "configs"
     common = [
         "--config",

@@ -177,12 +177,18 @@ def run_loopnet(*args, cwd=None):
     )
 
 
-def test_import_command_writes_a_folder_that_computes_the_reference(tmp_path):
+@pytest.fixture(scope="module")
+def mha_folder(tmp_path_factory):
+    """`loopnet import` of the mha fixture, once for the tests that read the folder: the command's result and the
+    folder."""
+    out = tmp_path_factory.mktemp("import") / "ouro"
+    return run_loopnet("import", str(FIXTURES / "mha"), str(out)), out
+
+
+def test_import_command_writes_a_folder_that_computes_the_reference(mha_folder):
     """`loopnet import` of the hub layout (shards and their index, tokenizer files); `loopnet.load` opens it with
     Ouro's tokenizer, whose end-of-text is the <|endoftext|> its files name."""
-    src = FIXTURES / "mha"
-    out = tmp_path / "ouro"
-    proc = run_loopnet("import", str(src), str(out))
+    proc, out = mha_folder
     assert proc.returncode == 0, proc.stderr
     assert "ouro as loopnet" in proc.stdout and "note:" not in proc.stdout
     assert (out / "tokenizer.json").is_file() and (out / "model.safetensors").is_file()
@@ -247,11 +253,11 @@ def metrics(stdout: str) -> dict[str, float]:
     return {row[0]: float(row[1]) for row in rows if len(row) == 2 and row[0].startswith("test")}
 
 
-def test_loopnet_test_measures_an_imported_ouro(tmp_path):
+def test_loopnet_test_measures_an_imported_ouro(tmp_path, mha_folder):
     """`loopnet test` of the imported folder at other R' with the per-visit diagnostics, the fixed-point profile
     and the gate's exit frontier: threshold 0 exits every token after round 1, one above 1 never early."""
-    out = tmp_path / "ouro"
-    assert run_loopnet("import", str(FIXTURES / "mha"), str(out)).returncode == 0
+    proc, out = mha_folder
+    assert proc.returncode == 0, proc.stderr
     root = Path(__file__).resolve().parents[2] / "configs"
     test = run_loopnet(
         "test",
@@ -271,15 +277,15 @@ def test_loopnet_test_measures_an_imported_ouro(tmp_path):
     assert all(0 < m[f"test_fixed_point/sigma_max/r0{r}"] < float("inf") for r in range(2, 7))
 
 
-def test_loopnet_eval_scores_an_imported_ouro_with_and_without_the_gate(tmp_path, monkeypatch, capsys):
+def test_loopnet_eval_scores_an_imported_ouro_with_and_without_the_gate(tmp_path, mha_folder, monkeypatch, capsys):
     """`loopnet eval` of the imported folder with its own tokenizer: without exit every token runs R' = 4 steps;
     with --exit gate at threshold 0 every token stops after step 1 and scores as R' = 1 does."""
     pytest.importorskip("lm_eval", reason="the eval extra (lm-eval) is not installed")
     from loopnet.eval.cli import main
     from tests.eval.helpers import DATA_DIR, TASK
 
-    out = tmp_path / "ouro"
-    assert run_loopnet("import", str(FIXTURES / "mha"), str(out)).returncode == 0
+    proc, out = mha_folder
+    assert proc.returncode == 0, proc.stderr
     monkeypatch.chdir(DATA_DIR)  # where the task YAML's relative data_files points
     reports = {}
     for name, extra in {

@@ -228,8 +228,11 @@ def test_hf_source_fetches_the_tokenizer_repository_when_the_model_has_none(monk
     assert source["format"] == "parcae" and source["commit"] == "0123abcd"
 
 
-def test_import_command_writes_a_folder_that_computes_the_reference(tmp_path):
-    out = tmp_path / "parcae"
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """`loopnet import` of the fixture, once for the tests that read the folder: the command's result and the
+    folder."""
+    out = tmp_path_factory.mktemp("import") / "parcae"
     proc = subprocess.run(
         [sys.executable, "-m", "loopnet", "import", str(FIXTURE), str(out)],
         capture_output=True,
@@ -237,6 +240,11 @@ def test_import_command_writes_a_folder_that_computes_the_reference(tmp_path):
         timeout=300,
         check=False,
     )
+    return proc, out
+
+
+def test_import_command_writes_a_folder_that_computes_the_reference(folder):
+    proc, out = folder
     assert proc.returncode == 0, proc.stderr
     assert "parcae as loopnet" in proc.stdout
     model = out_folder.load_model(out)
@@ -256,14 +264,14 @@ def metrics(stdout: str) -> dict[str, float]:
     return {row[0]: float(row[1]) for row in rows if len(row) == 2 and row[0].startswith("test")}
 
 
-def test_an_imported_parcae_fine_tunes_and_tests_with_the_instruments(tmp_path):
+def test_an_imported_parcae_fine_tunes_and_tests_with_the_instruments(tmp_path, folder):
     """`loopnet fit` from the imported folder's model.yaml (Parcae's poisson_truncated draw, its tokenizer), then
     `loopnet test` of the folder at other R' with the fixed-point profile and the exit frontier."""
-    out = tmp_path / "parcae"
+    proc, out = folder
+    assert proc.returncode == 0, proc.stderr
     run = lambda *args: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "loopnet", *args], capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False
     )
-    assert run("import", str(FIXTURE), str(out)).returncode == 0
     root = Path(__file__).resolve().parents[2] / "configs"
     common = [
         "--config",

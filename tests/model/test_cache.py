@@ -35,9 +35,10 @@ WIRINGS = {  # name: LoopConfig fields
 }
 
 
-def make(wiring: str, positions: str) -> LoopedTransformer:
+def make(wiring: str, positions: str, **overrides) -> LoopedTransformer:
     torch.manual_seed(0)
-    model = LoopedTransformer(tiny_config(vocab_size=97, seq_len=16, positions=positions, **WIRINGS[wiring])).eval()
+    config = tiny_config(vocab_size=97, seq_len=16, positions=positions, **(WIRINGS[wiring] | overrides))
+    model = LoopedTransformer(config).eval()
     with torch.no_grad():  # sharper attention than at init (logits ×16), so that where the queries come from
         d = model.config.d_model  # (the stream or, injecting, h) shows in the logits: ~3e-4, not ~2e-5
         for block in [*model.prelude_blocks, *model.blocks, *model.coda_blocks]:
@@ -123,8 +124,9 @@ def test_past_the_window_the_context_is_cropped_and_the_cache_rebuilt(positions)
 def test_a_compiled_step_gives_the_tokens_of_the_eager_cache_and_the_recompute():
     """`compile=True`: ragged prompts (one of one token, whose first step runs eagerly and fills the cache's
     slots), a window that one prompt outgrows (the cache rebuilt), untied prelude and coda, qk-norm, RoPE:
-    the greedy tokens of the eager cache and the recompute. One compile (batch 2, R' = R), no recompile."""
-    model = make("prelude_coda_flt", "rope")
+    the greedy tokens of the eager cache and the recompute. One compile (batch 2, R' = R), no recompile. One
+    prelude block and R = 2: the compile's cost grows with the blocks the step runs."""
+    model = make("prelude_coda_flt", "rope", n_prelude=1, n_rounds=2)
     prompts, window = [[3, 1, 4, 1, 5, 9, 2], [6]], 8
     torch._dynamo.reset()
     with torch._dynamo.config.patch(error_on_recompile=True):
