@@ -198,59 +198,8 @@ def test_a_broken_output_pipe_still_ends_with_the_interruption_checkpoint(piped,
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
 
 
-# ------------------------------------------------------------------------------------------ DDP
-DDP = [
-    *ARGS,
-    "--data.batch_size",
-    "2",
-    "--trainer.accelerator",
-    "cpu",
-    "--trainer.strategy",
-    "ddp",
-    "--trainer.devices",
-    "2",
-]
-
-
-def test_ddp_ranks_abandon_the_validation_together_when_one_gets_the_signal(tmp_path):
-    """SIGTERM to rank 1 alone in the validation at step 3: both ranks leave it after the same batch
-    (the ranks agree after every validation batch), one checkpoint, and the resumed run's record equals
-    that of an uninterrupted run (started alongside)."""
-    from .helpers import finish, spawn
-
-    ref, cut = tmp_path / "reference", tmp_path / "interrupted"
-    ref.mkdir(), cut.mkdir()
-    procs = [
-        spawn("fit", *DDP, cwd=ref),
-        spawn(
-            "fit",
-            *DDP,
-            *callbacks(
-                (ValidationBatches, {"path": str(cut / "val")}),
-                (SignalInValidation, {"step": 3, "batch_idx": 0, "rank": 1}),
-            ),
-            cwd=cut,
-        ),
-    ]
-    try:
-        reference, interrupted = (finish(p) for p in procs)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert reference.code == 0, reference.err[-3000:]
-    assert interrupted.code == 0 and "Traceback" not in interrupted.err, interrupted.err[-4000:]
-    assert "loopnet: stopped at step 3" in interrupted.err
-    lines = [line.split() for line in (cut / "val").read_text().splitlines()]
-    by_rank = {r: [int(b) for rank, s, b in lines if int(rank) == r and int(s) == 3] for r in (0, 1)}
-    assert by_rank[0] == by_rank[1] and len(by_rank[0]) < 4, by_rank
-    assert _interrupt_state(cut) == {"step": 3, "rerun_validation_at": 3}
-
-    res = finish(spawn("fit", *DDP, "--ckpt_path", "last", cwd=cut))
-    assert res.code == 0, res.err[-3000:]
-    assert record(cut) == record(ref)
-
-
+# ------------------------------------------------------------------------------------------ the last step
+# (a stop in a DDP run's validation: tests/reliability/test_ddp.py)
 @pytest.mark.parametrize(
     "stop",
     [(SignalInValidation, {"step": 6, "batch_idx": 0}), (SignalAt, {"step": 6})],

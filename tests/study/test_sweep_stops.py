@@ -25,14 +25,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # sweeps of many fits (fake ones, a fraction of a second each)
 
-# `loopnet sweep` with the fake fit as every cell's command, no Lightning check of the cells, and a fork
-# server that preloads only what the fake imports.
+# `loopnet sweep` with the fake fit as every cell's command, no Lightning check of the cells, a fork server
+# that preloads only what the fake imports, and a manifest without torch's version (`machine` imports torch:
+# seconds of CPU per sweep, all before the first cell starts).
 DRIVER = """
 import sys
 import loopnet.study.grid as grid, loopnet.study.launch as launch, loopnet.study.sweep as sweep
 grid.CLI[:] = [sys.executable, "-m", "tests.study.fake_fit"]
 launch.PRELOAD[:] = ["loopnet.checkpoints", "loopnet.diagnostics"]
 sweep.check_cells = lambda *args: None
+sweep.machine = lambda: {"host": "test"}
 sweep.main(sys.argv[1:])
 """
 END_EVENTS = ("finished", "failed", "stopped")

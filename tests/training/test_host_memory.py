@@ -2,13 +2,13 @@
 page-faulted in again every step."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from loopnet.training.host_memory import glibc_available
+from tests.helpers import communicate
 
 pytestmark = pytest.mark.skipif(not glibc_available(), reason="glibc only")
 
@@ -30,13 +30,16 @@ print(json.dumps({"applied": applied, "faults": faults}))
 """
 
 
-def run_child(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_children(*modes: str) -> list[dict]:
+    """CHILD in one process per mode, started together (their start-up dominates); what each printed."""
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, m], stdout=subprocess.PIPE, text=True) for m in modes]
+    outs = [communicate(proc)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), outs
+    return [json.loads(out.strip().splitlines()[-1]) for out in outs]
 
 
 def test_freed_memory_is_reused_without_page_faults():
-    keep, system = run_child("keep"), run_child("system")
+    keep, system = run_children("keep", "system")
     assert keep["applied"] and not system["applied"]
     # glibc's default: every allocation is a fresh mmap, faulted in again (page by page, or by huge
     # pages where transparent huge pages back it: fewer faults, so compare the two runs).
@@ -65,9 +68,8 @@ def test_callback_applies_only_on_cpu_and_can_be_turned_off(tmp_path):
     assert on.applied and not off.applied
 
 
-def test_cli_exposes_the_switch():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    out = subprocess.run(
-        [sys.executable, "-m", "loopnet.training.cli", "fit", "--help"], capture_output=True, text=True, env=env
-    )
-    assert "--host_memory.keep_freed" in out.stdout, out.stderr[-2000:]
+def test_cli_exposes_the_switch(tmp_path):
+    from tests.reliability.helpers import loopnet
+
+    res = loopnet("fit", "--help", cwd=tmp_path)  # the parser's help, in this process
+    assert res.code == 0 and "--host_memory.keep_freed" in res.out, res.err[-2000:]

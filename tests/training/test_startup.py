@@ -1,7 +1,6 @@
 """Every command paid 6-9 s of start-up, even `--help`; `datasets` (with pandas,
 ~0.8 s of it) is imported only where documents are read."""
 
-import subprocess
 import sys
 
 import pytest
@@ -12,10 +11,20 @@ from tests.reliability.helpers import ROOT, env
 pytestmark = pytest.mark.slow
 
 
-def test_the_cli_starts_without_importing_datasets():
-    code = "import sys, loopnet.training.cli; print(sorted({'datasets', 'pandas'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+@pytest.fixture(scope="module")
+def test_help():
+    """`python -m loopnet test --help` (the Trainer's CLI: Lightning imported), every import it made logged
+    on stderr (`-X importtime`)."""
+    proc = run_command([sys.executable, "-X", "importtime", "-m", "loopnet", "test", "--help"], env=env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = {line.rpartition("|")[2].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    return proc.stdout, imported
+
+
+def test_the_cli_starts_without_importing_datasets(test_help):
+    _, imported = test_help
+    assert "loopnet.training.cli" in imported and "lightning" in imported
+    assert not {"datasets", "pandas"} & imported
 
 
 LIGHT = """
@@ -53,12 +62,11 @@ def test_the_tools_start_without_lightning(tool):
     assert heavy == (["torch"] if tool == "bench" else [])
 
 
-def test_the_console_script_and_python_m_name_the_command_loopnet():
+def test_the_console_script_and_python_m_name_the_command_loopnet(test_help):
     import tomllib
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["loopnet"] == "loopnet.commands:main"
-    proc = run_command([sys.executable, "-m", "loopnet", "test", "--help"], env=env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.startswith("usage: loopnet [options] test")
-    assert "--ckpt_path" in proc.stdout
+    out, _ = test_help
+    assert out.startswith("usage: loopnet [options] test")
+    assert "--ckpt_path" in out
