@@ -175,10 +175,12 @@ class SweepRunner:
             return self.server.start(cmd, cell_dir / "fit.log", dict(os.environ), self.threads)
         return launch.start_fresh(cmd, cell_dir / "fit.log", dict(os.environ), self.threads, spawn=spawn)
 
-    def finish(self, cell: Cell, rc: int, seconds: float, done: int, total: int) -> None:
+    def finish(self, cell: Cell, rc: int, seconds: float, done: int, total: int, stopped: bool = False) -> None:
+        """Record how a fit ended; `stopped`: ended by the sweep's own SIGTERM (`stop`), so that -SIGTERM after a
+        finished summary is a finished cell (the signal came while its interpreter exited)."""
         summary = cell_summary(self.out / cell.id)
         status = summary["status"] if summary else None
-        if status in FINAL_STATUSES and rc == 0:
+        if status in FINAL_STATUSES and (rc == 0 or (stopped and rc == -signal.SIGTERM)):
             self.results[cell.id] = status
             val = summary.get("final_val_loss")
             extra = f" at step {summary['diverged_at_step']}" if status == "diverged" else ""
@@ -309,9 +311,11 @@ class SweepRunner:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            if proc.returncode == 0 and is_finished(self.out / cell.id):  # it completed before the stop reached it
+            # It completed before the stop reached it; or it had written its finished summary and our SIGTERM
+            # came while its interpreter exited, the default handler back in place (-SIGTERM): finished too.
+            if proc.returncode in (0, -signal.SIGTERM) and is_finished(self.out / cell.id):
                 done += 1
-                self.finish(cell, proc.returncode, time.monotonic() - t0, done, total)
+                self.finish(cell, proc.returncode, time.monotonic() - t0, done, total, stopped=True)
             else:
                 self.log("stopped", cell, rc=proc.returncode)
             lock.close()

@@ -8,6 +8,8 @@ fit, in a fraction of a second instead of tens.
 - "trains" for FAKE_FIT_SECONDS (default 0.6) in 20 ms steps, then writes a completed summary;
 - SIGTERM or SIGHUP: writes an interrupted summary and exits 0 at the next step, as a fit does;
 - FAKE_FIT_CRASH=CELL:abort|kill|exit,...: that cell dies of SIGABRT or SIGKILL, or exits with status 3, half way;
+- FAKE_FIT_LINGER=S: after its completed summary, lingers S seconds with SIGTERM's default action back, as a fit's
+  interpreter exits after Lightning restored the handlers (a SIGTERM then ends it with -SIGTERM, finished);
 - FAKE_FIT_SEMAPHORE=1: holds a named semaphore, registered with multiprocessing's resource tracker as a real fit's
   are (released at exit).
 """
@@ -62,7 +64,11 @@ def main() -> None:
             time.sleep(0.02)
             step += 1
         write_summary(folder / "summary.json", {"status": "completed", "global_step": step, "final_val_loss": 1.0})
-        print(f"fake fit: completed {step} steps")
+        print(f"fake fit: completed {step} steps", flush=True)
+        linger = float(os.environ.get("FAKE_FIT_LINGER", "0"))
+        if linger:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            time.sleep(linger)
     finally:
         release_version_locks()
 

@@ -60,6 +60,7 @@ def sweep_process(
     ignore_hup: bool = False,
     semaphore: bool = False,
     new_session: bool = False,
+    linger: float = 0.0,
 ):
     env = dict(
         os.environ,
@@ -67,6 +68,7 @@ def sweep_process(
         FAKE_FIT_SECONDS=str(fit_seconds),
         FAKE_FIT_CRASH=crash,
         FAKE_FIT_SEMAPHORE="1" if semaphore else "",
+        FAKE_FIT_LINGER=str(linger),
     )
     # SIGHUP ignored as under nohup, else its default as from a terminal (set either way: the test runner
     # itself may run under nohup, whose SIG_IGN a child would inherit)
@@ -158,6 +160,19 @@ def test_a_stop_at_any_moment_is_logged_and_leaves_no_fit_running(tmp_path, star
     trials = [stop_at_random(tmp_path / f"t{seed}", seed, start, rerun=seed % 8 == 0) for seed in range(16)]
     # The signal reached the sweep while cells ran (not after the sweep's end) in all but a few.
     assert sum(t["rc"] != 0 and t["stopped"] > 0 for t in trials) >= 12, trials
+
+
+def test_a_fit_killed_by_the_stop_after_its_finished_summary_counts_as_finished(tmp_path):
+    """The window the random stops hit now and then: the fit wrote its completed summary, and the sweep's
+    SIGTERM reaches it while its interpreter exits with the default handler back (-SIGTERM)."""
+    sweep_file, out = write_sweep(tmp_path, cells=1), tmp_path / "sweep"
+    proc = sweep_process(sweep_file, fit_seconds=0.2, linger=60)
+    wait_until(lambda: is_finished(out / "s1"), proc, "the cell's completed summary", poll=0.05)
+    proc.send_signal(signal.SIGTERM)
+    output = communicate(proc)[0]
+    assert proc.returncode == 130 and not fits_alive(out), output[-3000:]
+    ends = [e for e in events(out) if e["event"] in END_EVENTS]
+    assert [(e["event"], e["cell"]) for e in ends] == [("finished", "s1")], ends
 
 
 @pytest.mark.parametrize("start", ["fresh", "forkserver"])
