@@ -74,8 +74,9 @@ BASE = {
     "round_curriculum_steps": SAMPLED,
     "scales_depth": SAMPLED,
     "round_draw": SAMPLED,
-    "state_init": {"wiring": "inject", "injection": "linear"},
-}  # the state a learned injection starts from
+    "state_init": {"wiring": "inject", "injection": "linear"},  # the state a learned injection starts from
+    "exit_kl": {"exit_gate": True, "loss_rounds": "expected"},  # Ouro's prior acts on the expected loss
+}
 MUP = {"parametrization": "mup", "mup_base_width": 48}
 COMPLETEP = {"parametrization": "completep", "mup_base_width": 48, "completep_base_depth": 4, "residual": "preln"}
 BASE |= {"mup_base_width": MUP, "completep_base_depth": COMPLETEP, "completep_alpha": COMPLETEP}
