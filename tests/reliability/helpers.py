@@ -58,6 +58,8 @@ TINY = [
 ]
 
 # Two steps with a validation at step 2: a finished run (checkpoints, events, config, summary) in seconds.
+# A DDP fit on two CPU processes (gloo).
+TWO_CPU_RANKS = ["--trainer.accelerator", "cpu", "--trainer.strategy", "ddp", "--trainer.devices", "2"]
 SHORT = [*TINY, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
 
 

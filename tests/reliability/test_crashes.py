@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from .helpers import RUN, SHORT, TINY, Progress, callbacks, finish, loopnet, spawn, wait_for
+from .helpers import RUN, SHORT, TINY, Progress, callbacks, finish, loopnet, spawn, wait_for, TWO_CPU_RANKS
 
 pytestmark = pytest.mark.slow
 
@@ -84,12 +84,7 @@ def test_ddp_rank_killed_ends_rank_0_in_one_line(tmp_path):
         "1000",
         "--data.batch_size",
         "2",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.strategy",
-        "ddp",
-        "--trainer.devices",
-        "2",
+        *TWO_CPU_RANKS,
         *callbacks((Progress, {"path": str(progress), "delay": 0.2})),
         cwd=tmp_path,
         new_session=True,

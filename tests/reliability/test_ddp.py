@@ -8,6 +8,7 @@ import json
 import pytest
 
 from .helpers import (
+    TWO_CPU_RANKS,
     RUN,
     TINY,
     RankRecorder,
@@ -29,12 +30,7 @@ DDP = [
     *ARGS,
     "--data.batch_size",
     "2",
-    "--trainer.accelerator",
-    "cpu",
-    "--trainer.strategy",
-    "ddp",
-    "--trainer.devices",
-    "2",
+    *TWO_CPU_RANKS,
 ]
 
 
@@ -132,12 +128,7 @@ def test_ddp_stops_cleanly_on_a_signal_to_every_rank_or_to_rank_1(tmp_path, to):
         "1000",
         "--data.batch_size",
         "2",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.strategy",
-        "ddp",
-        "--trainer.devices",
-        "2",
+        *TWO_CPU_RANKS,
         *callbacks((Progress, {"path": str(progress), "delay": 0.2})),
         cwd=tmp_path,
         new_session=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import RUN, TINY, Progress, callbacks, finish, spawn, wait_for
+from .helpers import RUN, TINY, Progress, callbacks, finish, spawn, wait_for, TWO_CPU_RANKS
 from .test_ddp import _children
 
 pytestmark = pytest.mark.slow
@@ -38,12 +38,7 @@ def test_a_killed_rank_leaves_a_summary(tmp_path, when):
         "1000",
         "--data.batch_size",
         "2",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.strategy",
-        "ddp",
-        "--trainer.devices",
-        "2",
+        *TWO_CPU_RANKS,
         *callbacks((Progress, {"path": str(progress), "delay": 0.2})),
         cwd=tmp_path,
         new_session=True,

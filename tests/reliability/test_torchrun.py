@@ -19,7 +19,7 @@ import pytest
 import yaml
 from tests.helpers import run_command
 
-from .helpers import ROOT, RUN, TINY, env
+from .helpers import ROOT, RUN, TINY, env, TWO_CPU_RANKS
 
 pytestmark = pytest.mark.slow
 
@@ -80,12 +80,7 @@ def test_resume_where_one_rank_cannot_see_the_run_folder_fails_on_every_rank_in_
         *FIT,
         "--trainer.max_steps",
         "4",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.strategy",
-        "ddp",
-        "--trainer.devices",
-        "2",
+        *TWO_CPU_RANKS,
         "--ckpt_path",
         "last",
         cwd=ROOT,

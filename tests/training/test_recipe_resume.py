@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from tests.reliability.helpers import RUN, TINY, SignalAt, callbacks, finish, loopnet, scalars, spawn
+from tests.reliability.helpers import RUN, TINY, SignalAt, callbacks, finish, loopnet, scalars, spawn, TWO_CPU_RANKS
 
 pytestmark = pytest.mark.slow
 
@@ -85,12 +85,7 @@ def test_both_ddp_ranks_run_the_same_drawn_rounds(tmp_path, draw):
         "6",
         "--data.batch_size",
         "2",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.strategy",
-        "ddp",
-        "--trainer.devices",
-        "2",
+        *TWO_CPU_RANKS,
         "--diagnostics.every_n_steps",
         "0",
         "--model.config.round_draw",
