@@ -105,10 +105,12 @@ def env() -> dict[str, str]:
     return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=path)
 
 
-def spawn(*args: str, cwd: Path, new_session: bool = False) -> subprocess.Popen:
+def spawn(*args: str, cwd: Path, new_session: bool = False, hup=signal.SIG_DFL) -> subprocess.Popen:
     """`python -m loopnet.training.cli <args>` as a real process (for signals, kills and DDP). Its
     output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits.
-    `new_session`: in a process group of its own (with the DDP ranks it starts), for `os.killpg`."""
+    `new_session`: in a process group of its own (with the DDP ranks it starts), for `os.killpg`.
+    `hup`: the child's SIGHUP disposition, SIG_DFL as from a terminal or SIG_IGN as `nohup` leaves it; set
+    either way, since the test runner itself may run under nohup, whose SIG_IGN a child would inherit."""
     logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "loopnet.training.cli", *args],
@@ -118,6 +120,7 @@ def spawn(*args: str, cwd: Path, new_session: bool = False) -> subprocess.Popen:
         stderr=logs[1],
         text=True,
         start_new_session=new_session,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, hup),
     )
     proc.logs = logs
     return proc

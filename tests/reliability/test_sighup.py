@@ -2,9 +2,6 @@
 run summary, exit status 0. Under nohup (SIGHUP ignored) the fit ignores it and completes."""
 
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 
 import pytest
@@ -12,28 +9,11 @@ import pytest
 from loopnet.diagnostics import read_summary
 from tests.helpers import Watch
 
-from .helpers import RUN, TINY, Progress, callbacks, env, finish, load
+from .helpers import RUN, TINY, Progress, callbacks, finish, load, spawn
 
 pytestmark = pytest.mark.slow  # real fits
 
 ARGS = [*TINY, "--trainer.max_steps", "1000", "--trainer.val_check_interval", "3"]
-
-
-def spawn_with_hup(*args, cwd, hup):
-    """`spawn`, with the child's SIGHUP set to `hup`: SIG_DFL as from a terminal, SIG_IGN as `nohup` leaves
-    it (set either way: the test runner itself may run under nohup, whose SIG_IGN a child inherits)."""
-    logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopnet.training.cli", *args],
-        cwd=cwd,
-        env=env(),
-        stdout=logs[0],
-        stderr=logs[1],
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, hup),
-    )
-    proc.logs = logs
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +25,8 @@ def hung_up(tmp_path_factory):
         name: callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2})) for name, cwd in folders.items()
     }
     procs = {
-        "terminal": spawn_with_hup("fit", *ARGS, *progress["terminal"], cwd=folders["terminal"], hup=signal.SIG_DFL),
-        "nohup": spawn_with_hup(
+        "terminal": spawn("fit", *ARGS, *progress["terminal"], cwd=folders["terminal"], hup=signal.SIG_DFL),
+        "nohup": spawn(
             "fit", *ARGS, "--trainer.max_steps", "8", *progress["nohup"], cwd=folders["nohup"], hup=signal.SIG_IGN
         ),
     }
