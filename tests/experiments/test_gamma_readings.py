@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -296,3 +297,13 @@ def test_the_sweep_files_hold_the_preregistered_design():
     assert max(tail) == 0.256 and min(tail) == pytest.approx(gamma.LADDER[-1] * 2**0.5, rel=0.01)
     assert {c.params["seed_everything"] for c in cells["tail"]} == {1, 2, 3}
     assert all("trainer.max_steps" not in s.overrides for s in sweeps.values())  # study_map.yaml's 200 steps
+
+
+def test_the_committed_readings_are_what_the_code_computes_from_the_committed_cells(tmp_path):
+    """docs/results/gamma/readings.md, recomputed from the committed core report with `make gamma-core`'s arguments:
+    the same text, figure for figure (the record cannot drift from its cells)."""
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    out = tmp_path / "readings.md"
+    gamma.main(["readings", "--rival", f"{results}/rival/grid", "--out", str(out), "--cells", f"{results}/gamma/core"])
+    text = out.read_text().replace(str(out), "docs/results/gamma/readings.md").replace(f"{results}/", "docs/results/")
+    assert text == (results / "gamma" / "readings.md").read_text()
