@@ -75,6 +75,13 @@ def fmt_lr(x: float | None) -> str:
     return "—" if x is None else f"{x:.3g}"
 
 
+def signed(v: float, digits: int = 2) -> str:
+    """`v` with its sign to `digits` decimals; a value that rounds to zero prints unsigned ("0.00"): the sign of a
+    figure below the last printed digit is rounding noise, and differs between CPUs."""
+    text = f"{v:+.{digits}f}"
+    return text[1:] if float(text) == 0 else text
+
+
 def fmt_ci(lo, hi, scale=lambda v: v, spec="{:.3g}") -> str:
     def end(v):
         return "open" if v is None else spec.format(scale(v))

@@ -467,7 +467,7 @@ def markdown(
                 if name.startswith("D50")
                 else arm_word(lo, hi)
             )
-            md.append(f"| {name} | {v:+.2f} | {sources.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
+            md.append(f"| {name} | {sources.signed(v)} | {sources.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
     if longc is not None:
         md += [
             "",
