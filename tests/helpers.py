@@ -1,9 +1,11 @@
-"""What tests across the folders share: the tiny model config, and waiting on a process while it works."""
+"""What tests across the folders share: the tiny model config, waiting on a process while it works, and a
+command run in the test's own process."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 from loopnet.model import LoopConfig
@@ -106,3 +108,60 @@ def run_command(args: list, **kwargs):
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     out, err = communicate(proc, f"`{' '.join(map(str, args))[:200]}` ended")
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+# ------------------------------------------------------------------------------ a command in this process
+def run_here(args: list, cwd=None) -> subprocess.CompletedProcess:
+    """`loopnet ARGS` run in this process (`loopnet.commands.main`), as `subprocess.run(..., capture_output=True,
+    text=True)` would report it: for tests about what a command does, not about its process (signals, ranks,
+    start-up, the entry point), so that Lightning's start-up (~7 s of imports a process) is paid once per test
+    worker rather than once per command. stdout and stderr are captured (print, rich and the logging handlers
+    that write to them); an uncaught exception reaches the test. The working directory, sys.argv, os.environ,
+    torch's thread count and the signal handlers are restored after."""
+    import contextlib
+    import io
+    import logging
+    import signal
+
+    import torch
+
+    import loopnet.training.cli  # noqa: F401  its import sets what a process of `loopnet` starts with
+    from loopnet.commands import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, saved_argv, threads = dict(os.environ), os.getcwd(), sys.argv, torch.get_num_threads()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE)}
+    streams = {id(sys.stdout): out, id(sys.stderr): err}
+    swapped = [
+        (h, h.stream)
+        for logger in (logging.getLogger(), *logging.Logger.manager.loggerDict.values())
+        for h in getattr(logger, "handlers", [])
+        if isinstance(h, logging.StreamHandler)
+        and id(h.stream) in streams
+        and not isinstance(getattr(type(h), "stream", None), property)  # logging's last resort follows sys.stderr
+    ]
+    for h, stream in swapped:
+        h.setStream(streams[id(stream)])
+    code = 0
+    try:
+        sys.argv = ["loopnet"]  # the arguments go to main(): LightningCLI warns when sys.argv holds others beside them
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([str(a) for a in args])
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+                if isinstance(exit_.code, str):
+                    print(exit_.code, file=sys.stderr)
+    finally:
+        for h, stream in swapped:
+            h.setStream(stream)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        torch.set_num_threads(threads)
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["loopnet", *map(str, args)], code, out.getvalue(), err.getvalue())

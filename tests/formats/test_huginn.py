@@ -5,8 +5,6 @@ config is refused in one line."""
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from loopnet.formats import folder as out_folder
 from loopnet.formats.huginn import read_huginn
 from loopnet.formats.source import ImportFormatError, read_weights, resolve
 from tests.formats.helpers import model_of
+from tests.helpers import run_here
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "huginn"
 GOLDEN = load_file(FIXTURE / "golden.safetensors")
@@ -134,9 +133,7 @@ def test_hf_source_offline_fails_in_one_line(monkeypatch, tmp_path):
 
 
 def run_loopnet(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "loopnet", *args], capture_output=True, text=True, cwd=cwd, check=False, timeout=300
-    )
+    return run_here(args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

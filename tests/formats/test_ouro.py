@@ -4,8 +4,6 @@ match its config is refused in one line, and the instruments see the imported mo
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from loopnet.formats.source import ImportFormatError, read_weights, resolve
 from loopnet.model.exit import exit_logits
 from loopnet.model.transformer import LoopedTransformer
 from loopnet.model.visits import Visit
+from tests.helpers import run_here
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "ouro"
 VARIANTS = ("mha", "gqa")
@@ -172,9 +171,7 @@ def test_a_config_loopnet_does_not_compute_is_refused(tmp_path, config_change, n
 
 
 def run_loopnet(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "loopnet", *args], capture_output=True, text=True, cwd=cwd, check=False, timeout=600
-    )
+    return run_here(args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from loopnet.formats import folder as out_folder
 from loopnet.formats.parcae import parcae_config, read_parcae, read_tensors
 from loopnet.formats.source import ImportFormatError
 from tests.formats.helpers import model_of
+from tests.helpers import run_here
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "parcae"
 GOLDEN = load_file(FIXTURE / "golden.safetensors")
@@ -269,9 +270,7 @@ def test_an_imported_parcae_fine_tunes_and_tests_with_the_instruments(tmp_path, 
     `loopnet test` of the folder at other R' with the fixed-point profile and the exit frontier."""
     proc, out = folder
     assert proc.returncode == 0, proc.stderr
-    run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "loopnet", *args], capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False
-    )
+    run = lambda *args: run_here(args, cwd=tmp_path)  # noqa: E731
     root = Path(__file__).resolve().parents[2] / "configs"
     common = [
         "--config",

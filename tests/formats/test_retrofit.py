@@ -2,8 +2,6 @@
 GPT2LMHeadModel and LlamaForCausalLM, and `loopnet fit` continues training a retrofitted model."""
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from loopnet.formats import folder as out_folder
 from loopnet.formats.retrofit import retrofit
 from loopnet.model.transformer import LoopedTransformer
-from tests.helpers import run_command
+from tests.helpers import run_here
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = 6
@@ -118,8 +116,7 @@ def test_a_split_larger_than_the_model_is_refused(source):
 
 
 def loopnet(*args, cwd):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    return run_command([sys.executable, "-m", "loopnet", *args], cwd=cwd, env=env)
+    return run_here(args, cwd=cwd)
 
 
 def test_fit_continues_training_a_retrofitted_model(tmp_path):

@@ -3,7 +3,6 @@ those runs with `--trainer.callbacks`, and small readers of what runs leave on d
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from tests.helpers import wait_until
+from tests.helpers import run_here, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "deeploop_carry_k2_r2_d32_h2_ctx32"  # the run folder name of TINY's model (run_folders.run_name)
@@ -76,19 +75,9 @@ class Result:
 
 
 def loopnet(*args: str, cwd: Path) -> Result:
-    """`loopnet <args>` in this process (no interpreter start-up: seconds instead of tens), run in `cwd`."""
-    from loopnet.training.cli import main
-
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    argv, sys.argv = sys.argv, ["loopnet"]  # LightningCLI warns when both sys.argv and args are given
-    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        finally:
-            sys.argv = argv
-    return Result(code, out.getvalue(), err.getvalue())
+    """`loopnet <args>` in this process (`tests.helpers.run_here`: no interpreter start-up), run in `cwd`."""
+    proc = run_here(args, cwd=cwd)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
 def finished_run(cwd: Path) -> Result:

@@ -1,17 +1,16 @@
-"""End to end through the real `loopnet` CLI, in subprocesses, on the embedded corpus; the configs' parsing
-(`--print_config`) in this process, which spares an interpreter start-up per config."""
+"""End to end through the real `loopnet` CLI on the embedded corpus, in this process (`tests.helpers.run_here`:
+what the commands do; their processes, entry point and start-up are tested in tests/reliability and
+test_startup.py), and the configs' parsing (`--print_config`)."""
 
 import glob
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import run_command
+from tests.helpers import run_here
 from tests.reliability.helpers import loopnet as loopnet_here
 
 pytestmark = pytest.mark.slow
@@ -53,8 +52,7 @@ TINY = [
 
 
 def loopnet(*args, cwd):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    proc = run_command([sys.executable, "-m", "loopnet.training.cli", *args], cwd=cwd, env=env)
+    proc = run_here(args, cwd=cwd)
     if proc.returncode != 0:
         raise AssertionError(f"loopnet {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
