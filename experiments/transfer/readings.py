@@ -25,6 +25,7 @@ import csv
 import math
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 from loopnet.env import one_line_errors
@@ -52,16 +53,48 @@ def _init_loss(run_dir: Path, vocab: int | None) -> float:
     return math.log(vocab) if vocab else math.nan
 
 
+def _arm_cell(run, default: dict) -> tuple[str | None, str | None]:
+    """(arm, cell) of a run: from its summary's config once finished, else from the sweep's grid values over the
+    config of the folder's finished runs (the sweep's fixed overrides, d_model among them)."""
+    cfg = (run.summary or {}).get("config")
+    if not cfg:
+        cfg = dict(default)
+        cfg.setdefault("parametrization", "standard")
+        cfg.update({k.removeprefix("model.config."): v for k, v in run.params.items() if k.startswith("model.config.")})
+    return (
+        ARMS.get((cfg.get("parametrization", "standard"), cfg.get("residual"))),
+        CELLS.get((cfg.get("d_model"), cfg.get("n_rounds"))),
+    )
+
+
 def _from_runs(folder: Path) -> list[dict]:
+    """The finished runs of a sweep folder, by cell. A cell of the sweep (arm × d × R) with a run not yet finished
+    is left out whole, and said on stderr: a reading computed on part of a cell's ladder would be another
+    estimator (a 50%-trains rate without its highest rates, a best rate without some seeds)."""
     from loopnet.study.report.runs import load_runs
 
+    every = load_runs(folder)[0]
+    finished = [r for r in every if r.summary and r.summary.get("config")]
+    base = [r for r in finished if "model.config.parametrization" not in r.params]  # the grid's own runs
+    default = (base or finished)[0].summary["config"] if finished else {}
+    planned, unfinished = Counter(), Counter()
+    for run in every:
+        key = _arm_cell(run, default)
+        planned[key] += 1
+        unfinished[key] += not run.finished
+    for (arm, cell), n in unfinished.items():
+        if n and arm is not None and cell is not None:
+            print(
+                f"loopnet transfer: {folder}: {ARM_NAMES[arm]}, {cell} cell: {planned[(arm, cell)] - n} of "
+                f"{planned[(arm, cell)]} runs finished; the cell is left out until every run has",
+                file=sys.stderr,
+            )
     out = []
-    for run in load_runs(folder)[0]:
-        if not run.finished or not run.summary.get("config"):
+    for run in every:
+        if not run.finished or not run.summary.get("config") or unfinished[_arm_cell(run, default)]:
             continue
         cfg = run.summary["config"]
-        arm = ARMS.get((cfg.get("parametrization", "standard"), cfg.get("residual")))
-        cell = CELLS.get((cfg.get("d_model"), cfg.get("n_rounds")))
+        arm, cell = _arm_cell(run, default)
         if arm is None or cell is None or run.lr is None:
             continue
         loss = run.value("final_val_loss")

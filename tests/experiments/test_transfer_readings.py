@@ -186,6 +186,29 @@ def test_a_sweep_folder_is_read_from_its_summaries(tmp_path):
     assert runs[("mup", "source", 1e-3, 1)]["init_loss"] == pytest.approx(math.log(320))  # no event file: ln V
 
 
+def test_a_cell_with_a_run_not_yet_finished_is_left_out_whole(tmp_path, capsys):
+    """A sweep stopped part-way: the standard arm's cell has a run that has not finished (no summary yet), so none
+    of its runs is read, and stderr says so; the CompleteP cell, whole, is read."""
+    cells = []
+    for arm, res in (("completep", "preln"), ("standard", "deeploop")):  # an included arm listed first
+        for lr in (1e-3, 2e-3, 4e-3):
+            cid = f"{arm}-lr{lr}-s1"
+            params = {"model.optim.lr": lr, "seed_everything": 1}
+            if arm == "completep":
+                params |= {"model.config.parametrization": arm, "model.config.residual": res}
+            cells.append({"id": cid, "params": params})
+            if arm == "standard" and lr == 4e-3:
+                continue  # not run yet
+            (tmp_path / cid).mkdir()
+            cfg = {"parametrization": arm, "residual": res, "d_model": 64, "n_rounds": 2, "vocab_size": 320}
+            summary = {"status": "completed", "final_val_loss": 2.7, "config": cfg}
+            (tmp_path / cid / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "sweep.json").write_text(json.dumps({"cells": cells}))
+    runs = tr.read([tmp_path])
+    assert sorted({(a, c) for a, c, _, _ in runs}) == [("completep", "source")]
+    assert "standard + DeepLoop, source cell: 2 of 3 runs finished; the cell is left out" in capsys.readouterr().err
+
+
 def test_a_folder_without_runs_is_refused_in_one_line(tmp_path):
     with pytest.raises(SystemExit) as err:
         tr.main(["--cells", str(tmp_path), "--out", str(tmp_path / "o"), "--plateau", "3.2"])
