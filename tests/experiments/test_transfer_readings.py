@@ -7,6 +7,7 @@ equation, and the command run end to end on a cells.csv and on a sweep folder of
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,19 @@ def test_a_folder_without_runs_is_refused_in_one_line(tmp_path):
     with pytest.raises(SystemExit) as err:
         tr.main(["--cells", str(tmp_path), "--out", str(tmp_path / "o"), "--plateau", "3.2"])
     assert err.value.code != 0
+
+
+def test_the_committed_readings_are_what_the_code_computes_from_the_committed_cells(tmp_path, capsys):
+    """docs/results/transfer/readings.md, recomputed from the committed cells.csv: the same text, figure for figure
+    (the record cannot drift from its cells)."""
+    results = Path(__file__).resolve().parents[2] / "docs" / "results" / "transfer"
+    committed = (results / "readings.md").read_text()
+    argv = committed.split("Written by `python -m experiments.transfer.readings ", 1)[1].split("`", 1)[0].split()
+    tr.main(["--cells", str(results / "cells.csv"), "--plateau", str(tr_plateau(results)), "--out", str(tmp_path)])
+    text = (tmp_path / "readings.md").read_text()
+    ours = text.split("Written by `python -m experiments.transfer.readings ", 1)[1].split("`", 1)[0]
+    assert text.replace(ours, " ".join(argv)) == committed
+
+
+def tr_plateau(folder: Path) -> float:
+    return json.loads((folder / "plateau.json").read_text())["plateau"]
