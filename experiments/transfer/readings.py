@@ -77,24 +77,20 @@ def _from_runs(folder: Path) -> list[dict]:
     finished = [r for r in every if r.summary and r.summary.get("config")]
     base = [r for r in finished if "model.config.parametrization" not in r.params]  # the grid's own runs
     default = (base or finished)[0].summary["config"] if finished else {}
-    planned, unfinished = Counter(), Counter()
-    for run in every:
-        key = _arm_cell(run, default)
-        planned[key] += 1
-        unfinished[key] += not run.finished
+    keys = [_arm_cell(run, default) for run in every]
+    planned, unfinished = Counter(keys), Counter(k for k, run in zip(keys, every) if not run.finished)
     for (arm, cell), n in unfinished.items():
-        if n and arm is not None and cell is not None:
+        if arm is not None and cell is not None:
             print(
                 f"loopnet transfer: {folder}: {ARM_NAMES[arm]}, {cell} cell: {planned[(arm, cell)] - n} of "
                 f"{planned[(arm, cell)]} runs finished; the cell is left out until every run has",
                 file=sys.stderr,
             )
     out = []
-    for run in every:
-        if not run.finished or not run.summary.get("config") or unfinished[_arm_cell(run, default)]:
+    for run, (arm, cell) in zip(every, keys):
+        if not run.finished or not run.summary.get("config") or unfinished[(arm, cell)]:
             continue
         cfg = run.summary["config"]
-        arm, cell = _arm_cell(run, default)
         if arm is None or cell is None or run.lr is None:
             continue
         loss = run.value("final_val_loss")
