@@ -94,6 +94,18 @@ def env() -> dict[str, str]:
     return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=path)
 
 
+def terminal_signals(hup=signal.SIG_DFL):
+    """A `preexec_fn` giving the child a terminal's SIGINT (default) and SIGHUP `hup`: the test runner may itself run
+    where a child would inherit them ignored (under `nohup`, or as a background job of a non-interactive shell,
+    which ignores SIGINT), and a program such as `tee` keeps an ignored SIGINT."""
+
+    def reset():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, hup)
+
+    return reset
+
+
 def spawn(*args: str, cwd: Path, new_session: bool = False, hup=signal.SIG_DFL) -> subprocess.Popen:
     """`python -m loopnet.training.cli <args>` as a real process (for signals, kills and DDP). Its
     output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits.
@@ -109,7 +121,7 @@ def spawn(*args: str, cwd: Path, new_session: bool = False, hup=signal.SIG_DFL) 
         stderr=logs[1],
         text=True,
         start_new_session=new_session,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, hup),
+        preexec_fn=terminal_signals(hup),
     )
     proc.logs = logs
     return proc

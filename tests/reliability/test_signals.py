@@ -31,6 +31,7 @@ from .helpers import (
     load,
     loopnet,
     scalars,
+    terminal_signals,
 )
 
 pytestmark = pytest.mark.slow
@@ -135,7 +136,9 @@ PIPE_ARGS = [
 def _spawn_into_tee(cwd):
     """`loopnet fit PIPE_ARGS 2>&1 | tee cwd/tee.log`, with a progress file the test waits on."""
     read, write = os.pipe()
-    tee = subprocess.Popen(["tee", str(cwd / "tee.log")], stdin=read, stdout=subprocess.DEVNULL)
+    tee = subprocess.Popen(
+        ["tee", str(cwd / "tee.log")], stdin=read, stdout=subprocess.DEVNULL, preexec_fn=terminal_signals()
+    )
     # tqdm's bar writes at every step, so the fit finds its reader gone at the next step. (Lightning picks Rich's
     # bar when rich is installed, as transformers' dependencies bring it; off a terminal it writes at the end only.)
     extra = callbacks((Progress, {"path": str(cwd / "progress"), "delay": 0.2}), (TQDMProgressBar, {}))
@@ -145,6 +148,7 @@ def _spawn_into_tee(cwd):
         env=env(),
         stdout=write,
         stderr=write,
+        preexec_fn=terminal_signals(),
     )
     os.close(read), os.close(write)  # the fit and tee hold the pipe's ends now
     return fit, tee
