@@ -135,20 +135,23 @@ def _nothing() -> None:
     pass
 
 
-def run_command(cmd: list[str], log_path: str, env: dict[str, str], threads: int, cwd: str) -> None:
+def run_command(
+    cmd: list[str], log_path: str, env: dict[str, str], threads: int, cwd: str, err_path: str | None = None
+) -> None:
     """In the forked process: run `cmd` (``python -m module args`` or ``python script args``) as the
-    interpreter would, with `env` as the whole environment and both output streams appended to `log_path`.
-    Exits as the interpreter would: non-daemon threads joined, then atexit."""
+    interpreter would, with `env` as the whole environment and both output streams appended to `log_path`
+    (stderr to `err_path` when given). Exits as the interpreter would: non-daemon threads joined, then atexit."""
     import runpy
     import threading
 
     from loopnet.compat import run_exit_handlers
 
     signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the server's mask is the sweep's at its start
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for path, fds in ((log_path, (1,)), (err_path, (2,))) if err_path else ((log_path, (1, 2)),):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for target in fds:
+            os.dup2(fd, target)
+        os.close(fd)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)

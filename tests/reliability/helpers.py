@@ -106,28 +106,71 @@ def terminal_signals(hup=signal.SIG_DFL):
     return reset
 
 
-def spawn(*args: str, cwd: Path, new_session: bool = False, hup=signal.SIG_DFL) -> subprocess.Popen:
-    """`python -m loopnet.training.cli <args>` as a real process (for signals, kills and DDP). Its
-    output goes to temporary files, not pipes, so it never blocks on a full pipe while a test waits.
+# The fork server of this test worker (loopnet.study.launch's, as `loopnet sweep` starts its fits): it imports torch,
+# Lightning, loopnet and these callbacks once, so that a spawned fit pays no ~7.7 s of imports of its own.
+_server = None
+
+
+def fork_server():
+    global _server
+    if _server is None:
+        from loopnet.study import launch
+
+        _server = launch.ForkServer([*launch.PRELOAD, "tests.reliability.helpers"])
+    return _server
+
+
+def _forked(cmd: list[str], out: str, err: str, env: dict[str, str], cwd: str, new_session: bool, hup) -> None:
+    """In the fork: a session of its own if asked, a terminal's SIGINT and SIGHUP `hup` (as `terminal_signals`
+    leaves a new interpreter, which then installs Python's SIGINT handler), the thread count a new interpreter
+    would take from `env`, then `cmd` run as `python -m` runs it (loopnet.study.launch.run_command)."""
+    from loopnet.study.launch import run_command
+
+    if new_session:
+        os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, hup)
+    threads = int(env.get("OMP_NUM_THREADS") or torch.get_num_threads())  # the server's: its environment's default
+    run_command(cmd, out, env, threads, cwd, err_path=err)
+
+
+def spawn(*args: str, cwd: Path, new_session: bool = False, hup=signal.SIG_DFL, fresh: bool = False):
+    """`python -m loopnet.training.cli <args>` as a process of its own (for signals, kills and DDP), with Popen's
+    interface (pid, poll, wait, send_signal, kill, returncode). A fork of this worker's `fork_server` that runs the
+    command as `python -m` would; `fresh`: a new interpreter, for a test of what start-up itself does or prints.
+    Lightning starts a DDP fit's other ranks as new interpreters either way.
+    Its output goes to temporary files (`.logs`: stdout, stderr), not pipes, so it never blocks on a full pipe
+    while a test waits.
     `new_session`: in a process group of its own (with the DDP ranks it starts), for `os.killpg`.
     `hup`: the child's SIGHUP disposition, SIG_DFL as from a terminal or SIG_IGN as `nohup` leaves it; set
     either way, since the test runner itself may run under nohup, whose SIG_IGN a child would inherit."""
-    logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loopnet.training.cli", *args],
-        cwd=cwd,
-        env=env(),
-        stdout=logs[0],
-        stderr=logs[1],
-        text=True,
-        start_new_session=new_session,
-        preexec_fn=terminal_signals(hup),
-    )
+    logs = tempfile.NamedTemporaryFile("w+"), tempfile.NamedTemporaryFile("w+")
+    cmd = [sys.executable, "-m", "loopnet.training.cli", *args]
+    if fresh:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env(),
+            stdout=logs[0],
+            stderr=logs[1],
+            text=True,
+            start_new_session=new_session,
+            preexec_fn=terminal_signals(hup),
+        )
+    else:
+        from loopnet.study.launch import ForkedFit
+
+        server = fork_server()
+        process = server.context.Process(
+            target=_forked, args=(cmd, logs[0].name, logs[1].name, env(), str(cwd), new_session, hup), name="loopnet"
+        )
+        process.start()
+        proc = ForkedFit(process)
     proc.logs = logs
     return proc
 
 
-def finish(proc: subprocess.Popen) -> Result:
+def finish(proc) -> Result:
     """Wait for a spawned process while it works (tests.helpers.Watch: no wall-clock limit, a hung one
     is killed); its exit status (negative: killed by that signal) and output."""
     hung = None
@@ -145,7 +188,7 @@ def finish(proc: subprocess.Popen) -> Result:
     return Result(proc.returncode, out, err)
 
 
-def wait_for(check, proc: subprocess.Popen, what: str) -> None:
+def wait_for(check, proc, what: str) -> None:
     """Wait until `check()` while the spawned `proc` works towards it (tests.helpers.wait_until); when
     it ends or hangs first, the error shows its output."""
     try:
@@ -156,7 +199,7 @@ def wait_for(check, proc: subprocess.Popen, what: str) -> None:
         raise AssertionError(f"{err}:\n{finish(proc).err[-4000:]}") from None
 
 
-def stderr_so_far(proc: subprocess.Popen) -> str:
+def stderr_so_far(proc) -> str:
     """What a spawned process wrote to stderr so far (read without moving the offset it writes at)."""
     fd = proc.logs[1].fileno()
     return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")

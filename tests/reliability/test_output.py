@@ -8,7 +8,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_fit_prints_no_advert_and_no_library_deprecations(tmp_path):
-    res = finish(spawn("fit", *TINY, "--trainer.max_steps", "1", cwd=tmp_path))
+    res = finish(spawn("fit", *TINY, "--trainer.max_steps", "1", cwd=tmp_path, fresh=True))  # start-up prints too
     assert res.code == 0, res.err[-3000:]
     for noise in ("litlogger", "LeafSpec", "deprecated", "JSONARGPARSE_DEPRECATION_WARNINGS"):
         assert noise not in res.err + res.out, noise
