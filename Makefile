@@ -17,17 +17,18 @@ export HF_DATASETS_OFFLINE := 1
 setup: $(TEST_STAMP)
 
 # torch is pinned and installed first: an unpinned torch pulled in by a dependency is a CUDA build of several GB.
-# $(STAMP): what `loopnet` needs to train; $(TEST_STAMP): the test extra on top (pytest, lm-eval and its stack).
+# $(STAMP): what `loopnet` needs to train; $(TEST_STAMP): that and the test extra (pytest, lm-eval and its stack)
+# in one install where $(STAMP) is not made yet (it makes $(STAMP) too: a fresh `make test` resolves once).
+BASE = $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --upgrade pip && $(PY) -m pip install torch==2.13.0
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install torch==2.13.0
+	$(BASE)
 	$(PY) -m pip install -e .
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP)
+$(TEST_STAMP): pyproject.toml
+	test -f $(STAMP) || { $(BASE); }
 	$(PY) -m pip install -e '.[test]'
-	touch $(TEST_STAMP)
+	touch $(STAMP) $(TEST_STAMP)
 
 # ARGS: more options for the fit. LOOPNET_RESUME is the command a stopped fit prints to resume it: this one,
 # with --ckpt_path last. The PATH hint is printed whatever the fit's outcome (and the fit's exit status kept).

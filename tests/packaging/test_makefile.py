@@ -75,7 +75,10 @@ def test_make_fit_installs_what_training_needs_and_make_test_the_test_extra(tmp_
     fit = run_command(["make", "-n", "-s", "-C", str(ROOT), "fit", f"VENV={venv}"]).stdout
     test = run_command(["make", "-n", "-s", "-C", str(ROOT), "test", f"VENV={venv}"]).stdout
     assert "pip install -e .\n" in fit and "[test]" not in fit
-    assert "pip install -e .\n" in test and "pip install -e '.[test]'" in test
+    # a fresh `make test`: one install of loopnet and the test extra, after the pinned torch in both
+    assert "pip install -e .\n" not in test and "pip install -e '.[test]'" in test
+    for out, install in ((fit, "pip install -e ."), (test, "pip install -e '.[test]'")):
+        assert "pip install torch==2.13.0" in out and out.index("torch==2.13.0") < out.index(install)
 
 
 def test_the_stop_line_names_the_resume_command(monkeypatch):
