@@ -88,6 +88,7 @@ def test_ddp_rank_killed_ends_rank_0_in_one_line(tmp_path):
         *callbacks((Progress, {"path": str(progress), "delay": 0.2})),
         cwd=tmp_path,
         new_session=True,
+        fresh=True,  # as a user's rank 0: forked, Lightning's rank watcher once printed after loopnet's last line
     )
     try:
         wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, proc, "step 2")
