@@ -135,6 +135,14 @@ def _nothing() -> None:
     pass
 
 
+def _append_to(path: str, *fds: int) -> None:
+    """Point file descriptors `fds` at the end of `path` (created if missing)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for target in fds:
+        os.dup2(fd, target)
+    os.close(fd)
+
+
 def run_command(
     cmd: list[str], log_path: str, env: dict[str, str], threads: int, cwd: str, err_path: str | None = None
 ) -> None:
@@ -147,11 +155,9 @@ def run_command(
     from loopnet.compat import run_exit_handlers
 
     signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the server's mask is the sweep's at its start
-    for path, fds in ((log_path, (1,)), (err_path, (2,))) if err_path else ((log_path, (1, 2)),):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        for target in fds:
-            os.dup2(fd, target)
-        os.close(fd)
+    _append_to(log_path, 1, 2)
+    if err_path:
+        _append_to(err_path, 2)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)

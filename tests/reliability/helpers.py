@@ -128,8 +128,8 @@ def _forked(cmd: list[str], out: str, err: str, env: dict[str, str], cwd: str, n
 
     if new_session:
         os.setsid()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGHUP, hup)
+    terminal_signals(hup)()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what a new interpreter installs over SIG_DFL
     threads = int(env.get("OMP_NUM_THREADS") or torch.get_num_threads())  # the server's: its environment's default
     run_command(cmd, out, env, threads, cwd, err_path=err)
 
