@@ -471,8 +471,9 @@ def run(argv: list[str], echo=None) -> int:
     runner.write_manifest(argv, every_cell)
     with stop_signals(runner.on_signal):
         results = runner.run()
+        if runner.stop_signal:  # said while the handler holds: a second signal after it kills at once
+            echo(f"loopnet sweep: stopped by {signal.Signals(runner.stop_signal).name}")
     if runner.stop_signal:
-        echo(f"loopnet sweep: stopped by {signal.Signals(runner.stop_signal).name}")
         raise KeyboardInterrupt  # `main` says how to continue, and exits 130
     failed = sorted(c for c, r in results.items() if r == "failed")
     unfinished = [c.id for c in cells if not is_finished(sweep.out / c.id)]

@@ -275,3 +275,26 @@ def test_a_stop_after_the_output_reader_went_away_still_stops_every_fit(tmp_path
     wait_until(lambda: proc.poll() is not None, proc, "the sweep ended")
     assert not fits_alive(out)
     assert [e["event"] for e in events(out)] == ["started", "signal", "stopped"]
+
+
+def test_the_stop_is_said_before_the_default_handler_is_back(tmp_path, monkeypatch):
+    """A second signal right after the sweep restores the handlers kills it (-SIGTERM): the "stopped by"
+    line is already out by then, said while the sweep's own handler still holds."""
+    import loopnet.study.sweep as sweep
+
+    def stopped_run(runner):
+        runner.stop_signal = signal.SIGTERM
+        return {}
+
+    monkeypatch.setattr(sweep, "check_cells", lambda *args: None)
+    monkeypatch.setattr(sweep, "machine", lambda: {"host": "test"})
+    monkeypatch.setattr(sweep.SweepRunner, "run", stopped_run)
+    said = []
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run(
+            [str(write_sweep(tmp_path, cells=2))],
+            echo=lambda line: said.append((line, signal.getsignal(signal.SIGTERM))),
+        )
+    (handler,) = [h for line, h in said if line == "loopnet sweep: stopped by SIGTERM"]
+    assert getattr(handler, "__func__", None) is sweep.SweepRunner.on_signal
+    assert signal.getsignal(signal.SIGTERM) is not handler
