@@ -51,6 +51,7 @@ def run(
     d_model: int | None = None,
     seq_len: int | None = None,
     compiled: bool = True,
+    rounds: int | None = None,
 ) -> dict:
     from loopnet.env import machine
     from loopnet.generate import generate
@@ -62,6 +63,8 @@ def run(
         overrides |= {"d_model": d_model, "n_heads": max(1, d_model // 32)}
     if seq_len:
         overrides["seq_len"] = seq_len
+    if rounds:
+        overrides["n_rounds"] = rounds
     config = LoopConfig(**(cpu_config() | overrides))
     if prompt_len + new > config.seq_len:
         raise ValueError(f"--prompt {prompt_len} + --new {new} exceeds seq_len {config.seq_len}; fix: fewer tokens")
@@ -186,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--new", type=int, default=112, help="tokens to generate (default 112)")
     p.add_argument("--d_model", type=int, help="another width (heads of 32), to see how the ratio grows with it")
     p.add_argument("--seq_len", type=int, help="another context length (prompt + new tokens must fit in it)")
+    p.add_argument("--rounds", type=int, help="another R, to see how the cache's gain grows with the rounds it saves")
     p.add_argument(
         "--no-compile",
         dest="compiled",
@@ -195,9 +199,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", help="write the markdown table here")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    if args.reps < 1 or args.prompt < 1 or args.new < 1:
-        p.error("--reps, --prompt and --new must be >= 1")
-    res = run(args.reps, args.prompt, args.new, d_model=args.d_model, seq_len=args.seq_len, compiled=args.compiled)
+    if args.reps < 1 or args.prompt < 1 or args.new < 1 or (args.rounds is not None and args.rounds < 1):
+        p.error("--reps, --prompt, --new and --rounds must be >= 1")
+    res = run(
+        args.reps,
+        args.prompt,
+        args.new,
+        d_model=args.d_model,
+        seq_len=args.seq_len,
+        compiled=args.compiled,
+        rounds=args.rounds,
+    )
     text = markdown(res, " ".join(["loopnet bench generation", *(argv or [])]))
     print(text)
     if args.out:
