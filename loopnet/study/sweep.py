@@ -473,8 +473,7 @@ def run(argv: list[str], echo=None) -> int:
         results = runner.run()
         if runner.stop_signal:  # said while the handler holds: a second signal after it kills at once
             echo(f"loopnet sweep: stopped by {signal.Signals(runner.stop_signal).name}")
-    if runner.stop_signal:
-        raise KeyboardInterrupt  # `main` says how to continue, and exits 130
+            raise KeyboardInterrupt  # `main` says how to continue, and exits 130
     failed = sorted(c for c, r in results.items() if r == "failed")
     unfinished = [c.id for c in cells if not is_finished(sweep.out / c.id)]
     counts = {

@@ -216,7 +216,7 @@ def test_generation_bench_measures_every_path_on_the_same_tokens(tmp_path):
     res = json.loads(js.read_text())
     assert res["same_tokens"] is True and res["new_tokens"] == 6 and len(res["ratios"]) == 2
     assert res["model"]["d_model"] == 64 and res["model"]["n_heads"] == 2 and res["model"]["seq_len"] == 16
-    assert res["model"]["n_rounds"] == 2  # R = 2: the compiled step's graph (and its compile) a third of R = 6's
+    assert res["model"]["n_rounds"] == 2  # R = 2: a third of R = 6's visits in the compiled step's graph
     assert res["ratio"] == pytest.approx(sum(res["ratios"]) / 2)  # the median of two
     assert res["cache_tokens_per_s"] > 0 and res["recompute_tokens_per_s"] > 0
     assert res["compiled_same_tokens"] is True and len(res["compiled_ratios"]) == 2 and res["compile_s"] > 0
