@@ -103,6 +103,9 @@ def usage() -> str:
 def main(args: list[str] | None = None) -> None:
     """Dispatch: a tool by name, else the Trainer subcommands (`loopnet.training.cli`, imported only
     then; it never imports this module back)."""
+    from loopnet.compat import lean_torchmetrics
+
+    lean_torchmetrics()  # whichever command imports Lightning: torchmetrics without its optional back-ends
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in TOOLS:
         return TOOLS[argv[0]][0](argv[1:])

@@ -9,6 +9,7 @@ Lightning and jsonargparse to the minor versions those tests cover.
     Lightning     on_rank_death, CkptPathHook, NoRunHook, compute_dtype, set_stop_flag, configured_checkpoint_io,
                   rerun_validation
     jsonargparse  parsing_settings, import_object, get_signature_parameters
+    torchmetrics  lean_torchmetrics (through lightning_utilities)
     stdlib        run_exit_handlers
 """
 
@@ -132,6 +133,85 @@ def get_signature_parameters(cls, method: str | None = None, **kwargs) -> list:
     from jsonargparse._parameter_resolvers import get_signature_parameters as parameters
 
     return parameters(cls, method, **kwargs)
+
+
+# ----------------------------------------------------------------------------- torchmetrics
+
+# What torchmetrics imports at its own import when installed, for metrics loopnet does not use: scipy.signal
+# (audio), transformers (BERTScore, InfoLM, CLIP) and matplotlib (`Metric.plot`). The test extra installs
+# all three (lm-eval, the formats, the reports), and Lightning imports torchmetrics at its own import.
+TORCHMETRICS_OPTIONAL = ("scipy", "transformers", "matplotlib")
+
+
+def lean_torchmetrics() -> None:
+    """Make this process's first import of torchmetrics (Lightning's, at its import) leave out its optional
+    back-ends (`TORCHMETRICS_OPTIONAL`): ~1.5-2.5 s of the ~6 s that a `loopnet` process spends importing
+    Lightning on a 2-core CPU. Called by loopnet's own processes (`loopnet`, `loopnet.training.cli`) before
+    they import Lightning; nothing when torchmetrics is imported already. The packages stay importable, and
+    are imported where loopnet uses them; only torchmetrics' audio, BERTScore/InfoLM/CLIP metrics and
+    `Metric.plot` are off in such a process.
+
+    torchmetrics decides at its import, through lightning_utilities: `package_available(name)` and
+    `module_available(name)` (both lru-cached, reading the module-level `find_spec`) and
+    `RequirementCache(req)` (reading the module-level `_version`). For the length of torchmetrics' import
+    those two names say "not installed" for the optional packages; then they are restored and the caches
+    cleared. Relies on `lightning_utilities.core.imports.find_spec`, `._version`, `.package_available` and
+    `.module_available`."""
+    if "torchmetrics" in sys.modules or any(isinstance(f, _LeanTorchmetrics) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _LeanTorchmetrics())
+
+
+class _LeanTorchmetrics:
+    """A one-shot import hook (`lean_torchmetrics`): torchmetrics' own spec, its module run with the optional
+    back-ends hidden."""
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.util
+
+        if name != "torchmetrics":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)  # as the other finders see it
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                with _optional_hidden():
+                    run(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+class _optional_hidden:
+    """lightning_utilities' availability checks say "not installed" for `TORCHMETRICS_OPTIONAL` while held."""
+
+    def __enter__(self):
+        from importlib.metadata import PackageNotFoundError
+
+        import lightning_utilities.core.imports as checks
+
+        self.checks, self.find_spec, self.version = checks, checks.find_spec, checks._version
+
+        def find_spec(name, *args, **kwargs):
+            return None if name.partition(".")[0] in TORCHMETRICS_OPTIONAL else self.find_spec(name, *args, **kwargs)
+
+        def version(name):
+            if name in TORCHMETRICS_OPTIONAL:
+                raise PackageNotFoundError(name)
+            return self.version(name)
+
+        checks.find_spec, checks._version = find_spec, version
+        self._clear()
+
+    def __exit__(self, *exc):
+        self.checks.find_spec, self.checks._version = self.find_spec, self.version
+        self._clear()
+
+    def _clear(self):
+        self.checks.package_available.cache_clear()
+        self.checks.module_available.cache_clear()
 
 
 # ----------------------------------------------------------------------------- standard library

@@ -21,7 +21,7 @@ import sys
 import time
 
 # What the fork server imports once, before any fit: most of a fit's start-up.
-PRELOAD = ["torch", "lightning", "loopnet.training.cli"]
+PRELOAD = ["torch", "loopnet.training.cli"]  # Lightning through loopnet's CLI (`compat.lean_torchmetrics`)
 # The signals that stop a sweep; blocked around a start, unblocked in the fit.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
