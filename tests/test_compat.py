@@ -281,21 +281,24 @@ def test_lightning_imports_torchmetrics_optional_backends_without_lean_torchmetr
     assert res.returncode == 0 and res.stdout.strip() == str(sorted(eval(OPTIONAL_MODULES))), res.stderr
 
 
-def test_lean_torchmetrics_leaves_the_optional_backends_out_and_every_check_as_it_was():
+def test_a_loopnet_process_imports_torchmetrics_lean_and_every_check_stays_as_it_was():
+    """`loopnet.training.cli` (every Trainer subcommand, the sweep's fits, DDP's other ranks) calls
+    `lean_torchmetrics` before it imports Lightning."""
     res = run_python(f"""
         import sys
         import lightning_utilities.core.imports as checks
-        from loopnet.compat import lean_torchmetrics
 
         find_spec, version = checks.find_spec, checks._version
-        lean_torchmetrics()
-        lean_torchmetrics()  # a second call adds no second hook
-        import lightning.pytorch
+        import loopnet.training.cli
         import torch
         from torchmetrics import MeanMetric
+        from loopnet.compat import lean_torchmetrics
 
         print(sorted(m for m in {OPTIONAL_MODULES} if m in sys.modules))
         print(checks.find_spec is find_spec, checks._version is version)  # restored
+        print(not any(type(f).__name__ == "_LeanTorchmetrics" for f in sys.meta_path))  # the hook is gone
+        lean_torchmetrics()  # torchmetrics is imported: no second hook
+        print(not any(type(f).__name__ == "_LeanTorchmetrics" for f in sys.meta_path))
         mean = MeanMetric()
         mean.update(torch.tensor([1.0, 3.0]))
         print(float(mean.compute()))
@@ -303,29 +306,9 @@ def test_lean_torchmetrics_leaves_the_optional_backends_out_and_every_check_as_i
         print(checks.package_available("scipy"), checks.module_available("transformers"),
               bool(checks.RequirementCache("transformers>=4.4.0")), bool(checks.RequirementCache("scipy")))
         import scipy.signal, transformers, matplotlib
-        print(not any(type(f).__name__ == "_LeanTorchmetrics" for f in sys.meta_path))  # the hook is gone
     """)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.splitlines() == ["[]", "True True", "2.0", "True True True True", "True"], res.stdout
-
-
-def test_lean_torchmetrics_does_nothing_once_torchmetrics_is_imported():
-    import torchmetrics  # noqa: F401  (imported by this test process already)
-
-    before = list(sys.meta_path)
-    compat.lean_torchmetrics()
-    assert sys.meta_path == before
-
-
-def test_a_loopnet_process_starts_without_torchmetrics_optional_backends():
-    """`loopnet.training.cli` (every Trainer subcommand, the sweep's fits, DDP's other ranks) calls it first."""
-    res = run_python(f"""
-        import sys
-        import loopnet.training.cli
-
-        print(sorted(m for m in {OPTIONAL_MODULES} if m in sys.modules))
-    """)
-    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr
+    assert res.stdout.splitlines() == ["[]", "True True", "True", "True", "2.0", "True True True True"], res.stdout
 
 
 # ----------------------------------------------------------------------------- standard library
