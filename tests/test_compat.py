@@ -270,11 +270,12 @@ def test_get_signature_parameters_follows_kwargs_into_the_class_they_go_to():
 OPTIONAL_MODULES = "('scipy.signal', 'transformers', 'matplotlib')"
 
 
-def test_lightning_imports_torchmetrics_optional_backends_without_lean_torchmetrics():
-    """The reason for `lean_torchmetrics`: should an upgrade stop importing them, this fails (drop the patch)."""
+def test_torchmetrics_imports_its_optional_backends_without_lean_torchmetrics():
+    """The reason for `lean_torchmetrics` (Lightning imports torchmetrics at its own import): should an
+    upgrade stop importing them, this fails (drop the patch)."""
     res = run_python(f"""
         import sys
-        import lightning.pytorch
+        import torchmetrics
 
         print(sorted(m for m in {OPTIONAL_MODULES} if m in sys.modules))
     """)
