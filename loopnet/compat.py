@@ -15,6 +15,7 @@ Lightning and jsonargparse to the minor versions those tests cover.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -184,34 +185,32 @@ class _LeanTorchmetrics:
         return spec
 
 
-class _optional_hidden:
+@contextlib.contextmanager
+def _optional_hidden():
     """lightning_utilities' availability checks say "not installed" for `TORCHMETRICS_OPTIONAL` while held."""
+    from importlib.metadata import PackageNotFoundError
 
-    def __enter__(self):
-        from importlib.metadata import PackageNotFoundError
+    import lightning_utilities.core.imports as checks
 
-        import lightning_utilities.core.imports as checks
+    real_find_spec, real_version = checks.find_spec, checks._version
 
-        self.checks, self.find_spec, self.version = checks, checks.find_spec, checks._version
+    def find_spec(name, *args, **kwargs):
+        return None if name.partition(".")[0] in TORCHMETRICS_OPTIONAL else real_find_spec(name, *args, **kwargs)
 
-        def find_spec(name, *args, **kwargs):
-            return None if name.partition(".")[0] in TORCHMETRICS_OPTIONAL else self.find_spec(name, *args, **kwargs)
+    def version(name):
+        if name in TORCHMETRICS_OPTIONAL:
+            raise PackageNotFoundError(name)
+        return real_version(name)
 
-        def version(name):
-            if name in TORCHMETRICS_OPTIONAL:
-                raise PackageNotFoundError(name)
-            return self.version(name)
-
-        checks.find_spec, checks._version = find_spec, version
-        self._clear()
-
-    def __exit__(self, *exc):
-        self.checks.find_spec, self.checks._version = self.find_spec, self.version
-        self._clear()
-
-    def _clear(self):
-        self.checks.package_available.cache_clear()
-        self.checks.module_available.cache_clear()
+    checks.find_spec, checks._version = find_spec, version
+    checks.package_available.cache_clear()
+    checks.module_available.cache_clear()
+    try:
+        yield
+    finally:
+        checks.find_spec, checks._version = real_find_spec, real_version
+        checks.package_available.cache_clear()  # what was cached while held said "not installed"
+        checks.module_available.cache_clear()
 
 
 # ----------------------------------------------------------------------------- standard library
