@@ -267,7 +267,7 @@ def test_get_signature_parameters_follows_kwargs_into_the_class_they_go_to():
 
 # ----------------------------------------------------------------------------- torchmetrics
 
-OPTIONAL_MODULES = "('scipy.signal', 'transformers', 'matplotlib')"
+OPTIONAL_MODULES = ("matplotlib", "scipy.signal", "transformers")  # sorted
 
 
 def test_torchmetrics_imports_its_optional_backends_without_lean_torchmetrics():
@@ -277,9 +277,9 @@ def test_torchmetrics_imports_its_optional_backends_without_lean_torchmetrics():
         import sys
         import torchmetrics
 
-        print(sorted(m for m in {OPTIONAL_MODULES} if m in sys.modules))
+        print(sorted(m for m in {OPTIONAL_MODULES!r} if m in sys.modules))
     """)
-    assert res.returncode == 0 and res.stdout.strip() == str(sorted(eval(OPTIONAL_MODULES))), res.stderr
+    assert res.returncode == 0 and res.stdout.strip() == str(list(OPTIONAL_MODULES)), res.stderr
 
 
 def test_a_loopnet_process_imports_torchmetrics_lean_and_every_check_stays_as_it_was():
@@ -295,7 +295,7 @@ def test_a_loopnet_process_imports_torchmetrics_lean_and_every_check_stays_as_it
         from torchmetrics import MeanMetric
         from loopnet.compat import lean_torchmetrics
 
-        print(sorted(m for m in {OPTIONAL_MODULES} if m in sys.modules))
+        print(sorted(m for m in {OPTIONAL_MODULES!r} if m in sys.modules))
         print(checks.find_spec is find_spec, checks._version is version)  # restored
         print(not any(type(f).__name__ == "_LeanTorchmetrics" for f in sys.meta_path))  # the hook is gone
         lean_torchmetrics()  # torchmetrics is imported: no second hook

@@ -24,7 +24,7 @@ from jsonargparse import Namespace
 from loopnet import compat
 
 # Before Lightning's import of torchmetrics: without its optional back-ends, a `loopnet` process starts
-# ~2 s sooner (the imports below follow this call: ruff's E402 is off for this file).
+# ~3 s sooner (the imports below follow this call: ruff's E402 is off for this file).
 compat.lean_torchmetrics()
 
 from lightning.fabric.plugins import TorchCheckpointIO
