@@ -148,9 +148,9 @@ def lean_torchmetrics() -> None:
     """Make this process's first import of torchmetrics (Lightning's, at its import) leave out its optional
     back-ends (`TORCHMETRICS_OPTIONAL`): the import of Lightning and loopnet's CLI takes ~4.1 s instead of
     ~7.5 s on a 2-core CPU (docs/benchmarks/startup.md). Called by loopnet's own processes (`loopnet`,
-    `loopnet.training.cli`) before they import Lightning; nothing when torchmetrics is imported already. The packages stay importable, and
-    are imported where loopnet uses them; only torchmetrics' audio, BERTScore/InfoLM/CLIP metrics and
-    `Metric.plot` are off in such a process.
+    `loopnet.training.cli`) before they import Lightning; nothing when torchmetrics is imported already. The
+    packages stay importable, and are imported where loopnet uses them; only torchmetrics' audio,
+    BERTScore/InfoLM/CLIP metrics and `Metric.plot` are off in such a process.
 
     torchmetrics decides at its import, through lightning_utilities: `package_available(name)` and
     `module_available(name)` (both lru-cached, reading the module-level `find_spec`) and
