@@ -21,6 +21,7 @@ import json
 import subprocess
 import sys
 import tomllib
+import zlib
 from pathlib import Path
 
 from packaging.markers import default_environment
@@ -97,9 +98,26 @@ def carried(image: dict, installed=md.version, requires=md.requires) -> list[tup
     return list(found.values())
 
 
+def _recorded_files(name: str) -> list:
+    """A package's files as its RECORD lists them, the .pyc files left out (compiled here, not in its wheel)."""
+    return [f for f in md.distribution(name).files or [] if not f.name.endswith(".pyc")]
+
+
 def installed_size(name: str) -> int:
-    """Bytes of a package as installed here (its RECORD): what its wheel unpacks to, the .pyc files left out."""
-    return sum(f.size or 0 for f in md.distribution(name).files or [] if not f.name.endswith(".pyc"))
+    """Bytes of a package as installed here (its RECORD): what its wheel unpacks to."""
+    return sum(f.size or 0 for f in _recorded_files(name))
+
+
+def wheel_size(name: str) -> int:
+    """Bytes its wheel would take, offline: each installed file deflated at zipfile's default level, as a wheel
+    stores it, plus each entry's zip headers (local + central, the name written twice). Files installed here
+    that are not in the wheel (console scripts, INSTALLER, direct_url.json) count too: an over-estimate."""
+    total = 0
+    for f in _recorded_files(name):
+        path = Path(f.locate())
+        if path.is_file():
+            total += len(zlib.compress(path.read_bytes(), 6)) + 76 + 2 * len(str(f).encode())
+    return total
 
 
 def travelling_files() -> list[Path]:
@@ -184,7 +202,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     pins = sub.add_parser("pins", help="name==version of each wheel to carry")
-    pins.add_argument("--why", action="store_true", help="with the reason and the installed size of each")
+    pins.add_argument("--why", action="store_true", help="with the reason and the wheel size of each")
     sub.add_parser("platforms", help="pip download's --platform options")
     sized = sub.add_parser("size", help="the wheels and the travelling working tree against the 64 MiB limit")
     sized.add_argument("wheels", type=Path)
@@ -196,10 +214,10 @@ def main() -> None:
         for name, version, why in rows:
             print(
                 f"{name}=={version}"
-                + (f"  # {why}; {installed_size(name) / 2**20:.2f} MiB installed" if args.why else "")
+                + (f"  # {why}; {wheel_size(name) / 2**20:.2f} MiB as a wheel (estimated)" if args.why else "")
             )
         if args.why:
-            print(f"# {sum(installed_size(n) for n, _, _ in rows) / 2**20:.1f} MiB installed in all")
+            print(f"# {sum(wheel_size(n) for n, _, _ in rows) / 2**20:.1f} MiB as wheels in all (estimated)")
     elif args.command == "platforms":
         print(" ".join(f"--platform {p}" for p in load_image()["platforms"]))
     elif args.command == "size":
