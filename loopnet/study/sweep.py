@@ -456,6 +456,9 @@ def run(argv: list[str], echo=None) -> int:
             echo(f"{c.id}  [{state}]\n    {shell_command(c.command)}")
         echo(f"{len(cells)} cells, out: {sweep.out}")
         return 0
+    unchecked = sum(1 for c in cells if not is_finished(sweep.out / c.id))
+    if unchecked:  # a CLI parse each: minutes for hundreds of cells, said so that the wait is not silent
+        echo(f"loopnet sweep: checking the fit commands of {unchecked} unfinished cell(s) before any starts")
     check_cells(sweep, cells)
     sweep.out.mkdir(parents=True, exist_ok=True)
     runner = SweepRunner(

@@ -103,7 +103,9 @@ def test_resume_runs_only_the_unfinished_cell(swept):
     assert [e["cell"] for e in events if e["event"] == "finished"] == ["r2-s1", "r2-s2"]
     assert (out / "r2-s1" / "summary.json").stat().st_mtime_ns == swept["mtime"]  # not rerun
     assert not (out / "r2-s2" / "stale.txt").exists()  # killed before its first checkpoint: restarted afresh
-    assert "1 finished (skipped), 1 to run" in swept["echo"][0]
+    # the check of the unfinished commands is said before it runs (minutes for hundreds of cells), then the plan
+    assert swept["echo"][0] == "loopnet sweep: checking the fit commands of 1 unfinished cell(s) before any starts"
+    assert "1 finished (skipped), 1 to run" in swept["echo"][1]
     manifest = json.loads((out / MANIFEST).read_text())
     assert [c["id"] for c in manifest["cells"]] == ["r2-s1", "r2-s2"]
     assert len(manifest["invocations"]) == 2
