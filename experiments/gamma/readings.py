@@ -39,6 +39,12 @@ LADDER = (2.5e-4, 3.54e-4, 5.0e-4, 7.07e-4, 1.0e-3, 1.41e-3, 2.0e-3, 2.83e-3, 4.
 TRANSFER = 0.15  # decades: one ×√2 ladder step (the rival study's transfer threshold)
 STRESS = 10.0  # decades a censored per-seed Δ is moved toward its open side to test whether a word survives it
 LONG_STEPS = 1000
+# the estimands as weights on the arms' per-seed Δ_s (the linearity check is halved: Δ_¾ − (Δ_½ + Δ_1)/2)
+ESTIMANDS = {
+    "D_W": {"wang": 1, "sqrt_depth": -1},
+    "D_L": {"deeploop": 1, "wang": -1},
+    "linearity": {"threequarter": 2, "sqrt_depth": -1, "wang": -1},
+}
 
 
 # ---------------------------------------------------------------------------------------- cells
@@ -223,11 +229,7 @@ def reading(cells: dict, plateau: float, r_lo: int = R_LO, r_hi: int = R_HI) -> 
     rows = {}
     for a in present:
         rows[a] = {"est": t_estimate(shifts[a]), "word": robust_word(shifts[a], arm_word), "kind": "arm"}
-    for name, w in (
-        ("D_W", {"wang": 1, "sqrt_depth": -1}),
-        ("D_L", {"deeploop": 1, "wang": -1}),
-        ("linearity", {"threequarter": 2, "sqrt_depth": -1, "wang": -1}),
-    ):
+    for name, w in ESTIMANDS.items():
         if all(a in present for a in w):
             per = combine(shifts, w)
             if name == "linearity":  # Δ_¾ − (Δ_½ + Δ_1)/2
@@ -285,14 +287,54 @@ def logistic(cells: dict, plateau: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- checks
+def coverage(cells: dict, plateau: float) -> dict[tuple[str, int], dict]:
+    """(arm, R) -> the finished runs read: how many, their seeds, their ladder rates, and how many do not train.
+    The readings use whatever has run; this says how much of the design (11 ladder rates × 8 seeds per arm and R)
+    each row rests on."""
+    out: dict = {}
+    for (a, r, lr, s), c in sorted(cells.items()):
+        if a in ARMS:
+            row = out.setdefault((a, r), {"runs": 0, "seeds": set(), "rates": set(), "fails": 0})
+            row["runs"] += 1
+            row["seeds"].add(s)
+            row["rates"].add(lr)
+            row["fails"] += not sources.trains_cell(c, plateau)
+    return out
+
+
+def seed_span(seeds) -> str:
+    """1-8 for a run of consecutive seeds, else the list."""
+    seeds = sorted(seeds)
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def ladder_count(cov: dict, arm: str, r: int) -> int:
+    """How many of the 11 ladder rates an arm has at R (0 when it has none); a rate matches within 0.01 decades
+    (the sweeps round the ×√2 steps to 3 digits: at most 0.002 decades off)."""
+    rates = cov.get((arm, r), {}).get("rates", set())
+    return sum(any(abs(math.log10(lr / x)) < 0.01 for lr in rates) for x in LADDER)
+
+
 def reproducibility(cells: dict, rival: dict) -> dict:
     """The cells this experiment shares with the rival grid (same arm, R, rate and seed): how many, how many
-    have bitwise equal final losses, and the largest absolute difference."""
+    have bitwise equal final losses, the largest absolute difference, and the same per rate."""
     shared = [
-        (c, rival[k]) for k, c in cells.items() if k in rival and c["loss"] is not None and rival[k]["loss"] is not None
+        (k, abs(c["loss"] - rival[k]["loss"]))
+        for k, c in cells.items()
+        if k in rival and c["loss"] is not None and rival[k]["loss"] is not None
     ]
-    diffs = [abs(a["loss"] - b["loss"]) for a, b in shared]
-    return {"shared": len(shared), "equal": sum(d == 0 for d in diffs), "max_diff": max(diffs, default=None)}
+    by_rate: dict[float, list[float]] = {}
+    for k, d in shared:
+        by_rate.setdefault(k[2], []).append(d)
+    diffs = [d for _, d in shared]
+    return {
+        "shared": len(shared),
+        "equal": sum(d == 0 for d in diffs),
+        "max_diff": max(diffs, default=None),
+        "by_rate": {lr: (len(ds), sum(d == 0 for d in ds), max(ds)) for lr, ds in sorted(by_rate.items())},
+    }
 
 
 def long_rates(cells: dict, plateau: float) -> dict[tuple[str, int], list[float]]:
@@ -406,8 +448,9 @@ def markdown(
         "",
         f"## Δ = log10 η*({R_HI}) − log10 η*({R_LO}) per arm, and the estimands",
         "",
-        "| quantity | seeds (n) | mean (decades) | 95% t interval | word | censored seeds | seed-mean vertex Δ |",
-        "|---|---|---:|---|---|---:|---:|",
+        "| quantity | seeds (n) | mean (decades) | 95% t interval | word | censored seeds | seed-mean vertex Δ "
+        f"| ladder rates read (R = {R_LO} / {R_HI}) |",
+        "|---|---|---:|---|---|---:|---:|---|",
     ]
     names = {
         **ARM_NAMES,
@@ -415,12 +458,19 @@ def markdown(
         "D_L": "D_L = Δ_DeepLoop − Δ_Wang",
         "linearity": "Δ_¾ − (Δ_½ + Δ_1)/2 (linearity)",
     }
+    cov = coverage(cells, plateau)
+
+    def rates_read(key: str, r_lo: int, r_hi: int) -> str:
+        """How many of the 11 ladder rates the row rests on at each R (an estimand: its arms' fewest)."""
+        arms = ESTIMANDS.get(key, {key: 1})
+        return " / ".join(f"{min(ladder_count(cov, a, r) for a in arms)}" for r in (r_lo, r_hi))
+
     for key, row in res["rows"].items():
         est, (word, cens) = row["est"], row["word"]
         sm = seed_mean_shift(cells, key, plateau) if row["kind"] == "arm" else None
         md.append(
             f"| {names[key]} | {est['seeds']} ({est['n']}) | {fmt(est)} | {word} | {cens} | "
-            f"{'—' if sm is None else f'{sm:+.2f}'} |"
+            f"{'—' if sm is None else f'{sm:+.2f}'} | {rates_read(key, R_LO, R_HI)} |"
         )
     gs = res.get("gamma_star")
     if gs:
@@ -438,13 +488,35 @@ def markdown(
             "",
             "## Δ₁₂ = log10 η*(12) − log10 η*(2) (the rival study's span)",
             "",
-            "| quantity | seeds (n) | mean (decades) | 95% t interval | word |",
-            "|---|---|---:|---|---|",
+            f"| quantity | seeds (n) | mean (decades) | 95% t interval | word | censored seeds | ladder rates read "
+            f"(R = {R_LO} / {R_MID}) |",
+            "|---|---|---:|---|---|---:|---|",
         ]
         for key, row in res12["rows"].items():
+            (word, cens), est = row["word"], row["est"]
             md.append(
-                f"| {names[key]} | {row['est']['seeds']} ({row['est']['n']}) | {fmt(row['est'])} | {row['word'][0]} |"
+                f"| {names[key]} | {est['seeds']} ({est['n']}) | {fmt(est)} | {word} | {cens} | "
+                f"{rates_read(key, R_LO, R_MID)} |"
             )
+    md += [
+        "",
+        "## The runs read",
+        "",
+        (
+            f"The design: per arm and R, the {len(LADDER)} ladder rates × seeds 1-8 (the core: the first 9 rates, "
+            f"1/√depth and Wang at R = {R_LO} and {R_HI}), and the tail's 10 rates × seeds 1-3. A row above that rests on "
+            "fewer ladder rates than 11 (its last column) reads what has run, not the whole design."
+        ),
+        "",
+        "| arm | R | runs | seeds | ladder rates | other rates | runs that do not train |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for (a, r), row in sorted(cov.items(), key=lambda kv: (ARMS.index(kv[0][0]), kv[0][1])):
+        n_ladder = ladder_count(cov, a, r)
+        md.append(
+            f"| {ARM_NAMES[a]} | {r} | {row['runs']} | {seed_span(row['seeds'])} | "
+            f"{n_ladder} of {len(LADDER)} | {len(row['rates']) - n_ladder} | {row['fails']} |"
+        )
     md += ["", "## Δ50, the 50%-trains rate's shift (secondary)", ""]
     if "error" in logit:
         md += [f"No logistic fit: {logit['error']}."]
@@ -485,7 +557,11 @@ def markdown(
             f"{repro['shared']} cells shared with the rival grid (same arm, R, rate, seed); {repro['equal']} have "
             "bitwise equal final losses; largest absolute difference "
             + ("—" if repro["max_diff"] is None else f"{repro['max_diff']:.3g}")
-            + " nat/byte.",
+            + " nat/byte. By rate:",
+            "",
+            "| rate | shared cells | bitwise equal | largest absolute difference (nat/byte) |",
+            "|---:|---:|---:|---:|",
+            *(f"| {lr:g} | {n} | {eq} | {mx:.2g} |" for lr, (n, eq, mx) in repro["by_rate"].items()),
         ]
     return md + [""]
 

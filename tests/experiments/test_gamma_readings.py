@@ -197,6 +197,30 @@ def test_reproducibility_counts_bitwise_equal_cells():
     b = {("wang", 2, 1e-3, 1): {"loss": 2.7}, ("wang", 2, 1e-3, 2): {"loss": 2.7105}}
     out = gamma.reproducibility(a, b)
     assert out["shared"] == 2 and out["equal"] == 1 and out["max_diff"] == pytest.approx(0.0005, abs=1e-12)
+    assert list(out["by_rate"]) == [1e-3]
+    n, equal, largest = out["by_rate"][1e-3]
+    assert (n, equal) == (2, 1) and largest == pytest.approx(0.0005, abs=1e-12)
+
+
+def test_a_row_on_part_of_the_ladder_says_how_many_rates_it_rests_on(tmp_path):
+    """A sweep read before it has finished: the γ = ¾ arm has 5 of the 11 ladder rates at R = 24 and one run there
+    does not train; the runs-read table counts them, and the Δ rows that rest on the arm say 11 / 5."""
+    cells = quad_cells({"wang": WANG, "sqrt_depth": SQRT})
+    cells.update(quad_cells({"threequarter": [-0.1 + j for j in JITTER]}, rounds=(2,)))
+    cells.update(quad_cells({"threequarter": [-0.1 + j for j in JITTER]}, rounds=(24,), rates=LADDER[:5]))
+    cells[("threequarter", 24, LADDER[0], 3)]["loss"] = PLATEAU  # at the plateau: does not train
+    cov = gamma.coverage(cells, PLATEAU)
+    assert cov[("threequarter", 24)]["runs"] == 40 and cov[("threequarter", 24)]["fails"] == 1
+    assert gamma.ladder_count(cov, "threequarter", 24) == 5 and gamma.ladder_count(cov, "wang", 24) == 11
+    assert gamma.ladder_count(cov, "deeploop", 24) == 0
+    write_report(tmp_path / "part", cells)
+    out = tmp_path / "readings.md"
+    gamma.main(["readings", "--cells", str(tmp_path / "part"), "--out", str(out)])
+    lines = out.read_text().splitlines()
+    row = lambda start: next(line for line in lines if line.startswith(start))
+    assert row("| γ = ¾ |").endswith("| 11 / 5 |") and row("| Wang (γ = 1) |").endswith("| 11 / 11 |")
+    assert row("| Δ_¾ − (Δ_½ + Δ_1)/2 (linearity) |").endswith("| 11 / 5 |")
+    assert "| γ = ¾ | 24 | 40 | 1-8 | 5 of 11 | 0 | 1 |" in lines
 
 
 HEADER = [
