@@ -280,10 +280,20 @@ def logistic(cells: dict, plateau: float) -> dict:
     wants = {f"Δ50 {ARM_NAMES[a]}": d50(a) for a in ARMS}
     wants["D50_W"] = {**d50("wang"), **{k: -v for k, v in d50("sqrt_depth").items()}}
     wants["D50_L"] = {**d50("deeploop"), **{k: -v for k, v in d50("wang").items()}}
-    for name, w in wants.items():
-        if set(w) <= groups:
-            out[name] = (fit.combination(w), *fit.interval(w))
+    out["weights"] = {name: w for name, w in wants.items() if set(w) <= groups}
+    for name, w in out["weights"].items():
+        out[name] = (fit.combination(w), *fit.interval(w))
     return out
+
+
+def one_sided(cov: dict, weights: dict) -> list[str]:
+    """The (arm, R) groups of a Δ50 combination whose runs all train (or all fail): their 50% rate lies outside
+    the rates run, and the Firth fit places it from the penalty and the common slope, not from their data."""
+    return [
+        f"{ARM_NAMES[a]}, R = {r}: {'every run trains' if not cov[(a, r)]['fails'] else 'no run trains'}"
+        for a, r in sorted(weights, key=lambda g: (ARMS.index(g[0]), g[1]))
+        if cov[(a, r)]["fails"] in (0, cov[(a, r)]["runs"])
+    ]
 
 
 # ---------------------------------------------------------------------------------------- checks
@@ -531,7 +541,7 @@ def markdown(
             "| quantity | estimate (decades) | 95% profile interval | word |",
             "|---|---:|---|---|",
         ]
-        for name, (v, lo, hi) in ((k, v) for k, v in logit.items() if k != "fit"):
+        for name, (v, lo, hi) in ((k, v) for k, v in logit.items() if k not in ("fit", "weights")):
             word = (
                 "open interval: not resolved"
                 if lo is None or hi is None
@@ -539,6 +549,9 @@ def markdown(
                 if name.startswith("D50")
                 else arm_word(lo, hi)
             )
+            unmeasured = one_sided(cov, logit["weights"][name])
+            if unmeasured:  # a word on a rate the data do not bracket would be the penalty's, not the runs'
+                word = f"not measured ({'; '.join(unmeasured)})"
             md.append(f"| {name} | {sources.signed(v)} | {sources.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
     if longc is not None:
         md += [

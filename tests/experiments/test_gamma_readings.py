@@ -202,6 +202,21 @@ def test_reproducibility_counts_bitwise_equal_cells():
     assert (n, equal) == (2, 1) and largest == pytest.approx(0.0005, abs=1e-12)
 
 
+def test_a_fifty_percent_rate_the_runs_do_not_bracket_is_not_measured():
+    """Δ50 of a group whose runs all train (or all fail) is the Firth penalty's, not the data's: named, not read."""
+    cov = {
+        ("wang", 2): {"runs": 88, "fails": 0},
+        ("wang", 24): {"runs": 88, "fails": 3},
+        ("sqrt_depth", 2): {"runs": 24, "fails": 24},
+        ("sqrt_depth", 24): {"runs": 88, "fails": 7},
+    }
+    assert gamma.one_sided(cov, {("wang", 24): 1, ("wang", 2): -1}) == ["Wang (γ = 1), R = 2: every run trains"]
+    assert gamma.one_sided(cov, {("sqrt_depth", 24): 1, ("sqrt_depth", 2): -1}) == [
+        "1/√depth (γ = ½), R = 2: no run trains"
+    ]
+    assert gamma.one_sided(cov, {("wang", 24): 1, ("sqrt_depth", 24): -1}) == []
+
+
 def test_a_row_on_part_of_the_ladder_says_how_many_rates_it_rests_on(tmp_path):
     """A sweep read before it has finished: the γ = ¾ arm has 5 of the 11 ladder rates at R = 24 and one run there
     does not train; the runs-read table counts them, and the Δ rows that rest on the arm say 11 / 5."""
