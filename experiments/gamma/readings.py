@@ -205,6 +205,8 @@ def verdict(words: dict[str, str], d_w: str, est: dict[str, dict]) -> str:
     """The pre-registered verdict on γ (with its amendment made before any fit), the first rule that holds, from
     the two core arms' words and intervals and D_W's word."""
     sq, wa = words["sqrt_depth"], words["wang"]
+    if est["sqrt_depth"] is None or est["wang"] is None:
+        return "not resolved (too few seeds: a t interval needs 2)"
     if "censored" in sq or "censored" in wa:
         return "not resolved (censored)"
     if "transfers" in sq and "transfers" in wa:
@@ -298,15 +300,15 @@ def one_sided(cov: dict, weights: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------------------- checks
 def coverage(cells: dict, plateau: float) -> dict[tuple[str, int], dict]:
-    """(arm, R) -> the finished runs read: how many, their seeds, their ladder rates, and how many do not train.
+    """(arm, R) -> the finished runs read: how many, each seed's rates, every rate, and how many do not train.
     The readings use whatever has run; this says how much of the design (11 ladder rates × 8 seeds per arm and R)
     each row rests on."""
     out: dict = {}
     for (a, r, lr, s), c in sorted(cells.items()):
         if a in ARMS:
-            row = out.setdefault((a, r), {"runs": 0, "seeds": set(), "rates": set(), "fails": 0})
+            row = out.setdefault((a, r), {"runs": 0, "seeds": {}, "rates": set(), "fails": 0})
             row["runs"] += 1
-            row["seeds"].add(s)
+            row["seeds"].setdefault(s, set()).add(lr)
             row["rates"].add(lr)
             row["fails"] += not sources.trains_cell(c, plateau)
     return out
@@ -321,9 +323,13 @@ def seed_span(seeds) -> str:
 
 
 def ladder_count(cov: dict, arm: str, r: int) -> int:
-    """How many of the 11 ladder rates an arm has at R (0 when it has none); a rate matches within 0.01 decades
-    (the sweeps round the ×√2 steps to 3 digits: at most 0.002 decades off)."""
-    rates = cov.get((arm, r), {}).get("rates", set())
+    """How many of the 11 ladder rates every seed an arm has at R has run (the fewest over its seeds; 0 when it has
+    none); a rate matches within 0.01 decades (the sweeps round the ×√2 steps to 3 digits: at most 0.002 off)."""
+    seeds = cov.get((arm, r), {}).get("seeds", {})
+    return min((on_ladder(rates) for rates in seeds.values()), default=0)
+
+
+def on_ladder(rates) -> int:
     return sum(any(abs(math.log10(lr / x)) < 0.01 for lr in rates) for x in LADDER)
 
 
@@ -422,6 +428,10 @@ def long_check(short: dict, long: dict, plateau: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- the report
+def seeds_n(est: dict | None) -> str:
+    return "— (under 2 seeds)" if est is None else f"{est['seeds']} ({est['n']})"
+
+
 def fmt(est: dict | None, spec: str = "{:+.2f}") -> str:
     if est is None:
         return "— | —"
@@ -479,7 +489,7 @@ def markdown(
         est, (word, cens) = row["est"], row["word"]
         sm = seed_mean_shift(cells, key, plateau) if row["kind"] == "arm" else None
         md.append(
-            f"| {names[key]} | {est['seeds']} ({est['n']}) | {fmt(est)} | {word} | {cens} | "
+            f"| {names[key]} | {seeds_n(est)} | {fmt(est)} | {word} | {cens} | "
             f"{'—' if sm is None else f'{sm:+.2f}'} | {rates_read(key, R_LO, R_HI)} |"
         )
     gs = res.get("gamma_star")
@@ -505,8 +515,7 @@ def markdown(
         for key, row in res12["rows"].items():
             (word, cens), est = row["word"], row["est"]
             md.append(
-                f"| {names[key]} | {est['seeds']} ({est['n']}) | {fmt(est)} | {word} | {cens} | "
-                f"{rates_read(key, R_LO, R_MID)} |"
+                f"| {names[key]} | {seeds_n(est)} | {fmt(est)} | {word} | {cens} | {rates_read(key, R_LO, R_MID)} |"
             )
     md += [
         "",
@@ -515,17 +524,20 @@ def markdown(
         (
             f"The design: per arm and R, the {len(LADDER)} ladder rates × seeds 1-8 (the core: the first 9 rates, "
             f"1/√depth and Wang at R = {R_LO} and {R_HI}), and the tail's 10 rates × seeds 1-3. A row above that rests on "
-            "fewer ladder rates than 11 (its last column) reads what has run, not the whole design."
+            "fewer ladder rates than 11 (its last column: the fewest any of its seeds has) reads what has run, not the "
+            "whole design."
         ),
         "",
-        "| arm | R | runs | seeds | ladder rates | other rates | runs that do not train |",
+        "| arm | R | runs | seeds | ladder rates a seed has (fewest–most, of 11) | rates off the ladder | runs that "
+        "do not train |",
         "|---|---:|---:|---|---:|---:|---:|",
     ]
     for (a, r), row in sorted(cov.items(), key=lambda kv: (ARMS.index(kv[0][0]), kv[0][1])):
-        n_ladder = ladder_count(cov, a, r)
+        per_seed = [on_ladder(rates) for rates in row["seeds"].values()]
+        span = f"{min(per_seed)}" if min(per_seed) == max(per_seed) else f"{min(per_seed)}–{max(per_seed)}"
         md.append(
-            f"| {ARM_NAMES[a]} | {r} | {row['runs']} | {seed_span(row['seeds'])} | "
-            f"{n_ladder} of {len(LADDER)} | {len(row['rates']) - n_ladder} | {row['fails']} |"
+            f"| {ARM_NAMES[a]} | {r} | {row['runs']} | {seed_span(row['seeds'])} | {span} | "
+            f"{len(row['rates']) - on_ladder(row['rates'])} | {row['fails']} |"
         )
     md += ["", "## Δ50, the 50%-trains rate's shift (secondary)", ""]
     if "error" in logit:

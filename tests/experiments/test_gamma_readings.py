@@ -219,23 +219,38 @@ def test_a_fifty_percent_rate_the_runs_do_not_bracket_is_not_measured():
 
 def test_a_row_on_part_of_the_ladder_says_how_many_rates_it_rests_on(tmp_path):
     """A sweep read before it has finished: the γ = ¾ arm has 5 of the 11 ladder rates at R = 24 and one run there
-    does not train; the runs-read table counts them, and the Δ rows that rest on the arm say 11 / 5."""
+    does not train, and Wang's seed 2 lacks its top rate at R = 24; the runs-read table counts them, and each Δ row
+    says the fewest ladder rates a seed of its arms has at each R."""
     cells = quad_cells({"wang": WANG, "sqrt_depth": SQRT})
+    del cells[("wang", 24, LADDER[-1], 2)]
     cells.update(quad_cells({"threequarter": [-0.1 + j for j in JITTER]}, rounds=(2,)))
     cells.update(quad_cells({"threequarter": [-0.1 + j for j in JITTER]}, rounds=(24,), rates=LADDER[:5]))
     cells[("threequarter", 24, LADDER[0], 3)]["loss"] = PLATEAU  # at the plateau: does not train
     cov = gamma.coverage(cells, PLATEAU)
     assert cov[("threequarter", 24)]["runs"] == 40 and cov[("threequarter", 24)]["fails"] == 1
-    assert gamma.ladder_count(cov, "threequarter", 24) == 5 and gamma.ladder_count(cov, "wang", 24) == 11
-    assert gamma.ladder_count(cov, "deeploop", 24) == 0
+    assert gamma.ladder_count(cov, "threequarter", 24) == 5 and gamma.ladder_count(cov, "wang", 24) == 10
+    assert gamma.ladder_count(cov, "wang", 2) == 11 and gamma.ladder_count(cov, "deeploop", 24) == 0
     write_report(tmp_path / "part", cells)
     out = tmp_path / "readings.md"
     gamma.main(["readings", "--cells", str(tmp_path / "part"), "--out", str(out)])
     lines = out.read_text().splitlines()
     row = lambda start: next(line for line in lines if line.startswith(start))
-    assert row("| γ = ¾ |").endswith("| 11 / 5 |") and row("| Wang (γ = 1) |").endswith("| 11 / 11 |")
+    assert row("| γ = ¾ |").endswith("| 11 / 5 |") and row("| Wang (γ = 1) |").endswith("| 11 / 10 |")
+    assert row("| 1/√depth (γ = ½) |").endswith("| 11 / 11 |")
     assert row("| Δ_¾ − (Δ_½ + Δ_1)/2 (linearity) |").endswith("| 11 / 5 |")
-    assert "| γ = ¾ | 24 | 40 | 1-8 | 5 of 11 | 0 | 1 |" in lines
+    assert "| γ = ¾ | 24 | 40 | 1-8 | 5 | 0 | 1 |" in lines
+    assert "| Wang (γ = 1) | 24 | 87 | 1-8 | 10–11 | 0 | 0 |" in lines
+
+
+def test_one_seed_gives_no_interval_and_no_verdict(tmp_path):
+    """Seed 1 alone (the start of a sweep): no t interval (it needs 2 seeds), said in the row and the verdict."""
+    cells = {k: c for k, c in quad_cells({"wang": WANG, "sqrt_depth": SQRT}).items() if k[3] == 1}
+    write_report(tmp_path / "one", cells)
+    out = tmp_path / "readings.md"
+    gamma.main(["readings", "--cells", str(tmp_path / "one"), "--out", str(out)])
+    text = out.read_text()
+    assert "**Verdict (R = 2 → 24): not resolved (too few seeds: a t interval needs 2)**" in text
+    assert "| Wang (γ = 1) | — (under 2 seeds) | — | — | too few seeds | 0 |" in text
 
 
 HEADER = [
