@@ -361,3 +361,36 @@ def test_the_committed_readings_are_what_the_code_computes_from_the_committed_ce
     gamma.main(["readings", "--rival", f"{results}/rival/grid", "--out", str(out), "--cells", f"{results}/gamma/core"])
     text = out.read_text().replace(str(out), "docs/results/gamma/readings.md").replace(f"{results}/", "docs/results/")
     assert text == (results / "gamma" / "readings.md").read_text()
+
+
+def test_the_committed_ladder_readings_are_what_the_code_computes_from_the_committed_runs(tmp_path):
+    """docs/results/gamma/ladder_readings.md (the ladder as far as it has run, beside the core), recomputed from the
+    committed run folders (ladder_runs.tar.gz, unpacked as `runs/sweeps/gamma_ladder`) with the command its header
+    names: the same text, figure for figure."""
+    import tarfile
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    runs = tmp_path / "runs" / "sweeps"
+    runs.mkdir(parents=True)
+    with tarfile.open(results / "gamma" / "ladder_runs.tar.gz") as tar:
+        tar.extractall(runs, filter="data")
+    out = tmp_path / "ladder_readings.md"
+    gamma.main(
+        [
+            "readings",
+            "--cells",
+            f"{results}/gamma/core",
+            str(runs / "gamma_ladder"),
+            "--rival",
+            f"{results}/rival/grid",
+            "--out",
+            str(out),
+        ]
+    )
+    text = (
+        out.read_text()
+        .replace(str(out), "docs/results/gamma/ladder_readings.md")
+        .replace(f"{results}/", "docs/results/")
+        .replace(f"{runs}/", "runs/sweeps/")
+    )
+    assert text == (results / "gamma" / "ladder_readings.md").read_text()
