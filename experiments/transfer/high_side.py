@@ -12,7 +12,6 @@ with the pre-registered words; the pre-registered readings stand as computed.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
@@ -60,14 +59,7 @@ def table(runs: dict, plateau: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.transfer.high_side",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--cells", nargs="+", required=True, help="the transfer sweeps' run folders, or a cells.csv")
-    p.add_argument("--plateau", default="auto", help="the unigram plateau in nats, or auto (the first folder's)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = tr.parser("experiments.transfer.high_side", __doc__).parse_args(sys.argv[1:] if argv is None else argv)
     from experiments import sources
 
     with one_line_errors("loopnet transfer", (ValueError, FileNotFoundError)):

@@ -521,16 +521,20 @@ def markdown(res: dict, runs: dict, plateau: float, argv: list[str]) -> list[str
     return md + [""]
 
 
+def parser(module: str, doc: str, cells_help: str = "the transfer sweeps' run folders, or a cells.csv"):
+    """The command line the transfer study's commands share: --cells and --plateau (and what the caller adds)."""
+    p = argparse.ArgumentParser(
+        prog=f"python -m {module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--cells", nargs="+", required=True, help=cells_help)
+    p.add_argument("--plateau", default="auto", help="the unigram plateau in nats, or auto (the first run folder's)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.transfer.readings",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--cells", nargs="+", required=True, help="the transfer sweeps' run folders, or a cells.csv")
+    p = parser("experiments.transfer.readings", __doc__)
     p.add_argument("--out", required=True, help="the folder for cells.csv and readings.md")
-    p.add_argument("--plateau", default="auto", help="the unigram plateau in nats, or auto (the first run folder's)")
     args = p.parse_args(argv)
     from experiments import sources
 

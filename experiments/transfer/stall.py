@@ -18,7 +18,6 @@ It needs the run folders (their summary.json files; the committed archives hold 
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import statistics
@@ -90,13 +89,7 @@ def table(rows: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.transfer.stall",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--cells", nargs="+", required=True, help="the transfer sweeps' run folders")
-    p.add_argument("--plateau", default="auto", help="the unigram plateau in nats, or auto (the first folder's)")
+    p = tr.parser("experiments.transfer.stall", __doc__, cells_help="the transfer sweeps' run folders")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     from experiments import sources
 
