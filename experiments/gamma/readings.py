@@ -13,7 +13,8 @@ rates where it trains), Δ_s = log10 η*(24) − log10 η*(2). Each estimate is 
 Student t interval on n − 1 degrees of freedom (`measures.paired_interval`); the estimands D_W = Δ_Wang −
 Δ_{1/√depth} and D_L = Δ_DeepLoop − Δ_Wang are paired by seed. γ*, where Δ = 0 by linear interpolation between
 γ = ½ and 1, has Fieller's interval. Δ50 (the 50%-trains rate's shift) comes from one Firth common-slope
-logistic fit over every run (`loopnet.study.boundary`), with profile-likelihood intervals.
+logistic fit over every run (`loopnet.study.boundary`), with profile-likelihood intervals. An arm is read when
+its ladder is whole (`unread`); until then its runs are only counted.
 """
 
 from __future__ import annotations
@@ -330,7 +331,36 @@ def ladder_count(cov: dict, arm: str, r: int) -> int:
 
 
 def on_ladder(rates) -> int:
-    return sum(any(abs(math.log10(lr / x)) < 0.01 for lr in rates) for x in LADDER)
+    return len(ladder_rates(rates))
+
+
+def ladder_rates(rates) -> set[float]:
+    """The ladder rates among `rates`, each matched within 0.01 decades."""
+    return {x for x in LADDER if any(abs(math.log10(lr / x)) < 0.01 for lr in rates)}
+
+
+def unread(cov: dict) -> dict[str, str]:
+    """arm -> why it is not read. By the reading plan (amended 2026-12-07, before any DeepLoop ladder cell was
+    read), an arm is read when its ladder is whole: at every R the reading has (of 2, 12, 24), every seed the
+    reading has holds every ladder rate any group of the reading holds (the core's 9 or the ladder's 11). An arm
+    that is not whole enters no estimate, no estimand, no Δ50 fit and no 1,000-step rate; its runs are counted."""
+    groups = [g for g in cov if g[1] in (R_LO, R_MID, R_HI)]
+    if not groups:
+        return {}
+    rounds = sorted({r for _, r in groups})
+    seeds = sorted({s for g in groups for s in cov[g]["seeds"]})
+    design = set().union(*(ladder_rates(rates) for g in groups for rates in cov[g]["seeds"].values()))
+    out = {}
+    for arm in sorted({a for a, _ in groups}, key=ARMS.index):
+        gaps = []
+        for r in rounds:
+            have = cov.get((arm, r), {"seeds": {}})["seeds"]
+            runs = sum(len(ladder_rates(have.get(s, ())) & design) for s in seeds)
+            if runs < len(seeds) * len(design):
+                gaps.append(f"R = {r}: {runs} of {len(seeds) * len(design)} ladder runs")
+        if gaps:
+            out[arm] = "; ".join(gaps)
+    return out
 
 
 def reproducibility(cells: dict, rival: dict) -> dict:
@@ -447,6 +477,7 @@ def markdown(
     repro: dict | None,
     res12: dict | None,
     longc: dict | None,
+    held: dict[str, str],
 ) -> list[str]:
     md = [
         "# The depth exponent γ: the readings stated before any fit, computed",
@@ -460,6 +491,18 @@ def markdown(
     ]
     if "verdict" in res:
         md += [f"**Verdict (R = {R_LO} → {R_HI}): {res['verdict']}**", ""]
+    elif any(a in held for a in ESTIMANDS["D_W"]):
+        md += [f"**Verdict (R = {R_LO} → {R_HI}): not read (a core arm's ladder is not whole)**", ""]
+    if held:
+        md += [
+            (
+                "Not read (an arm is read when its ladder is whole: every ladder rate of the reading, for every seed, "
+                "at every R; the runs are counted below): "
+                + "; ".join(f"{ARM_NAMES[a]} ({why})" for a, why in held.items())
+                + "."
+            ),
+            "",
+        ]
     md += [
         (
             "Every interval: the mean over seeds of per-seed estimates (each seed's own vertices) with its 95% "
@@ -523,9 +566,8 @@ def markdown(
         "",
         (
             f"The design: per arm and R, the {len(LADDER)} ladder rates × seeds 1-8 (the core: the first 9 rates, "
-            f"1/√depth and Wang at R = {R_LO} and {R_HI}), and the tail's 10 rates × seeds 1-3. A row above that rests on "
-            "fewer ladder rates than 11 (its last column: the fewest any of its seeds has) reads what has run, not the "
-            "whole design."
+            f"1/√depth and Wang at R = {R_LO} and {R_HI}), and the tail's 10 rates × seeds 1-3. An arm is read when its "
+            "ladder is whole; the rows above give the ladder rates they rest on (the fewest any of its seeds has)."
         ),
         "",
         "| arm | R | runs | seeds | ladder rates a seed has (fewest–most, of 11) | rates off the ladder | runs that "
@@ -545,7 +587,7 @@ def markdown(
     else:
         md += [
             (
-                f"One Firth common-slope fit over every run (slope {logit['fit'].slope:.2f} per decade; plain "
+                f"One Firth common-slope fit over every run of the arms read (slope {logit['fit'].slope:.2f} per decade; plain "
                 f"maximum-likelihood fit {'separated' if logit['fit'].separated else 'exists'}); 95% profile-likelihood "
                 "intervals (χ²₁ on the penalised likelihood, approximate coverage)."
             ),
@@ -615,21 +657,31 @@ def main(argv: list[str] | None = None) -> None:
             )
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
+        held = unread(coverage(cells, plateau))
+        whole = {k: c for k, c in cells.items() if k[0] not in held}
         if args.command == "long-sweep":
+            if held:
+                raise ValueError(
+                    "the 1,000-step rates come from whole ladders; not whole: "
+                    + "; ".join(f"{ARM_NAMES[a]} ({why})" for a, why in held.items())
+                    + "; fix: finish the ladder (make gamma) first"
+                )
             out.write_text(long_sweep(long_rates(cells, plateau), plateau))
             print(f"loopnet gamma: wrote {out}")
             return
-        res = reading(cells, plateau)
-        has12 = any(r == R_MID for _, r, _, _ in cells)
-        res12 = reading(cells, plateau, R_LO, R_MID) if has12 else None
-        longc = long_check(cells, read(args.long), plateau) if args.long else None
+        res = reading(whole, plateau)
+        has12 = any(r == R_MID for _, r, _, _ in whole)
+        res12 = reading(whole, plateau, R_LO, R_MID) if has12 else None
+        longc = long_check(whole, read(args.long), plateau) if args.long else None
         repro = None
         if args.rival:
             rival = sources.merge(sources.read(args.rival))
             repro = reproducibility(cells, rival)
-        md = markdown(res, cells, plateau, argv, logistic(cells, plateau), repro, res12, longc)
+        md = markdown(res, cells, plateau, argv, logistic(whole, plateau), repro, res12, longc, held)
     out.write_text("\n".join(md))
-    print(f"loopnet gamma: verdict: {res.get('verdict', '— (the core is incomplete)')}")
+    print(f"loopnet gamma: verdict: {res.get('verdict', '— (the core is not whole)')}")
+    for a, why in held.items():
+        print(f"loopnet gamma: not read, its ladder not whole: {ARM_NAMES[a]} ({why})")
     print(f"loopnet gamma: wrote {out}")
 
 

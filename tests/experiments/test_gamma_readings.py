@@ -217,10 +217,10 @@ def test_a_fifty_percent_rate_the_runs_do_not_bracket_is_not_measured():
     assert gamma.one_sided(cov, {("wang", 24): 1, ("sqrt_depth", 24): -1}) == []
 
 
-def test_a_row_on_part_of_the_ladder_says_how_many_rates_it_rests_on(tmp_path):
+def test_an_arm_whose_ladder_is_not_whole_is_counted_not_read(tmp_path):
     """A sweep read before it has finished: the γ = ¾ arm has 5 of the 11 ladder rates at R = 24 and one run there
-    does not train, and Wang's seed 2 lacks its top rate at R = 24; the runs-read table counts them, and each Δ row
-    says the fewest ladder rates a seed of its arms has at each R."""
+    does not train, and Wang's seed 2 lacks its top rate at R = 24. The runs-read table counts them; neither arm is
+    read (no row, no estimand, no verdict), and the line that says so gives each gap; the whole 1/√depth arm is read."""
     cells = quad_cells({"wang": WANG, "sqrt_depth": SQRT})
     del cells[("wang", 24, LADDER[-1], 2)]
     cells.update(quad_cells({"threequarter": [-0.1 + j for j in JITTER]}, rounds=(2,)))
@@ -230,16 +230,49 @@ def test_a_row_on_part_of_the_ladder_says_how_many_rates_it_rests_on(tmp_path):
     assert cov[("threequarter", 24)]["runs"] == 40 and cov[("threequarter", 24)]["fails"] == 1
     assert gamma.ladder_count(cov, "threequarter", 24) == 5 and gamma.ladder_count(cov, "wang", 24) == 10
     assert gamma.ladder_count(cov, "wang", 2) == 11 and gamma.ladder_count(cov, "deeploop", 24) == 0
+    assert gamma.unread(cov) == {"threequarter": "R = 24: 40 of 88 ladder runs", "wang": "R = 24: 87 of 88 ladder runs"}
     write_report(tmp_path / "part", cells)
     out = tmp_path / "readings.md"
     gamma.main(["readings", "--cells", str(tmp_path / "part"), "--out", str(out)])
     lines = out.read_text().splitlines()
-    row = lambda start: next(line for line in lines if line.startswith(start))
-    assert row("| γ = ¾ |").endswith("| 11 / 5 |") and row("| Wang (γ = 1) |").endswith("| 11 / 10 |")
-    assert row("| 1/√depth (γ = ½) |").endswith("| 11 / 11 |")
-    assert row("| Δ_¾ − (Δ_½ + Δ_1)/2 (linearity) |").endswith("| 11 / 5 |")
+    assert "**Verdict (R = 2 → 24): not read (a core arm's ladder is not whole)**" in lines
+    assert "γ = ¾ (R = 24: 40 of 88 ladder runs); Wang (γ = 1) (R = 24: 87 of 88 ladder runs)." in lines[6]
+    rows = [line.split(" | ")[0] for line in lines if line.startswith("| ") and " | [" in line]
+    assert rows == ["| 1/√depth (γ = ½)"]
     assert "| γ = ¾ | 24 | 40 | 1-8 | 5 | 0 | 1 |" in lines
     assert "| Wang (γ = 1) | 24 | 87 | 1-8 | 10–11 | 0 | 0 |" in lines
+
+
+def test_a_deeploop_ladder_not_yet_whole_leaves_the_pre_ln_readings_as_they_were(tmp_path):
+    """DeepLoop whole at R = 2 and part-run at R = 24: the other arms' readings, the verdict and the Δ50 fit are those
+    without DeepLoop, to the last digit; D_L is not printed until DeepLoop's ladder is whole."""
+    base = quad_cells({"wang": WANG, "sqrt_depth": SQRT})
+    base[("sqrt_depth", 24, LADDER[-1], 1)]["loss"] = PLATEAU  # one failing run, so Δ50 has a fit
+    deep = quad_cells({"deeploop": [0.05 + j for j in JITTER]})
+    part = {k: c for k, c in deep.items() if k[1] == 2 or k[3] <= 3}
+    texts = []
+    for name, cells in (("without", base), ("part", {**base, **part})):
+        write_report(tmp_path / name, cells)
+        gamma.main(["readings", "--cells", str(tmp_path / name), "--out", str(tmp_path / f"{name}.md")])
+        texts.append((tmp_path / f"{name}.md").read_text().replace(name, "X"))
+    without, partial = texts
+    assert "DeepLoop (R = 24: 33 of 88 ladder runs)" in partial and "D_L" not in partial
+    kept = [line for line in partial.splitlines() if not line.startswith(("Not read", "| DeepLoop |"))]
+    assert [line for line in kept if line] == [line for line in without.splitlines() if line]
+    write_report(tmp_path / "whole", {**base, **deep})
+    gamma.main(["readings", "--cells", str(tmp_path / "whole"), "--out", str(tmp_path / "whole.md")])
+    assert "| D_L = Δ_DeepLoop − Δ_Wang |" in (tmp_path / "whole.md").read_text()
+
+
+def test_the_long_check_waits_for_whole_ladders(tmp_path, capsys):
+    """The 1,000-step rates come from whole ladders: a part-run arm is refused, with the fix."""
+    cells = quad_cells({"wang": WANG, "sqrt_depth": SQRT})
+    del cells[("wang", 24, LADDER[-1], 2)]
+    write_report(tmp_path / "part", cells)
+    with pytest.raises(SystemExit) as err:
+        gamma.main(["long-sweep", "--cells", str(tmp_path / "part"), "--out", str(tmp_path / "long.yaml")])
+    assert not (tmp_path / "long.yaml").exists() and err.value.code != 0
+    assert "not whole: Wang (γ = 1) (R = 24: 87 of 88 ladder runs); fix: finish the ladder" in capsys.readouterr().err
 
 
 def test_one_seed_gives_no_interval_and_no_verdict(tmp_path):
