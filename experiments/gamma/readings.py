@@ -363,6 +363,11 @@ def unread(cov: dict) -> dict[str, str]:
     return out
 
 
+def held_list(held: dict[str, str]) -> str:
+    """The arms `unread` holds back, each with its gaps, as one line."""
+    return "; ".join(f"{ARM_NAMES[a]} ({why})" for a, why in held.items())
+
+
 def reproducibility(cells: dict, rival: dict) -> dict:
     """The cells this experiment shares with the rival grid (same arm, R, rate and seed): how many, how many
     have bitwise equal final losses, the largest absolute difference, and the same per rate."""
@@ -497,9 +502,7 @@ def markdown(
         md += [
             (
                 "Not read (an arm is read when its ladder is whole: every ladder rate of the reading, for every seed, "
-                "at every R; the runs are counted below): "
-                + "; ".join(f"{ARM_NAMES[a]} ({why})" for a, why in held.items())
-                + "."
+                "at every R; the runs are counted below): " + held_list(held) + "."
             ),
             "",
         ]
@@ -663,7 +666,7 @@ def main(argv: list[str] | None = None) -> None:
             if held:
                 raise ValueError(
                     "the 1,000-step rates come from whole ladders; not whole: "
-                    + "; ".join(f"{ARM_NAMES[a]} ({why})" for a, why in held.items())
+                    + held_list(held)
                     + "; fix: finish the ladder (make gamma) first"
                 )
             out.write_text(long_sweep(long_rates(cells, plateau), plateau))
@@ -680,8 +683,8 @@ def main(argv: list[str] | None = None) -> None:
         md = markdown(res, cells, plateau, argv, logistic(whole, plateau), repro, res12, longc, held)
     out.write_text("\n".join(md))
     print(f"loopnet gamma: verdict: {res.get('verdict', '— (the core is not whole)')}")
-    for a, why in held.items():
-        print(f"loopnet gamma: not read, its ladder not whole: {ARM_NAMES[a]} ({why})")
+    if held:
+        print(f"loopnet gamma: not read, its ladder not whole: {held_list(held)}")
     print(f"loopnet gamma: wrote {out}")
 
 
