@@ -22,7 +22,7 @@ ARM_KEY = "model.config.branch_scale"
 
 
 def read_cells(folder: Path) -> list[dict]:
-    """The cells of one report folder: scheme, p, R, lr (from the cell id), seed, status, final loss."""
+    """The cells of one report folder: scheme, p, R, lr (from the cell id), seed, status, final loss, steps run."""
     out = []
     for row in csv.DictReader((folder / "cells.csv").open()):
         lr = re.search(r"-lr([0-9.e-]+)-s\d+$", row["cell"])
@@ -37,6 +37,7 @@ def read_cells(folder: Path) -> list[dict]:
                 "seed": int(row["seed"]),
                 "status": row["status"],
                 "loss": float(row["final_val_loss"]) if row["final_val_loss"] else None,
+                "steps": int(row["global_step"]) if row.get("global_step") else None,
             }
         )
     return out
@@ -124,6 +125,7 @@ def _from_runs(folder: Path) -> list[dict]:
                 "seed": run.seed,
                 "status": run.status,
                 "loss": float(loss) if loss is not None else None,
+                "steps": run.value("global_step"),
                 "arm": arm,
             }
         )

@@ -40,6 +40,7 @@ LADDER = (2.5e-4, 3.54e-4, 5.0e-4, 7.07e-4, 1.0e-3, 1.41e-3, 2.0e-3, 2.83e-3, 4.
 TRANSFER = 0.15  # decades: one ×√2 ladder step (the rival study's transfer threshold)
 STRESS = 10.0  # decades a censored per-seed Δ is moved toward its open side to test whether a word survives it
 LONG_STEPS = 1000
+LONG_SEEDS = (1, 2, 3)
 # the estimands as weights on the arms' per-seed Δ_s (the linearity check is halved: Δ_¾ − (Δ_½ + Δ_1)/2)
 ESTIMANDS = {
     "D_W": {"wang": 1, "sqrt_depth": -1},
@@ -427,7 +428,9 @@ def long_sweep(rates: dict, plateau: float) -> str:
             if arm == "threequarter"
             else {"model.config.residual": ["preln"], "model.config.branch_scale": [arm]}
         )
-        include.append({**head, "model.config.n_rounds": [r], "model.optim.lr": lrs, "seed_everything": [1, 2, 3]})
+        include.append(
+            {**head, "model.config.n_rounds": [r], "model.optim.lr": lrs, "seed_everything": list(LONG_SEEDS)}
+        )
     spec = {
         "description": "The depth exponent, the 1,000-step check around each 200-step vertex.",
         "base": ["configs/deeploop_r6.yaml", "configs/cpu.yaml", "configs/study_map.yaml"],
@@ -444,21 +447,70 @@ def long_sweep(rates: dict, plateau: float) -> str:
     return "\n".join(lines) + "\n" + yaml.safe_dump(spec, sort_keys=False, width=110)
 
 
-def long_check(short: dict, long: dict, plateau: float) -> dict:
-    """Per arm: Δ₁₂ at 1,000 steps (each seed's own vertex over the check's rates) minus Δ₁₂ at 200 steps (the
-    same seeds, over the ladder), per seed, with its t interval and its word (holds: inside ±0.15; moves:
-    excludes 0)."""
+def long_cells(folders) -> dict:
+    """The 1,000-step check's cells (`read`), refused when a completed one did not run `LONG_STEPS` steps (a
+    200-step folder passed as --long would read as "no change")."""
+    cells = read(folders)
+    short = sorted(c["cell"] for c in cells.values() if c["status"] == "completed" and c.get("steps") != LONG_STEPS)
+    if short:
+        raise ValueError(
+            f"--long: {len(short)} completed cell(s) did not run {LONG_STEPS} steps (e.g. {short[0]}); fix: pass the "
+            "1,000-step check's runs (runs/sweeps/gamma_long, from configs/sweeps/gamma/long.yaml)"
+        )
+    return cells
+
+
+def long_design(cells: dict, plateau: float) -> dict[str, set[tuple[int, float, int]]]:
+    """arm -> the 1,000-step check's cells (R, rate, seed) by the rule (`long_rates` × `LONG_SEEDS`)."""
+    out: dict[str, set] = {}
+    for (arm, r), lrs in long_rates(cells, plateau).items():
+        out.setdefault(arm, set()).update((r, lr, s) for lr in lrs for s in LONG_SEEDS)
+    return out
+
+
+def long_unread(design: dict, long: dict) -> dict[str, str]:
+    """arm -> "k of n check runs" for each arm whose check is not whole (a cell of its design not finished): such
+    an arm is counted, not read, as an arm whose ladder is not whole is. A rate matches within 0.01 decades."""
     out = {}
+    for arm, want in design.items():
+        have = {(r, s): [lr for a, rr, lr, ss in long if (a, rr, ss) == (arm, r, s)] for r, _, s in want}
+        done = sum(any(abs(math.log10(x / lr)) < 0.01 for x in have[(r, s)]) for r, lr, s in want)
+        if done < len(want):
+            out[arm] = f"{done} of {len(want)} check runs"
+    return out
+
+
+def change_word(lo: float, hi: float) -> str:
+    """The 1,000-step check's word on the change of Δ₁₂: holds (inside ±0.15), moves (excludes 0), else not
+    resolved."""
+    lo, hi = round(lo, 2), round(hi, 2)
+    return "holds" if -TRANSFER <= lo and hi <= TRANSFER else "moves" if lo > 0 or hi < 0 else "not resolved"
+
+
+def long_check(short: dict, long: dict, plateau: float) -> dict:
+    """Per arm whose check is whole: Δ₁₂ at 1,000 steps (each seed's own vertex over the check's rates), Δ₁₂ at 200
+    steps (the same seeds, over the ladder) and their change per seed, each with its t interval; the change's word
+    (`change_word`) must survive moving a censored per-seed value toward its open side, as every word must
+    (`robust_word`). "held": the arms whose check is not whole, counted."""
+    held = long_unread(long_design(short, plateau), long)
+    out: dict = {"held": held, "rows": {}}
     for arm in ARMS:
+        if arm in held:
+            continue
         a = seed_shifts(long, arm, plateau, R_LO, R_MID)
         b = seed_shifts(short, arm, plateau, R_LO, R_MID)
         seeds = sorted(set(a) & set(b))
-        est = paired_interval([a[s]["delta"] - b[s]["delta"] for s in seeds])
+        a, b = ({s: d[s] for s in seeds} for d in (a, b))
+        per = combine({"long": a, "short": b}, {"long": 1, "short": -1}) if seeds else {}
+        est = t_estimate(per)
         if est is None:
             continue
-        lo, hi = round(est["lo"], 2), round(est["hi"], 2)
-        word = "holds" if -TRANSFER <= lo and hi <= TRANSFER else "moves" if lo > 0 or hi < 0 else "not resolved"
-        out[arm] = dict(est, seeds=seeds, word=word)
+        out["rows"][arm] = {
+            "long": t_estimate(a),
+            "short": t_estimate(b),
+            "change": est,
+            "word": robust_word(per, change_word),
+        }
     return out
 
 
@@ -613,12 +665,33 @@ def markdown(
     if longc is not None:
         md += [
             "",
-            "## The 1,000-step check: Δ₁₂ at 1,000 steps − Δ₁₂ at 200 steps",
+            f"## The 1,000-step check: Δ₁₂ at {LONG_STEPS:,} steps − Δ₁₂ at 200 steps",
             "",
-            "| arm | seeds | mean (decades) | 95% t interval | word |",
-            "|---|---|---:|---|---|",
+            (
+                f"Per seed ({seed_span(LONG_SEEDS)}): Δ₁₂ from its own vertices over the check's five rates at "
+                f"{LONG_STEPS:,} steps, minus its Δ₁₂ at 200 steps over the ladder; each the mean with its 95% t "
+                "interval on n − 1 degrees of freedom. A censored seed has a vertex at the edge of its rates."
+            ),
+            "",
         ]
-        md += [f"| {ARM_NAMES[a]} | {r['seeds']} | {fmt(r)} | {r['word']} |" for a, r in longc.items()]
+        if longc["held"]:
+            md += [
+                f"Not read (an arm is read when its check is whole: five rates × seeds {seed_span(LONG_SEEDS)} × R = "
+                f"{R_LO} and {R_MID}): " + held_list(longc["held"]) + ".",
+                "",
+            ]
+        if longc["rows"]:
+            md += [
+                f"| arm | seeds (n) | Δ₁₂ at {LONG_STEPS:,} steps | 95% t interval | Δ₁₂ at 200 steps | 95% t interval "
+                "| change (decades) | 95% t interval | word | censored seeds |",
+                "|---|---|---:|---|---:|---|---:|---|---|---:|",
+            ]
+        for a, r in longc["rows"].items():
+            word, cens = r["word"]
+            md.append(
+                f"| {ARM_NAMES[a]} | {seeds_n(r['change'])} | {fmt(r['long'])} | {fmt(r['short'])} | "
+                f"{fmt(r['change'])} | {word} | {cens} |"
+            )
     if repro is not None:
         md += [
             "",
@@ -675,7 +748,7 @@ def main(argv: list[str] | None = None) -> None:
         res = reading(whole, plateau)
         has12 = any(r == R_MID for _, r, _, _ in whole)
         res12 = reading(whole, plateau, R_LO, R_MID) if has12 else None
-        longc = long_check(whole, read(args.long), plateau) if args.long else None
+        longc = long_check(whole, long_cells(args.long), plateau) if args.long else None
         repro = None
         if args.rival:
             rival = sources.merge(sources.read(args.rival))

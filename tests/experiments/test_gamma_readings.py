@@ -275,6 +275,54 @@ def test_the_long_check_waits_for_whole_ladders(tmp_path, capsys):
     assert "not whole: Wang (γ = 1) (R = 24: 87 of 88 ladder runs); fix: finish the ladder" in capsys.readouterr().err
 
 
+T2 = 4.302652729911275  # Student's t, 0.975 quantile, 2 degrees of freedom (tables)
+
+
+def test_the_long_check_reads_each_change_exactly_and_only_whole_arms(tmp_path, capsys):
+    """The 1,000-step check on cells whose answers are known: at 1,000 steps each seed's Δ₁₂ is its 200-step Δ₁₂ plus
+    a known change (Wang: C; 1/√depth: C, and seed 3's vertex pushed past its five rates, so censored), on exactly
+    the cells the rule's sweep file names. The change's mean and t interval on 2 degrees of freedom are the
+    textbook ones; an arm missing one check run is counted, not read; a 200-step folder passed as --long is refused."""
+    C = [0.05, 0.07, 0.06]
+    short = quad_cells({"wang": WANG, "sqrt_depth": SQRT}, rounds=(2, 12), rates=gamma.LADDER)
+    design = gamma.long_design(short, PLATEAU)
+    assert {a: len(v) for a, v in design.items()} == {"sqrt_depth": 30, "wang": 30}
+    shifted = {
+        "wang": [WANG[i] + C[i] for i in range(3)],
+        "sqrt_depth": [SQRT[i] + C[i] for i in range(2)] + [SQRT[2] + 0.5],
+    }
+    every = quad_cells(shifted, rounds=(2, 12), rates=gamma.LADDER)
+    long = {k: c for k, c in every.items() if (k[1], k[2], k[3]) in design[k[0]]}
+    assert len(long) == 60
+    res = gamma.long_check(short, long, PLATEAU)
+    assert res["held"] == {} and list(res["rows"]) == ["sqrt_depth", "wang"]
+    wang = res["rows"]["wang"]
+    m, se = statistics.fmean(C), statistics.stdev(C) / math.sqrt(3)
+    assert wang["change"]["seeds"] == [1, 2, 3] and wang["change"]["n"] == 3
+    assert (wang["change"]["mean"], wang["change"]["lo"], wang["change"]["hi"]) == pytest.approx(
+        (m, m - T2 * se, m + T2 * se), abs=1e-9
+    )
+    assert wang["word"] == ("holds", 0)  # [0.035, 0.085]: inside ±0.15
+    assert wang["long"]["mean"] == pytest.approx(statistics.fmean(WANG[:3]) + m, abs=1e-9)
+    assert res["rows"]["sqrt_depth"]["word"][1] == 1  # seed 3's vertex at its top rate: censored, counted
+    del long[("sqrt_depth", 12, max(lr for r, lr, s in design["sqrt_depth"] if r == 12), 2)]
+    res = gamma.long_check(short, long, PLATEAU)
+    assert res["held"] == {"sqrt_depth": "29 of 30 check runs"} and list(res["rows"]) == ["wang"]
+    write_report(tmp_path / "short", short)
+    write_report(tmp_path / "long", long, steps=gamma.LONG_STEPS)
+    out = tmp_path / "readings.md"
+    gamma.main(["readings", "--cells", str(tmp_path / "short"), "--long", str(tmp_path / "long"), "--out", str(out)])
+    lines = out.read_text().splitlines()
+    assert "five rates × seeds 1-3 × R = 2 and 12): 1/√depth (γ = ½) (29 of 30 check runs)." in "\n".join(lines)
+    row = [line for line in lines if line.startswith("| Wang (γ = 1) | [1, 2, 3] (3) |")]
+    assert len(row) == 1 and row[0].endswith(f"| {m:+.2f} | [{m - T2 * se:+.2f}, {m + T2 * se:+.2f}] | holds | 0 |")
+    with pytest.raises(SystemExit):
+        gamma.main(
+            ["readings", "--cells", str(tmp_path / "short"), "--long", str(tmp_path / "short"), "--out", str(out)]
+        )
+    assert "did not run 1000 steps" in capsys.readouterr().err
+
+
 def test_one_seed_gives_no_interval_and_no_verdict(tmp_path):
     """Seed 1 alone (the start of a sweep): no t interval (it needs 2 seeds), said in the row and the verdict."""
     cells = {k: c for k, c in quad_cells({"wang": WANG, "sqrt_depth": SQRT}).items() if k[3] == 1}
@@ -305,7 +353,7 @@ HEADER = [
 ]
 
 
-def write_report(folder, cells):
+def write_report(folder, cells, steps=200):
     folder.mkdir(parents=True)
     (folder / "plateau.json").write_text(json.dumps({"plateau": PLATEAU}))
     with (folder / "cells.csv").open("w", newline="") as f:
@@ -321,7 +369,9 @@ def write_report(folder, cells):
                     "threequarter": f"eps_wang-branch_lambda{r**0.25:g}",
                 }[arm]
                 cid, scheme = f"preln-{slug}-r{r}-lr{lr:g}-s{s}", "preln"
-            w.writerow([cid, "m", scheme, "", r, s, "completed", c["loss"], c["loss"], c["loss"], "", 200, 1, 1, True])
+            w.writerow(
+                [cid, "m", scheme, "", r, s, "completed", c["loss"], c["loss"], c["loss"], "", steps, 1, 1, True]
+            )
 
 
 def test_the_command_reads_report_folders_and_writes_the_verdict(tmp_path, capsys):
@@ -397,16 +447,21 @@ def test_the_committed_readings_are_what_the_code_computes_from_the_committed_ce
 
 
 def test_the_committed_ladder_readings_are_what_the_code_computes_from_the_committed_runs(tmp_path):
-    """docs/results/gamma/ladder_readings.md (the ladder as far as it has run, beside the core), recomputed from the
-    committed run folders (ladder_runs.tar.gz, unpacked as `runs/sweeps/gamma_ladder`) with the command its header
-    names: the same text, figure for figure."""
+    """docs/results/gamma/ladder_readings.md (the whole ladder beside the core), recomputed from the committed run
+    folders (ladder_runs.tar.gz, unpacked under `runs/sweeps/`) with the
+    command its header names: the same text, figure for figure. The committed check's sweep file is the one the
+    pre-registered rule writes from the committed core and ladder."""
     import tarfile
 
     results = Path(__file__).resolve().parents[2] / "docs" / "results"
     runs = tmp_path / "runs" / "sweeps"
     runs.mkdir(parents=True)
-    with tarfile.open(results / "gamma" / "ladder_runs.tar.gz") as tar:
-        tar.extractall(runs, filter="data")
+    for name in ("ladder",):
+        with tarfile.open(results / "gamma" / f"{name}_runs.tar.gz") as tar:
+            tar.extractall(runs, filter="data")
+    sweep = tmp_path / "long.yaml"
+    gamma.main(["long-sweep", "--cells", f"{results}/gamma/core", str(runs / "gamma_ladder"), "--out", str(sweep)])
+    assert sweep.read_text() == (results.parents[1] / "configs" / "sweeps" / "gamma" / "long.yaml").read_text()
     out = tmp_path / "ladder_readings.md"
     gamma.main(
         [
