@@ -534,6 +534,7 @@ def markdown(
     repro: dict | None,
     res12: dict | None,
     longc: dict | None,
+    cov: dict,
     held: dict[str, str],
 ) -> list[str]:
     md = [
@@ -576,7 +577,6 @@ def markdown(
         "D_L": "D_L = Δ_DeepLoop − Δ_Wang",
         "linearity": "Δ_¾ − (Δ_½ + Δ_1)/2 (linearity)",
     }
-    cov = coverage(cells, plateau)
 
     def rates_read(key: str, r_lo: int, r_hi: int) -> str:
         """How many of the 11 ladder rates the row rests on at each R (an estimand: its arms' fewest)."""
@@ -733,7 +733,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        held = unread(coverage(cells, plateau))
+        cov = coverage(cells, plateau)
+        held = unread(cov)
         whole = {k: c for k, c in cells.items() if k[0] not in held}
         if args.command == "long-sweep":
             if held:
@@ -753,7 +754,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.rival:
             rival = sources.merge(sources.read(args.rival))
             repro = reproducibility(cells, rival)
-        md = markdown(res, cells, plateau, argv, logistic(whole, plateau), repro, res12, longc, held)
+        md = markdown(res, cells, plateau, argv, logistic(whole, plateau), repro, res12, longc, cov, held)
     out.write_text("\n".join(md))
     print(f"loopnet gamma: verdict: {res.get('verdict', '— (the core is not whole)')}")
     if held:
