@@ -447,8 +447,8 @@ def test_the_committed_readings_are_what_the_code_computes_from_the_committed_ce
 
 
 def test_the_committed_ladder_readings_are_what_the_code_computes_from_the_committed_runs(tmp_path):
-    """docs/results/gamma/ladder_readings.md (the whole ladder beside the core), recomputed from the committed run
-    folders (ladder_runs.tar.gz, unpacked under `runs/sweeps/`) with the
+    """docs/results/gamma/ladder_readings.md (the whole ladder beside the core, and the 1,000-step check), recomputed
+    from the committed run folders (ladder_runs.tar.gz and long_runs.tar.gz, unpacked under `runs/sweeps/`) with the
     command its header names: the same text, figure for figure. The committed check's sweep file is the one the
     pre-registered rule writes from the committed core and ladder."""
     import tarfile
@@ -456,7 +456,7 @@ def test_the_committed_ladder_readings_are_what_the_code_computes_from_the_commi
     results = Path(__file__).resolve().parents[2] / "docs" / "results"
     runs = tmp_path / "runs" / "sweeps"
     runs.mkdir(parents=True)
-    for name in ("ladder",):
+    for name in ("ladder", "long"):
         with tarfile.open(results / "gamma" / f"{name}_runs.tar.gz") as tar:
             tar.extractall(runs, filter="data")
     sweep = tmp_path / "long.yaml"
@@ -469,6 +469,8 @@ def test_the_committed_ladder_readings_are_what_the_code_computes_from_the_commi
             "--cells",
             f"{results}/gamma/core",
             str(runs / "gamma_ladder"),
+            "--long",
+            str(runs / "gamma_long"),
             "--rival",
             f"{results}/rival/grid",
             "--out",
