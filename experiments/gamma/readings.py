@@ -335,9 +335,14 @@ def on_ladder(rates) -> int:
     return len(ladder_rates(rates))
 
 
+def same_rate(a: float, b: float) -> bool:
+    """Two rates are one rate when within 0.01 decades (the sweeps round the ladder to 3 digits)."""
+    return abs(math.log10(a / b)) < 0.01
+
+
 def ladder_rates(rates) -> set[float]:
-    """The ladder rates among `rates`, each matched within 0.01 decades."""
-    return {x for x in LADDER if any(abs(math.log10(lr / x)) < 0.01 for lr in rates)}
+    """The ladder rates among `rates` (`same_rate`)."""
+    return {x for x in LADDER if any(same_rate(lr, x) for lr in rates)}
 
 
 def unread(cov: dict) -> dict[str, str]:
@@ -470,11 +475,10 @@ def long_design(cells: dict, plateau: float) -> dict[str, set[tuple[int, float, 
 
 def long_unread(design: dict, long: dict) -> dict[str, str]:
     """arm -> "k of n check runs" for each arm whose check is not whole (a cell of its design not finished): such
-    an arm is counted, not read, as an arm whose ladder is not whole is. A rate matches within 0.01 decades."""
+    an arm is counted, not read, as an arm whose ladder is not whole is (rates matched by `same_rate`)."""
     out = {}
     for arm, want in design.items():
-        have = {(r, s): [lr for a, rr, lr, ss in long if (a, rr, ss) == (arm, r, s)] for r, _, s in want}
-        done = sum(any(abs(math.log10(x / lr)) < 0.01 for x in have[(r, s)]) for r, lr, s in want)
+        done = sum(any((a, rr, ss) == (arm, r, s) and same_rate(x, lr) for a, rr, x, ss in long) for r, lr, s in want)
         if done < len(want):
             out[arm] = f"{done} of {len(want)} check runs"
     return out
@@ -501,7 +505,7 @@ def long_check(short: dict, long: dict, plateau: float) -> dict:
         b = seed_shifts(short, arm, plateau, R_LO, R_MID)
         seeds = sorted(set(a) & set(b))
         a, b = ({s: d[s] for s in seeds} for d in (a, b))
-        per = combine({"long": a, "short": b}, {"long": 1, "short": -1}) if seeds else {}
+        per = combine({"long": a, "short": b}, {"long": 1, "short": -1})
         est = t_estimate(per)
         if est is None:
             continue
