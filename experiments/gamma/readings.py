@@ -14,7 +14,7 @@ Student t interval on n − 1 degrees of freedom (`measures.paired_interval`); t
 Δ_{1/√depth} and D_L = Δ_DeepLoop − Δ_Wang are paired by seed. γ*, where Δ = 0 by linear interpolation between
 γ = ½ and 1, has Fieller's interval. Δ50 (the 50%-trains rate's shift) comes from one Firth common-slope
 logistic fit over every run (`loopnet.study.boundary`), with profile-likelihood intervals. An arm is read when
-its ladder is whole (`unread`); until then its runs are only counted.
+its ladder is whole (`unread`), its tail runs when its tail is whole (`tail_unread`); until then they are counted.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ TRANSFER = 0.15  # decades: one ×√2 ladder step (the rival study's transfer t
 STRESS = 10.0  # decades a censored per-seed Δ is moved toward its open side to test whether a word survives it
 LONG_STEPS = 1000
 LONG_SEEDS = (1, 2, 3)
+TAIL = (1.13e-2, 1.6e-2, 2.26e-2, 3.2e-2, 4.53e-2, 6.4e-2, 9.05e-2, 0.128, 0.181, 0.256)  # the ladder on at ×√2
+TAIL_SEEDS = (1, 2, 3)
 # the estimands as weights on the arms' per-seed Δ_s (the linearity check is halved: Δ_¾ − (Δ_½ + Δ_1)/2)
 ESTIMANDS = {
     "D_W": {"wang": 1, "sqrt_depth": -1},
@@ -279,7 +281,7 @@ def logistic(cells: dict, plateau: float) -> dict:
     except ValueError as err:
         return {"error": str(err)}
     groups = set(fit.data.groups)
-    out = {"fit": fit}
+    out = {"fit": fit, "cov": coverage(cells, plateau)}  # the runs fitted, for `one_sided`
     d50 = lambda a: {(a, R_HI): 1, (a, R_LO): -1}
     wants = {f"Δ50 {ARM_NAMES[a]}": d50(a) for a in ARMS}
     wants["D50_W"] = {**d50("wang"), **{k: -v for k, v in d50("sqrt_depth").items()}}
@@ -366,6 +368,23 @@ def unread(cov: dict) -> dict[str, str]:
                 gaps.append(f"R = {r}: {runs} of {len(seeds) * len(design)} ladder runs")
         if gaps:
             out[arm] = "; ".join(gaps)
+    return out
+
+
+def tail_unread(cov: dict) -> dict[str, str]:
+    """arm -> why its tail is not read. By the reading plan (amended 2026-12-07, night, before any tail cell had
+    run), an arm's tail is read when whole: its 10 rates × seeds 1-3 × R = 2, 12 and 24 (90 runs); until then its
+    tail runs enter no vertex and no Δ50 fit, and are counted. An arm with no tail run has nothing held back."""
+    need = len(TAIL) * len(TAIL_SEEDS) * 3
+    out = {}
+    for arm in ARMS:
+        runs = sum(
+            sum(any(same_rate(lr, x) for x in TAIL) for lr in cov.get((arm, r), {"seeds": {}})["seeds"].get(s, ()))
+            for r in (R_LO, R_MID, R_HI)
+            for s in TAIL_SEEDS
+        )
+        if 0 < runs < need:
+            out[arm] = f"{runs} of {need} tail runs"
     return out
 
 
@@ -540,6 +559,7 @@ def markdown(
     longc: dict | None,
     cov: dict,
     held: dict[str, str],
+    tail_held: dict[str, str] | None = None,
 ) -> list[str]:
     md = [
         "# The depth exponent γ: the readings stated before any fit, computed",
@@ -641,6 +661,15 @@ def markdown(
             f"{len(row['rates']) - on_ladder(row['rates'])} | {row['fails']} |"
         )
     md += ["", "## Δ50, the 50%-trains rate's shift (secondary)", ""]
+    if tail_held:
+        md += [
+            (
+                f"The tail not read (an arm's tail is read when whole: {len(TAIL)} rates × seeds "
+                f"{seed_span(TAIL_SEEDS)} × R = {R_LO}, {R_MID} and {R_HI}; until then its tail runs enter no vertex "
+                "and no Δ50 fit): " + held_list(tail_held) + "."
+            ),
+            "",
+        ]
     if "error" in logit:
         md += [f"No logistic fit: {logit['error']}."]
     else:
@@ -654,7 +683,7 @@ def markdown(
             "| quantity | estimate (decades) | 95% profile interval | word |",
             "|---|---:|---|---|",
         ]
-        for name, (v, lo, hi) in ((k, v) for k, v in logit.items() if k not in ("fit", "weights")):
+        for name, (v, lo, hi) in ((k, v) for k, v in logit.items() if k not in ("fit", "weights", "cov")):
             word = (
                 "open interval: not resolved"
                 if lo is None or hi is None
@@ -662,7 +691,7 @@ def markdown(
                 if name.startswith("D50")
                 else arm_word(lo, hi)
             )
-            unmeasured = one_sided(cov, logit["weights"][name])
+            unmeasured = one_sided(logit["cov"], logit["weights"][name])
             if unmeasured:  # a word on a rate the data do not bracket would be the penalty's, not the runs'
                 word = f"not measured ({'; '.join(unmeasured)})"
             md.append(f"| {name} | {sources.signed(v)} | {sources.fmt_ci(lo, hi, spec='{:+.2f}')} | {word} |")
@@ -738,8 +767,12 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         cov = coverage(cells, plateau)
-        held = unread(cov)
-        whole = {k: c for k, c in cells.items() if k[0] not in held}
+        held, tail_held = unread(cov), tail_unread(cov)
+        whole = {
+            k: c
+            for k, c in cells.items()
+            if k[0] not in held and not (k[0] in tail_held and any(same_rate(k[2], x) for x in TAIL))
+        }
         if args.command == "long-sweep":
             if held:
                 raise ValueError(
@@ -758,11 +791,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.rival:
             rival = sources.merge(sources.read(args.rival))
             repro = reproducibility(cells, rival)
-        md = markdown(res, cells, plateau, argv, logistic(whole, plateau), repro, res12, longc, cov, held)
+        md = markdown(res, cells, plateau, argv, logistic(whole, plateau), repro, res12, longc, cov, held, tail_held)
     out.write_text("\n".join(md))
     print(f"loopnet gamma: verdict: {res.get('verdict', '— (the core is not whole)')}")
     if held:
         print(f"loopnet gamma: not read, its ladder not whole: {held_list(held)}")
+    if tail_held:
+        print(f"loopnet gamma: the tail not read, not whole: {held_list(tail_held)}")
     print(f"loopnet gamma: wrote {out}")
 
 

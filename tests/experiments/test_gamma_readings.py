@@ -264,6 +264,44 @@ def test_a_deeploop_ladder_not_yet_whole_leaves_the_pre_ln_readings_as_they_were
     assert "| D_L = Δ_DeepLoop − Δ_Wang |" in (tmp_path / "whole.md").read_text()
 
 
+def test_an_arm_whose_tail_is_not_whole_enters_no_vertex_and_no_delta50_fit(tmp_path, capsys):
+    """The tail read before it has finished: Wang's tail is whole, 1/√depth's lacks one run (89 of 90). 1/√depth's
+    tail runs enter nothing: every line of the readings is that without them, to the last digit, but the line that
+    names the gap and the runs-read rows that count them. Whole, they enter (the Δ50 fit changes)."""
+    base = quad_cells({"wang": WANG, "sqrt_depth": SQRT}, rounds=(2, 12, 24))
+    base[("sqrt_depth", 24, LADDER[-1], 1)]["loss"] = PLATEAU  # one failing ladder run, so Δ50 has a fit
+    tail = {
+        (a, r, lr, s): {"cell": "x", "scheme": a, "R": r, "lr": lr, "seed": s, "status": "completed", "loss": 3.5}
+        for a in ("wang", "sqrt_depth")
+        for r in (2, 12, 24)
+        for lr in gamma.TAIL
+        for s in gamma.TAIL_SEEDS
+    }
+    wang_tail = {k: c for k, c in tail.items() if k[0] == "wang"}
+    part = {k: c for k, c in tail.items() if k != ("sqrt_depth", 24, gamma.TAIL[-1], 1)}
+    assert gamma.tail_unread(gamma.coverage({**base, **part}, PLATEAU)) == {"sqrt_depth": "89 of 90 tail runs"}
+    assert gamma.tail_unread(gamma.coverage({**base, **tail}, PLATEAU)) == {}
+    texts = {}
+    for name, cells in (("without", {**base, **wang_tail}), ("part", {**base, **part}), ("whole", {**base, **tail})):
+        write_report(tmp_path / name, cells)
+        gamma.main(["readings", "--cells", str(tmp_path / name), "--out", str(tmp_path / f"{name}.md")])
+        texts[name] = (tmp_path / f"{name}.md").read_text().replace(name, "X").splitlines()
+    assert "the tail not read, not whole: 1/√depth (γ = ½) (89 of 90 tail runs)" in capsys.readouterr().out
+    gap = "R = 2, 12 and 24; until then its tail runs enter no vertex and no Δ50 fit): 1/√depth (γ = ½) (89 of 90 tail"
+    assert sum(gap in line for line in texts["part"]) == 1
+    counted = (
+        "The tail not read",
+        "| 1/√depth (γ = ½) | 2 |",
+        "| 1/√depth (γ = ½) | 12 |",
+        "| 1/√depth (γ = ½) | 24 |",
+    )
+    kept = [line for line in texts["part"] if line and not line.startswith(counted)]
+    assert kept == [line for line in texts["without"] if line and not line.startswith(counted)]
+    assert "| 1/√depth (γ = ½) | 24 | 117 | 1-8 | 11 | 10 | 30 |" in texts["part"]  # counted: 88 + 29 runs
+    d50 = lambda lines: [line for line in lines if line.startswith("| Δ50 1/√depth")]
+    assert d50(texts["whole"]) != d50(texts["without"]) and not any(gap in line for line in texts["whole"])
+
+
 def test_the_long_check_waits_for_whole_ladders(tmp_path, capsys):
     """The 1,000-step rates come from whole ladders: a part-run arm is refused, with the fix."""
     cells = quad_cells({"wang": WANG, "sqrt_depth": SQRT})
@@ -432,7 +470,8 @@ def test_the_sweep_files_hold_the_preregistered_design():
         assert c.params["model.config.branch_scale"] == "wang"
     tail = {c.params["model.optim.lr"] for c in cells["tail"]}
     assert max(tail) == 0.256 and min(tail) == pytest.approx(gamma.LADDER[-1] * 2**0.5, rel=0.01)
-    assert {c.params["seed_everything"] for c in cells["tail"]} == {1, 2, 3}
+    assert sorted(tail) == list(gamma.TAIL)  # the rates `tail_unread` counts
+    assert {c.params["seed_everything"] for c in cells["tail"]} == set(gamma.TAIL_SEEDS)
     assert all("trainer.max_steps" not in s.overrides for s in sweeps.values())  # study_map.yaml's 200 steps
 
 
