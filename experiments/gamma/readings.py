@@ -371,6 +371,11 @@ def unread(cov: dict) -> dict[str, str]:
     return out
 
 
+def on_tail(lr: float) -> bool:
+    """Whether `lr` is one of the tail's rates (`same_rate`)."""
+    return any(same_rate(lr, x) for x in TAIL)
+
+
 def tail_unread(cov: dict) -> dict[str, str]:
     """arm -> why its tail is not read. By the reading plan (amended 2026-12-07, night, before any tail cell had
     run), an arm's tail is read when whole: its 10 rates × seeds 1-3 × R = 2, 12 and 24 (90 runs); until then its
@@ -379,7 +384,7 @@ def tail_unread(cov: dict) -> dict[str, str]:
     out = {}
     for arm in ARMS:
         runs = sum(
-            sum(any(same_rate(lr, x) for x in TAIL) for lr in cov.get((arm, r), {"seeds": {}})["seeds"].get(s, ()))
+            sum(map(on_tail, cov.get((arm, r), {"seeds": {}})["seeds"].get(s, ())))
             for r in (R_LO, R_MID, R_HI)
             for s in TAIL_SEEDS
         )
@@ -768,11 +773,7 @@ def main(argv: list[str] | None = None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         cov = coverage(cells, plateau)
         held, tail_held = unread(cov), tail_unread(cov)
-        whole = {
-            k: c
-            for k, c in cells.items()
-            if k[0] not in held and not (k[0] in tail_held and any(same_rate(k[2], x) for x in TAIL))
-        }
+        whole = {k: c for k, c in cells.items() if k[0] not in held and not (k[0] in tail_held and on_tail(k[2]))}
         if args.command == "long-sweep":
             if held:
                 raise ValueError(
