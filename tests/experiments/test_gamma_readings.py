@@ -523,3 +523,26 @@ def test_the_committed_ladder_readings_are_what_the_code_computes_from_the_commi
         .replace(f"{runs}/", "runs/sweeps/")
     )
     assert text == (results / "gamma" / "ladder_readings.md").read_text()
+
+
+def test_the_committed_tail_holds_finished_cells_of_the_tail_sweep(tmp_path):
+    """docs/results/gamma/tail_runs.tar.gz (the tail's finished cells, whole or in part): each cell folder is a cell of
+    configs/sweeps/gamma/tail.yaml with that cell's grid values, finished, so that `loopnet sweep` on the unpacked
+    folder skips it and runs only the rest (the resume docs/studies.md gives)."""
+    import tarfile
+
+    from loopnet.study.sweep import is_finished
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    runs = tmp_path / "runs" / "sweeps"
+    runs.mkdir(parents=True)
+    with tarfile.open(results / "gamma" / "tail_runs.tar.gz") as tar:
+        tar.extractall(runs, filter="data")
+    sweep = grid.load_sweep("configs/sweeps/gamma/tail.yaml", out=runs / "gamma_tail")
+    cells = {c.id: c for c in grid.expand(sweep)}
+    folders = sorted(p for p in sweep.out.iterdir() if p.is_dir())
+    assert folders and {p.name for p in folders} <= set(cells)
+    for p in folders:
+        assert is_finished(p), p.name
+        assert json.loads((p / "cell.json").read_text())["params"] == cells[p.name].params
+    assert json.loads((sweep.out / "sweep.json").read_text())["spec"] == sweep.spec
