@@ -485,19 +485,26 @@ def test_the_committed_readings_are_what_the_code_computes_from_the_committed_ce
     assert text == (results / "gamma" / "readings.md").read_text()
 
 
+def unpack_committed_runs(tmp_path: Path, *names: str) -> Path:
+    """docs/results/gamma/<name>_runs.tar.gz, each unpacked under tmp_path/runs/sweeps (returned), as docs/studies.md
+    unpacks them to go on."""
+    import tarfile
+
+    runs = tmp_path / "runs" / "sweeps"
+    runs.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        with tarfile.open(Path(__file__).resolve().parents[2] / "docs/results/gamma" / f"{name}_runs.tar.gz") as tar:
+            tar.extractall(runs, filter="data")
+    return runs
+
+
 def test_the_committed_ladder_readings_are_what_the_code_computes_from_the_committed_runs(tmp_path):
     """docs/results/gamma/ladder_readings.md (the whole ladder beside the core, and the 1,000-step check), recomputed
     from the committed run folders (ladder_runs.tar.gz and long_runs.tar.gz, unpacked under `runs/sweeps/`) with the
     command its header names: the same text, figure for figure. The committed check's sweep file is the one the
     pre-registered rule writes from the committed core and ladder."""
-    import tarfile
-
     results = Path(__file__).resolve().parents[2] / "docs" / "results"
-    runs = tmp_path / "runs" / "sweeps"
-    runs.mkdir(parents=True)
-    for name in ("ladder", "long"):
-        with tarfile.open(results / "gamma" / f"{name}_runs.tar.gz") as tar:
-            tar.extractall(runs, filter="data")
+    runs = unpack_committed_runs(tmp_path, "ladder", "long")
     sweep = tmp_path / "long.yaml"
     gamma.main(["long-sweep", "--cells", f"{results}/gamma/core", str(runs / "gamma_ladder"), "--out", str(sweep)])
     assert sweep.read_text() == (results.parents[1] / "configs" / "sweeps" / "gamma" / "long.yaml").read_text()
@@ -529,20 +536,14 @@ def test_the_committed_tail_holds_finished_cells_of_the_tail_sweep(tmp_path):
     """docs/results/gamma/tail_runs.tar.gz (the tail's finished cells, whole or in part): each cell folder is a cell of
     configs/sweeps/gamma/tail.yaml with that cell's grid values, finished, so that `loopnet sweep` on the unpacked
     folder skips it and runs only the rest (the resume docs/studies.md gives)."""
-    import tarfile
+    from loopnet.study.sweep import CELL_FILE, MANIFEST, is_finished
 
-    from loopnet.study.sweep import is_finished
-
-    results = Path(__file__).resolve().parents[2] / "docs" / "results"
-    runs = tmp_path / "runs" / "sweeps"
-    runs.mkdir(parents=True)
-    with tarfile.open(results / "gamma" / "tail_runs.tar.gz") as tar:
-        tar.extractall(runs, filter="data")
+    runs = unpack_committed_runs(tmp_path, "tail")
     sweep = grid.load_sweep("configs/sweeps/gamma/tail.yaml", out=runs / "gamma_tail")
     cells = {c.id: c for c in grid.expand(sweep)}
     folders = sorted(p for p in sweep.out.iterdir() if p.is_dir())
     assert folders and {p.name for p in folders} <= set(cells)
     for p in folders:
         assert is_finished(p), p.name
-        assert json.loads((p / "cell.json").read_text())["params"] == cells[p.name].params
-    assert json.loads((sweep.out / "sweep.json").read_text())["spec"] == sweep.spec
+        assert json.loads((p / CELL_FILE).read_text())["params"] == cells[p.name].params
+    assert json.loads((sweep.out / MANIFEST).read_text())["spec"] == sweep.spec
